@@ -1,0 +1,1 @@
+"""icrl: in-context reinforcement learning with long-context Transformers (AMAGO)."""

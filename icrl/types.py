@@ -1,0 +1,238 @@
+"""The data contract shared by every part of icrl (DESIGN §2).
+
+A *timestep* is what the policy sees at step t: the observation, the previous action and reward, the
+time index inside the rollout and a reset flag that marks the first timestep of every episode.
+A *rollout* is the sequence of timesteps from a hard reset (a new task) to the end of the task; it
+may hold several episodes of the same task. A rollout of T actions has T + 1 timesteps: the last one
+carries the final observation, on which no action is taken.
+
+Shapes use B (batch of sequences), L (sequence length), N (parallel envs), T (actions in a rollout),
+A (width of the action vector: the number of actions for discrete spaces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+ActionKind = Literal["discrete", "continuous", "multibinary"]
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """The agent-side action space: Discrete(n), Box(-1, 1, (D,)) or MultiBinary(D).
+
+    Networks always see actions as float vectors of width `dim`: one-hot for discrete actions, the
+    [-1, 1] vector for continuous ones, 0/1 for multi-binary ones.
+    """
+
+    kind: ActionKind
+    dim: int
+
+    @classmethod
+    def from_space(cls, space: gym.Space) -> ActionSpec:
+        if isinstance(space, gym.spaces.Discrete):
+            return cls("discrete", int(space.n))
+        if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+            return cls("continuous", int(space.shape[0]))
+        if isinstance(space, gym.spaces.MultiBinary) and np.ndim(space.n) == 0:
+            return cls("multibinary", int(space.n))
+        raise ValueError(
+            f"Unsupported action space {space!r}. icrl supports Discrete(n), a 1-D Box and a 1-D MultiBinary; "
+            "flatten other spaces with a gymnasium wrapper first."
+        )
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """dtype of stored actions: int64 ids for discrete (never a type that caps the action count)."""
+        return np.dtype({"discrete": np.int64, "continuous": np.float32, "multibinary": np.int8}[self.kind])
+
+    def storage_shape(self, n: int) -> tuple[int, ...]:
+        return (n,) if self.kind == "discrete" else (n, self.dim)
+
+    def to_vector(self, action: np.ndarray) -> np.ndarray:
+        """Stored actions [..] (discrete) or [.., D] -> float32 vectors [.., dim]."""
+        if self.kind == "discrete":
+            action = np.asarray(action, dtype=np.int64)
+            return np.eye(self.dim, dtype=np.float32)[action]
+        return np.asarray(action, dtype=np.float32)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "dim": self.dim}
+
+
+@dataclass
+class Rollout:
+    """One stored rollout, or one chunk of a very long rollout, as plain numpy arrays.
+
+    Consecutive chunks of one rollout share their boundary timestep: the last timestep of a chunk is
+    the first of the next one. `time` keeps counting across chunks.
+    """
+
+    obs: dict[str, np.ndarray]  # each [T+1, ...] in the observation's own dtype (images stay uint8)
+    prev_action: np.ndarray  # [T+1, A] float32; zeros at t=0 and wherever reset is 1
+    prev_reward: np.ndarray  # [T+1] float32; zero at t=0 and wherever reset is 1
+    time: np.ndarray  # [T+1] int64 step index inside the rollout
+    reset: np.ndarray  # [T+1] bool, 1 at the first timestep of every episode (also t=0 of a rollout)
+    action: np.ndarray  # [T] int64 (discrete) | [T, D] float32 in [-1, 1] | [T, D] int8 (multibinary)
+    reward: np.ndarray  # [T] float32 reward received after action t
+    terminated: np.ndarray  # [T] bool: timestep t+1 ends the task (no bootstrapping past it)
+    truncated: np.ndarray  # [T] bool: timestep t+1 hit a time limit (bootstrapped)
+    # Goal-conditioned tasks (DESIGN §7) only: goal tokens achieved at each timestep, padded with -1.
+    achieved: np.ndarray | None = None  # [T+1, K] int64
+
+    @property
+    def num_timesteps(self) -> int:
+        return len(self.time)
+
+    def __len__(self) -> int:
+        return self.num_timesteps
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field whose length or dtype breaks the contract."""
+        n = self.num_timesteps
+        if n < 1:
+            raise ValueError("a rollout needs at least one timestep")
+        for key, arr in self.obs.items():
+            if len(arr) != n:
+                raise ValueError(f"obs[{key!r}] has {len(arr)} rows, expected T+1={n}")
+        for name in ("prev_action", "prev_reward", "reset"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} rows, expected T+1={n}")
+        for name in ("action", "reward", "terminated", "truncated"):
+            if len(getattr(self, name)) != n - 1:
+                raise ValueError(f"{name} has {len(getattr(self, name))} rows, expected T={n - 1}")
+        if self.achieved is not None and len(self.achieved) != n:
+            raise ValueError(f"achieved has {len(self.achieved)} rows, expected T+1={n}")
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Flat name -> array mapping for npz storage (obs keys become `obs/<key>`)."""
+        out = {f"obs/{k}": v for k, v in self.obs.items()}
+        for f in fields(self):
+            if f.name != "obs" and getattr(self, f.name) is not None:
+                out[f.name] = getattr(self, f.name)
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Rollout:
+        obs = {k[len("obs/") :]: v for k, v in arrays.items() if k.startswith("obs/")}
+        kwargs = {f.name: arrays.get(f.name) for f in fields(cls) if f.name != "obs"}
+        rollout = cls(obs=obs, **kwargs)
+        rollout.validate()
+        return rollout
+
+
+@dataclass
+class Timesteps:
+    """What the policy sees, as tensors [B, L, ...] (L = 1 when acting step by step)."""
+
+    obs: dict[str, torch.Tensor]  # each [B, L, ...]
+    prev_action: torch.Tensor  # [B, L, A] float
+    prev_reward: torch.Tensor  # [B, L] float
+    time: torch.Tensor  # [B, L] long
+    reset: torch.Tensor  # [B, L] bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.time.shape)  # type: ignore[return-value]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Timesteps:
+        return Timesteps(
+            obs={k: v.to(device, non_blocking=non_blocking) for k, v in self.obs.items()},
+            prev_action=self.prev_action.to(device, non_blocking=non_blocking),
+            prev_reward=self.prev_reward.to(device, non_blocking=non_blocking),
+            time=self.time.to(device, non_blocking=non_blocking),
+            reset=self.reset.to(device, non_blocking=non_blocking),
+        )
+
+    @classmethod
+    def from_numpy(cls, step: dict, device: torch.device | str = "cpu") -> Timesteps:
+        """A batch of single timesteps from the vector env ([N, ...] arrays) -> tensors [N, 1, ...]."""
+
+        def t(x: np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(x), device=device).unsqueeze(1)
+
+        return cls(
+            obs={k: t(v) for k, v in step["obs"].items()},
+            prev_action=t(step["prev_action"]).float(),
+            prev_reward=t(step["prev_reward"]).float(),
+            time=t(step["time"]).long(),
+            reset=t(step["reset"]).bool(),
+        )
+
+
+@dataclass
+class Batch:
+    """A training batch of B windows of at most L timesteps, padded at the end.
+
+    `mask` marks real timesteps; nothing else in the batch uses magic padding values. A TD transition
+    t -> t+1 exists where `has_action[:, t] & mask[:, t+1]`; the last timestep of a window has no
+    successor inside the window and is not TD-trained.
+    """
+
+    inputs: Timesteps  # [B, L, ...]
+    action: torch.Tensor  # [B, L, A] float (one-hot for discrete); zero where has_action is False
+    reward: torch.Tensor  # [B, L] float; reward after the action at t
+    terminated: torch.Tensor  # [B, L] bool
+    truncated: torch.Tensor  # [B, L] bool
+    mask: torch.Tensor  # [B, L] bool: a real timestep, not padding
+    has_action: torch.Tensor  # [B, L] bool: an action was taken at t (every real timestep but a rollout's last)
+    achieved: torch.Tensor | None = None  # [B, L, K] long, goal tasks only
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.mask.shape)  # type: ignore[return-value]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        def mv(x):
+            return None if x is None else x.to(device, non_blocking=non_blocking)
+
+        return Batch(
+            inputs=self.inputs.to(device, non_blocking),
+            action=mv(self.action),
+            reward=mv(self.reward),
+            terminated=mv(self.terminated),
+            truncated=mv(self.truncated),
+            mask=mv(self.mask),
+            has_action=mv(self.has_action),
+            achieved=mv(self.achieved),
+        )
+
+    def pin_memory(self) -> Batch:
+        """Called by DataLoader(pin_memory=True) so host-to-GPU copies can overlap compute."""
+
+        def pin(x):
+            return None if x is None else x.pin_memory()
+
+        return Batch(
+            inputs=Timesteps(
+                obs={k: pin(v) for k, v in self.inputs.obs.items()},
+                prev_action=pin(self.inputs.prev_action),
+                prev_reward=pin(self.inputs.prev_reward),
+                time=pin(self.inputs.time),
+                reset=pin(self.inputs.reset),
+            ),
+            action=pin(self.action),
+            reward=pin(self.reward),
+            terminated=pin(self.terminated),
+            truncated=pin(self.truncated),
+            mask=pin(self.mask),
+            has_action=pin(self.has_action),
+            achieved=pin(self.achieved),
+        )
+
+
+@dataclass
+class EpisodeStats:
+    """One finished episode, reported by the collector. Rollout-level results average over rollouts."""
+
+    env_index: int  # which parallel env copy
+    rollout_id: int  # counts rollouts per env copy
+    episode_index: int  # 0-based index of the episode inside its rollout (meta-RL adaptation curves)
+    ret: float  # undiscounted return of the episode
+    length: int  # actions taken in the episode
+    success: float | None  # info["success"] at the episode's last step, when the env reports it
