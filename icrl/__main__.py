@@ -1,0 +1,3 @@
+from icrl.cli import main
+
+main()

@@ -1,0 +1,115 @@
+"""The agent: one timestep encoder and one trajectory encoder shared by an actor and a critic ensemble.
+
+This file only builds and connects networks; the loss math lives in `icrl.losses` and is assembled in
+`icrl.learner`. Target networks are EMA copies of the heads alone: the targets read the online
+encoder's (detached) states, so one forward pass over the sequence serves every term (DESIGN §3, §4).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from icrl.config import LossConfig, ModelConfig
+from icrl.nets.heads import Actor, Critic
+from icrl.nets.traj import make_traj_encoder
+from icrl.nets.tstep import TimestepEncoder
+from icrl.targets import PopArt
+from icrl.types import ActionSpec, Timesteps
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_space: gym.spaces.Dict, spec: ActionSpec, model: ModelConfig, loss: LossConfig) -> None:
+        super().__init__()
+        self.spec = spec
+        d = model.d_model
+        self.tstep_encoder = TimestepEncoder(obs_space, spec.dim, d_out=d, max_time=model.max_time, cnn=model.cnn)
+        encoder_kwargs: dict = {"d_model": d, "layers": model.layers}
+        if model.traj_encoder == "transformer":
+            encoder_kwargs.update(
+                heads=model.heads,
+                context_len=model.max_seq_len,
+                max_time=model.max_time,
+                pos_emb=model.pos_emb,
+                dropout=model.dropout,
+            )
+        self.traj_encoder = make_traj_encoder(model.traj_encoder, d, **encoder_kwargs)
+        num_gammas = len(loss.gammas)
+        s_dim = self.traj_encoder.d_out
+        self.actor = Actor(s_dim, spec, num_gammas, hidden=model.head_hidden, layers=model.head_layers)
+        self.critic = Critic(
+            s_dim, spec, num_gammas, num_critics=loss.num_critics, hidden=model.head_hidden, layers=model.head_layers
+        )
+        # Targets never receive gradients; they move only by EMA (icrl.targets.ema_update_).
+        self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.popart = PopArt(num_gammas, beta=loss.popart_beta, enabled=loss.popart)
+        self.register_buffer("gammas", torch.tensor(loss.gammas, dtype=torch.float32))
+
+    def forward(self, ts: Timesteps) -> torch.Tensor:
+        """Every timestep's state in one pass: [B, L, d]."""
+        return self.traj_encoder(self.tstep_encoder(ts), ts.time)
+
+    def online_parameters(self) -> list[nn.Parameter]:
+        """What the optimiser trains: everything but the EMA targets."""
+        skip = {id(p) for p in [*self.target_actor.parameters(), *self.target_critic.parameters()]}
+        return [p for p in self.parameters() if id(p) not in skip]
+
+
+class AgentPolicy:
+    """Acts in N parallel envs, one timestep at a time, keeping the encoder's KV cache / hidden state.
+
+    Implements the collector's policy protocol. Greedy policies take the mode of the policy-discount
+    head; exploratory ones sample it and then apply `exploration`.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        num_envs: int,
+        *,
+        greedy: bool,
+        exploration=None,
+        env_steps: callable = lambda: 0,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.agent, self.greedy, self.exploration = agent, greedy, exploration
+        self.env_steps, self.device = env_steps, torch.device(device)
+        self.state = agent.traj_encoder.init_state(num_envs, self.device)
+
+    @torch.no_grad()
+    def act(self, ts: Timesteps, new_rollout: np.ndarray) -> np.ndarray:
+        agent = self.agent
+        was_training = agent.training
+        agent.eval()
+        try:
+            if new_rollout.any():
+                mask = torch.as_tensor(new_rollout, device=self.device)
+                self.state = agent.traj_encoder.reset_state(self.state, mask)
+                if self.exploration is not None:
+                    self.exploration.new_rollouts(new_rollout)
+            ts = ts.to(self.device)
+            x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
+            s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
+            dist = agent.actor(s[:, None, :])  # batch shape [N, 1, G]
+            a_vec = dist.mode() if self.greedy else dist.sample()  # [N, 1, G, A]
+            a_vec = a_vec[:, 0, -1]  # the policy's discount is the last one -> [N, A]
+        finally:
+            agent.train(was_training)
+        actions = vector_to_storage(self.agent.spec, a_vec.float().cpu().numpy())
+        if self.exploration is not None and not self.greedy:
+            actions = self.exploration(actions, self.env_steps(), ts.time[:, 0].cpu().numpy())
+        return actions
+
+
+def vector_to_storage(spec: ActionSpec, a_vec: np.ndarray) -> np.ndarray:
+    """Network action vectors [N, A] -> storage format ([N] int64 | [N, D] float32 | [N, D] int8)."""
+    if spec.kind == "discrete":
+        return a_vec.argmax(-1).astype(np.int64)
+    if spec.kind == "multibinary":
+        return (a_vec > 0.5).astype(np.int8)
+    return np.clip(a_vec, -1.0, 1.0).astype(np.float32)

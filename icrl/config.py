@@ -1,0 +1,219 @@
+"""Every hyperparameter, in frozen dataclasses with one docstring per field (CleanRL style).
+
+`tyro` turns `ExperimentConfig` into the `icrl train` command line; presets are plain functions that
+return configs. Derived values are properties; nothing mutates a parsed config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+DEFAULT_GAMMAS: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
+
+
+class ConfigError(ValueError):
+    """A config value or combination that cannot work; the message names the fields and the fix."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    env: str = "tmaze"
+    """A built-in task name (see `icrl envs`), a registered Gymnasium id, or `package.module:factory`."""
+    env_kwargs: str = "{}"
+    """JSON object passed to the env constructor, e.g. '{"length": 20}'."""
+    parallel_envs: int = 8
+    """Env copies stepped as one batch during collection."""
+    async_envs: bool = False
+    """Step the env copies in subprocesses (worth it for slow simulators, not for tiny tasks)."""
+    episodes_per_rollout: int = 1
+    """Meta-RL: episodes of the same task per rollout (the agent keeps its memory across them)."""
+    rollout_horizon: int | None = None
+    """Meta-RL: instead of a fixed episode count, repeat episodes of one task for this many steps."""
+    chunk_len: int | None = None
+    """Store very long rollouts as chunks of this many steps (None: whole rollouts)."""
+    eval_rollouts: int = 32
+    """Rollouts per evaluation (results average over rollouts, not episodes)."""
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        try:
+            value = json.loads(self.env_kwargs)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--env-kwargs is not valid JSON ({e.msg} at char {e.pos}): {self.env_kwargs!r}") from e
+        if not isinstance(value, dict):
+            raise ConfigError(f"--env-kwargs must be a JSON object like '{{\"length\": 20}}', got {self.env_kwargs!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    traj_encoder: Literal["transformer", "gru", "lstm", "ff"] = "transformer"
+    """Sequence model over the rollout; `ff` is the memoryless baseline."""
+    d_model: int = 128
+    """Width of the timestep embedding and of the trajectory encoder."""
+    layers: int = 2
+    """Transformer layers (or RNN layers)."""
+    heads: int = 4
+    """Attention heads."""
+    max_seq_len: int = 256
+    """Training window length and the Transformer's context while acting (sliding window beyond it)."""
+    max_time: int = 4096
+    """Largest time index with its own learned embedding (later steps share the last one)."""
+    pos_emb: Literal["learned", "sinusoidal", "none"] = "learned"
+    """Time-position embedding of the Transformer."""
+    dropout: float = 0.0
+    """Dropout inside the Transformer."""
+    head_hidden: int = 256
+    """Hidden width of the actor and critic MLP heads."""
+    head_layers: int = 2
+    """Hidden layers of the actor and critic MLP heads."""
+    cnn: Literal["impala", "nature"] = "impala"
+    """CNN for image observations."""
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    gammas: tuple[float, ...] = DEFAULT_GAMMAS
+    """Discounts learned in parallel; the last one is the policy's."""
+    num_critics: int = 4
+    """Critic ensemble size C."""
+    redq_subset: int = 2
+    """Target critics drawn at random per update; their min is the target (REDQ)."""
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this before the TD target."""
+    online_coeff: float = 1.0
+    """Weight of the -Q(s, a~pi) actor term."""
+    offline_coeff: float = 0.1
+    """Weight of the filtered behaviour-cloning actor term."""
+    bc_filter: Literal["binary", "exp"] = "binary"
+    """Advantage filter of the BC term: 1[A>0], or clamp(exp(A / beta))."""
+    critic_weight: float = 10.0
+    """Weight of the critic loss against the actor loss."""
+    n_step: int = 1
+    """n-step TD returns."""
+    tau: float = 0.003
+    """EMA rate of the target actor and critics."""
+    popart: bool = True
+    """Normalise value targets with PopArt."""
+    popart_beta: float = 5e-4
+    """PopArt statistics step size."""
+
+
+@dataclass(frozen=True)
+class ExploreConfig:
+    eps_start: float = 1.0
+    """Discrete: epsilon at the start of training (each env draws its own scale of it per rollout)."""
+    eps_end: float = 0.05
+    """Discrete: epsilon after `eps_anneal_steps` env steps."""
+    eps_anneal_steps: int = 20_000
+    """Env steps over which epsilon decays linearly."""
+    bilevel: bool = False
+    """Also decay epsilon within each rollout (high at a rollout's start: explore early, exploit late)."""
+    rollout_decay_steps: int = 500
+    """Bilevel: steps over which the within-rollout factor decays from 1 to `bilevel_min`."""
+    bilevel_min: float = 0.1
+    """Bilevel: the within-rollout factor after `rollout_decay_steps`."""
+    noise_start: float = 0.5
+    """Continuous: std of the Gaussian action noise at the start of training."""
+    noise_end: float = 0.05
+    """Continuous: std of the Gaussian action noise after the anneal."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    run_dir: str = "runs/icrl"
+    """Folder for metrics, replay, checkpoints and plots."""
+    seed: int = 0
+    """Seeds Python, numpy, torch, every env copy and every loader worker."""
+    total_env_steps: int = 100_000
+    """Stop after this many env steps."""
+    steps_per_epoch: int = 1_000
+    """Env steps collected per epoch (across all parallel envs)."""
+    updates_per_epoch: int = 100
+    """Gradient updates per epoch."""
+    batch_size: int = 24
+    """Sequences per update."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    warmup_updates: int = 200
+    """Linear learning-rate warm-up."""
+    weight_decay: float = 1e-4
+    """AdamW weight decay (not applied to norms, biases and embeddings)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm."""
+    replay_capacity: int = 1_000_000
+    """FIFO replay capacity in timesteps."""
+    start_updates_after: int = 0
+    """Collect at least this many env steps before the first update."""
+    eval_every: int = 5
+    """Evaluate every this many epochs (and after the last)."""
+    num_workers: int = 0
+    """DataLoader worker processes (0: load in the learner process)."""
+    device: str = "auto"
+    """`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`..."""
+    threads: int = 0
+    """torch CPU threads (0: leave torch's default)."""
+    log_every: int = 1
+    """Print a progress line every this many epochs."""
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    explore: ExploreConfig = field(default_factory=ExploreConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> ExperimentConfig:
+        """Raise ConfigError naming the fields of the first impossible value or combination."""
+        e, m, lo, t = self.env, self.model, self.loss, self.train
+        e.kwargs  # noqa: B018 - parses the JSON, raising a clear error
+        checks = [
+            (e.parallel_envs >= 1, "--parallel-envs must be >= 1"),
+            (e.episodes_per_rollout >= 1, "--episodes-per-rollout must be >= 1"),
+            (
+                not (e.episodes_per_rollout > 1 and e.rollout_horizon is not None),
+                "--episodes-per-rollout and --rollout-horizon both set: choose one way to end a rollout",
+            ),
+            (m.d_model % m.heads == 0, f"--d-model {m.d_model} is not divisible by --heads {m.heads}"),
+            (m.max_seq_len >= 2, "--max-seq-len must be >= 2 (a TD transition needs two timesteps)"),
+            (len(lo.gammas) >= 1 and all(0 <= g < 1 for g in lo.gammas), "--gammas must lie in [0, 1)"),
+            (
+                1 <= lo.redq_subset <= lo.num_critics,
+                f"--redq-subset {lo.redq_subset} must be between 1 and --num-critics {lo.num_critics}",
+            ),
+            (lo.n_step >= 1, "--n-step must be >= 1"),
+            (0 < lo.tau <= 1, "--tau must lie in (0, 1]"),
+            (t.batch_size >= 1 and t.updates_per_epoch >= 0, "--batch-size must be >= 1, --updates-per-epoch >= 0"),
+            (
+                t.steps_per_epoch >= e.parallel_envs,
+                f"--steps-per-epoch {t.steps_per_epoch} is below --parallel-envs {e.parallel_envs}: "
+                "each epoch steps every env at least once",
+            ),
+            (t.total_env_steps >= t.steps_per_epoch, "--total-env-steps must be >= --steps-per-epoch"),
+            (e.chunk_len is None or e.chunk_len >= 2, "--chunk-len must be >= 2"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ExperimentConfig:
+        raw = json.loads(text)
+        parts = {f.name: f.type for f in dataclasses.fields(cls)}
+        sub = {"env": EnvConfig, "model": ModelConfig, "loss": LossConfig, "explore": ExploreConfig, "train": TrainConfig}
+        kwargs = {}
+        for name in parts:
+            values = dict(raw.get(name, {}))
+            if name == "loss" and "gammas" in values:
+                values["gammas"] = tuple(values["gammas"])
+            kwargs[name] = sub[name](**values)
+        return cls(**kwargs)

@@ -1,0 +1,353 @@
+"""Random windows of stored rollouts, collated into `Batch`es, in DataLoader workers (DESIGN §6).
+
+Each sample: pick one rollout file uniformly among `root/fifo` and `root/protected`, load it (through a
+per-worker LRU cache: files are immutable), apply the optional `transform` (hindsight relabeling plugs in
+here), cut a uniformly random window of at most `max_seq_len` timesteps, and copy it into a padded batch.
+The dataset yields whole batches, so the DataLoader runs with `batch_size=None` and the collation cost is
+paid in the workers, not in the learner.
+
+Reproducibility: every worker draws from its own numpy Generator seeded by (seed, worker id); the
+DataLoader hands out batches round-robin over workers, so a fixed seed and a fixed `num_workers` give the
+same batches whenever the buffer holds the same files. `num_workers=0` equals `num_workers=1`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from icrl.data.storage import CorruptRolloutError, list_rollout_files, load_rollout
+from icrl.types import ActionSpec, Batch, Rollout, Timesteps
+
+Transform = Callable[[Rollout, np.random.Generator], Rollout]
+
+
+class EmptyReplayError(RuntimeError):
+    """The replay folder held no readable rollout file within the waiting time."""
+
+
+def worker_seed(seed: int, worker_id: int) -> int:
+    """The seed of DataLoader worker `worker_id` (worker 0 also serves `num_workers=0`)."""
+    return int(np.random.SeedSequence([seed, worker_id]).generate_state(1, dtype=np.uint32)[0])
+
+
+def rollout_nbytes(rollout: Rollout) -> int:
+    return sum(a.nbytes for a in rollout.to_arrays().values())
+
+
+class RolloutCache:
+    """LRU cache of loaded rollouts bounded by their total bytes.
+
+    Cached arrays are made read-only, so a transform that would modify a rollout in place fails loudly
+    instead of silently corrupting every later sample of that file.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = int(max_bytes)
+        self.nbytes = 0
+        self._items: OrderedDict[Path, tuple[Rollout, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, path: Path) -> bool:
+        return path in self._items
+
+    def get(self, path: Path) -> Rollout | None:
+        item = self._items.get(path)
+        if item is None:
+            return None
+        self._items.move_to_end(path)
+        return item[0]
+
+    def put(self, path: Path, rollout: Rollout) -> None:
+        size = rollout_nbytes(rollout)
+        if size > self.max_bytes or path in self._items:
+            return
+        for arr in rollout.to_arrays().values():
+            arr.flags.writeable = False
+        self._items[path] = (rollout, size)
+        self.nbytes += size
+        while self.nbytes > self.max_bytes:
+            _, (_, old) = self._items.popitem(last=False)
+            self.nbytes -= old
+
+    def discard(self, path: Path) -> None:
+        item = self._items.pop(path, None)
+        if item is not None:
+            self.nbytes -= item[1]
+
+
+class ReplayDataset(IterableDataset):
+    """Infinite stream of `Batch`es of `batch_size` random windows from a `DiskReplay` folder.
+
+    Corrupt files are skipped with one warning per file. A file that disappears (evicted) is dropped
+    silently. The file list is refreshed every `refresh_seconds` or `refresh_every` samples, whichever
+    comes first. If no readable file exists, it retries for `empty_timeout_s`, then raises EmptyReplayError.
+    Batches always have length `max_seq_len` (stable shapes), padded with zeros and `mask == False`.
+    """
+
+    def __init__(
+        self,
+        replay_root: str | Path,
+        *,
+        batch_size: int,
+        max_seq_len: int,
+        action_spec: ActionSpec,
+        seed: int = 0,
+        transform: Transform | None = None,
+        cache_bytes: int = 256 * 2**20,
+        refresh_seconds: float = 1.0,
+        refresh_every: int = 1024,
+        empty_timeout_s: float = 30.0,
+    ):
+        if batch_size < 1 or max_seq_len < 1:
+            raise ValueError(f"batch_size and max_seq_len must be positive, got {batch_size}, {max_seq_len}")
+        self.root = Path(replay_root)
+        self.batch_size = batch_size
+        self.max_seq_len = max_seq_len
+        self.action_spec = action_spec
+        self.seed = seed
+        self.transform = transform
+        self.cache_bytes = cache_bytes
+        self.refresh_seconds = refresh_seconds
+        self.refresh_every = refresh_every
+        self.empty_timeout_s = empty_timeout_s
+        # Per-worker state, (re)built lazily in the worker process by `_setup`.
+        self._rng: np.random.Generator | None = None
+        self._cache: RolloutCache | None = None
+        self._files: list[Path] = []
+        self._bad: set[Path] = set()
+        self._last_refresh = -float("inf")
+        self._since_refresh = 0
+
+    # -- file list --------------------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        info = get_worker_info()
+        self._rng = np.random.default_rng(worker_seed(self.seed, 0 if info is None else info.id))
+        self._cache = RolloutCache(self.cache_bytes)
+
+    def _refresh(self) -> None:
+        files = list_rollout_files(self.root / "fifo") + list_rollout_files(self.root / "protected")
+        self._files = [f.path for f in files if f.path not in self._bad]
+        self._last_refresh = time.monotonic()
+        self._since_refresh = 0
+
+    def _drop(self, path: Path) -> None:
+        self._files = [p for p in self._files if p != path]
+        self._cache.discard(path)  # type: ignore[union-attr]
+
+    def _load(self, path: Path) -> Rollout | None:
+        rollout = self._cache.get(path)  # type: ignore[union-attr]
+        if rollout is not None:
+            return rollout
+        try:
+            rollout = load_rollout(path)
+        except FileNotFoundError:
+            self._drop(path)
+            return None
+        except CorruptRolloutError as e:
+            self._bad.add(path)
+            self._drop(path)
+            warnings.warn(f"skipping {e}", RuntimeWarning, stacklevel=2)
+            return None
+        self._cache.put(path, rollout)  # type: ignore[union-attr]
+        return rollout
+
+    def sample_rollout(self) -> Rollout:
+        """One uniformly chosen readable rollout (before the transform)."""
+        if self._rng is None:
+            self._setup()
+        deadline = None
+        while True:
+            stale = time.monotonic() - self._last_refresh > self.refresh_seconds
+            if not self._files or stale or self._since_refresh >= self.refresh_every:
+                self._refresh()
+            if self._files:
+                path = self._files[int(self._rng.integers(len(self._files)))]  # type: ignore[union-attr]
+                rollout = self._load(path)
+                if rollout is not None:
+                    self._since_refresh += 1
+                    return rollout
+                continue
+            now = time.monotonic()
+            deadline = now + self.empty_timeout_s if deadline is None else deadline
+            if now >= deadline:
+                raise EmptyReplayError(
+                    f"no readable rollout file in {self.root}/fifo or {self.root}/protected after waiting "
+                    f"{self.empty_timeout_s:.1f}s ({len(self._bad)} corrupt file(s) skipped). Write rollouts "
+                    "with DiskReplay.write before sampling, or check replay_root."
+                )
+            time.sleep(min(0.1, max(0.0, deadline - now)))
+            self._last_refresh = -float("inf")
+
+    # -- windows and batches ----------------------------------------------------------------------------
+
+    def sample_batch(self) -> Batch:
+        """`batch_size` random windows, each from an independently chosen rollout."""
+        windows = []
+        for _ in range(self.batch_size):
+            rollout = self.sample_rollout()
+            if self.transform is not None:
+                rollout = self.transform(rollout, self._rng)  # type: ignore[arg-type]
+            n = rollout.num_timesteps
+            start = int(self._rng.integers(n - self.max_seq_len + 1)) if n > self.max_seq_len else 0  # type: ignore[union-attr]
+            windows.append((rollout, start))
+        return collate_windows(windows, self.max_seq_len, self.action_spec)
+
+    def __iter__(self) -> Iterator[Batch]:
+        self._setup()
+        self._last_refresh = -float("inf")
+        while True:
+            yield self.sample_batch()
+
+
+def collate_windows(windows: list[tuple[Rollout, int]], length: int, action_spec: ActionSpec) -> Batch:
+    """Copy windows `rollout[start : start + length]` into one zero-padded Batch of shape [B, length].
+
+    A rollout with n timesteps has n - 1 actions: `has_action` is False at its last timestep, where
+    action / reward / terminated / truncated stay zero.
+    """
+    B, L, A = len(windows), length, action_spec.dim
+    first = windows[0][0]
+    obs = {k: np.zeros((B, L, *v.shape[1:]), dtype=v.dtype) for k, v in first.obs.items()}  # [B, L, ...]
+    prev_action = np.zeros((B, L, A), np.float32)
+    prev_reward = np.zeros((B, L), np.float32)
+    time_ = np.zeros((B, L), np.int64)
+    reset = np.zeros((B, L), bool)
+    action = np.zeros((B, L, A), np.float32)
+    reward = np.zeros((B, L), np.float32)
+    terminated = np.zeros((B, L), bool)
+    truncated = np.zeros((B, L), bool)
+    mask = np.zeros((B, L), bool)
+    has_action = np.zeros((B, L), bool)
+    achieved = None
+    if first.achieved is not None:
+        K = max(r.achieved.shape[1] for r, _ in windows)  # type: ignore[union-attr]
+        achieved = np.zeros((B, L, K), np.int64)  # [B, L, K]
+
+    for b, (r, s) in enumerate(windows):
+        n = r.num_timesteps
+        e = min(n, s + L)  # timesteps [s, e)
+        ea = min(n - 1, e)  # actions [s, ea)
+        m, ma = e - s, max(0, ea - s)
+        if r.obs.keys() != obs.keys():
+            raise ValueError(f"rollouts disagree on observation keys: {sorted(r.obs)} vs {sorted(obs)}")
+        if r.prev_action.shape[1:] != (A,):
+            raise ValueError(f"stored prev_action width {r.prev_action.shape[1:]} does not match {action_spec}")
+        for k, v in r.obs.items():
+            obs[k][b, :m] = v[s:e]
+        prev_action[b, :m] = r.prev_action[s:e]
+        prev_reward[b, :m] = r.prev_reward[s:e]
+        time_[b, :m] = r.time[s:e]
+        reset[b, :m] = r.reset[s:e]
+        mask[b, :m] = True
+        if ma > 0:
+            action[b, :ma] = action_spec.to_vector(r.action[s:ea])
+            reward[b, :ma] = r.reward[s:ea]
+            terminated[b, :ma] = r.terminated[s:ea]
+            truncated[b, :ma] = r.truncated[s:ea]
+            has_action[b, :ma] = True
+        if achieved is not None:
+            if r.achieved is None:
+                raise ValueError("some rollouts in the batch record achieved goals and others do not")
+            achieved[b, :m, : r.achieved.shape[1]] = r.achieved[s:e]
+
+    t = torch.from_numpy
+    return Batch(
+        inputs=Timesteps(
+            obs={k: t(v) for k, v in obs.items()},
+            prev_action=t(prev_action),
+            prev_reward=t(prev_reward),
+            time=t(time_),
+            reset=t(reset),
+        ),
+        action=t(action),
+        reward=t(reward),
+        terminated=t(terminated),
+        truncated=t(truncated),
+        mask=t(mask),
+        has_action=t(has_action),
+        achieved=None if achieved is None else t(achieved),
+    )
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Seed the global RNGs of a worker too (for transforms that ignore the rng they are given)."""
+    s = torch.initial_seed() % 2**32  # distinct per worker, derived from the loader's generator
+    random.seed(s)
+    np.random.seed(s)
+
+
+class ReplayLoader:
+    """An endless iterator of Batches over a DataLoader; `close()` stops its worker processes."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self._it: Iterator[Batch] | None = iter(loader)
+
+    def __iter__(self) -> ReplayLoader:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._it is None:
+            raise StopIteration
+        return next(self._it)
+
+    def close(self) -> None:
+        it, self._it = self._it, None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    def __enter__(self) -> ReplayLoader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def make_loader(
+    replay_root: str | Path,
+    *,
+    batch_size: int,
+    max_seq_len: int,
+    action_spec: ActionSpec,
+    seed: int,
+    num_workers: int = 0,
+    transform: Transform | None = None,
+    pin_memory: bool = False,
+    **dataset_kwargs,
+) -> ReplayLoader:
+    """Endless Batches of random windows from the replay at `replay_root`, loaded in `num_workers`
+    processes (0: in this process). Same seed and num_workers and the same files -> same batches.
+    `dataset_kwargs` go to ReplayDataset (cache_bytes, refresh_seconds, empty_timeout_s, ...)."""
+    dataset = ReplayDataset(
+        replay_root,
+        batch_size=batch_size,
+        max_seq_len=max_seq_len,
+        action_spec=action_spec,
+        seed=seed,
+        transform=transform,
+        **dataset_kwargs,
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        worker_init_fn=_seed_worker if num_workers > 0 else None,
+        generator=torch.Generator().manual_seed(seed),
+        persistent_workers=num_workers > 0,
+        prefetch_factor=2 if num_workers > 0 else None,
+    )
+    return ReplayLoader(loader)

@@ -1,0 +1,237 @@
+"""Turn any Gymnasium 1.x env into the icrl timestep format (DESIGN §2, docs/CONTRACTS.md).
+
+The policy never sees a raw observation: it sees `{"obs", "prev_action", "prev_reward", "time", "reset"}`
+so that a sequence model can infer the task from its own history. The wrapper also glues several episodes
+of one task into one rollout (meta-RL): the final observation of an inner episode stays in the sequence as
+its own timestep, then the next episode starts with reset=1 and zero previous action / reward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+from icrl.types import ActionSpec
+
+SUPPORTED_OBS_SPACES = "Box (any rank), Discrete, MultiDiscrete, MultiBinary, and Dict of these (nested)"
+SUPPORTED_ACTION_SPACES = "Discrete(n), a bounded 1-D Box, a 1-D MultiBinary"
+# `time` is int64 but declared with an int32 bound: gymnasium cannot sample an int64 Box up to int64 max.
+_TIME_HIGH = np.iinfo(np.int32).max
+
+ObsConverter = Callable[[Any], np.ndarray]
+
+
+# --------------------------------------------------------------------------------------------- observations
+def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConverter]:
+    """One leaf space -> (the Box the policy sees, a function raw value -> array in that Box)."""
+    if isinstance(space, gym.spaces.Box):
+        # float64 becomes float32 (what the networks use); images and other integer Boxes keep their dtype.
+        dtype = np.dtype(np.float32) if space.dtype == np.float64 else space.dtype
+        shape = space.shape if len(space.shape) > 0 else (1,)  # a scalar Box becomes a 1-vector
+        low = np.broadcast_to(space.low, space.shape).astype(dtype).reshape(shape)
+        high = np.broadcast_to(space.high, space.shape).astype(dtype).reshape(shape)
+        box = gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
+        return box, lambda x: np.asarray(x, dtype=dtype).reshape(shape)
+    if isinstance(space, gym.spaces.Discrete):
+        n, start = int(space.n), int(space.start)
+        eye = np.eye(n, dtype=np.float32)
+        return gym.spaces.Box(0.0, 1.0, (n,), np.float32), lambda x: eye[int(x) - start].copy()
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        nvec = np.asarray(space.nvec, dtype=np.int64).reshape(-1)  # [K]
+        start = np.asarray(space.start, dtype=np.int64).reshape(-1)  # [K]
+        offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])  # [K] where each one-hot block begins
+        width = int(nvec.sum())
+
+        def multi_one_hot(x: Any) -> np.ndarray:
+            out = np.zeros(width, dtype=np.float32)  # [sum(nvec)]
+            out[offsets + np.asarray(x, dtype=np.int64).reshape(-1) - start] = 1.0
+            return out
+
+        return gym.spaces.Box(0.0, 1.0, (width,), np.float32), multi_one_hot
+    if isinstance(space, gym.spaces.MultiBinary):
+        width = int(np.prod(space.n))
+        return gym.spaces.Box(0.0, 1.0, (width,), np.float32), lambda x: np.asarray(
+            x, dtype=np.float32
+        ).reshape(width)
+    raise ValueError(
+        f"Unsupported observation space {space!r} (at key {key!r}). icrl supports {SUPPORTED_OBS_SPACES}; "
+        "convert other spaces (Tuple, Text, Graph, Sequence, ...) with a gymnasium wrapper first."
+    )
+
+
+def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[tuple[str, tuple[str, ...], gym.spaces.Box, ObsConverter]]:
+    """Flatten a (nested) Dict observation space into (key "a/b", path ("a", "b"), Box, converter) leaves."""
+    if isinstance(space, gym.spaces.Dict):
+        leaves = []
+        for name, sub in space.spaces.items():
+            key = f"{prefix}/{name}" if prefix else str(name)
+            for k, path, box, fn in _flatten_obs_space(sub, key):
+                leaves.append((k, (name, *path), box, fn))
+        return leaves
+    box, fn = _convert_space(space, prefix or "obs")
+    return [(prefix or "obs", (), box, fn)]
+
+
+# -------------------------------------------------------------------------------------------------- actions
+def agent_action_space(env_space: gym.Space) -> gym.Space:
+    """The agent-side action space for an env action space; raises ValueError for unsupported ones."""
+    if isinstance(env_space, gym.spaces.Discrete):
+        return gym.spaces.Discrete(int(env_space.n))
+    if isinstance(env_space, gym.spaces.Box) and len(env_space.shape) == 1:
+        if not (np.all(np.isfinite(env_space.low)) and np.all(np.isfinite(env_space.high))):
+            raise ValueError(
+                f"Unsupported action space {env_space!r}: the Box has infinite bounds, so agent actions in "
+                "[-1, 1] cannot be rescaled to it. Wrap the env with finite bounds (e.g. a RescaleAction wrapper)."
+            )
+        return gym.spaces.Box(-1.0, 1.0, env_space.shape, np.float32)
+    if isinstance(env_space, gym.spaces.MultiBinary) and np.ndim(env_space.n) == 0:
+        return gym.spaces.MultiBinary(int(env_space.n))
+    raise ValueError(
+        f"Unsupported action space {env_space!r}. icrl supports {SUPPORTED_ACTION_SPACES}; "
+        "flatten other spaces (Tuple, MultiDiscrete, multi-dimensional Box, ...) with a gymnasium wrapper first."
+    )
+
+
+def agent_to_env_action(env_space: gym.Space, action: Any) -> Any:
+    """Agent action in storage format -> the action the wrapped env expects. Pure: no env state involved.
+
+    Discrete: id in [0, n) -> id + start. Box: [-1, 1] (clipped) -> linearly onto [low, high], exact at both
+    ends. MultiBinary: 0/1 vector as int8.
+    """
+    if isinstance(env_space, gym.spaces.Discrete):
+        a = int(np.asarray(action).reshape(()))
+        if not 0 <= a < env_space.n:
+            raise ValueError(f"discrete action {a} outside [0, {env_space.n})")
+        return np.int64(a + int(env_space.start))
+    if isinstance(env_space, gym.spaces.Box):
+        u = np.clip(np.asarray(action, dtype=np.float64).reshape(env_space.shape), -1.0, 1.0)  # [D]
+        low, high = env_space.low.astype(np.float64), env_space.high.astype(np.float64)
+        out = 0.5 * (1.0 - u) * low + 0.5 * (1.0 + u) * high  # exact low at -1 and high at +1
+        return np.clip(out, low, high).astype(env_space.dtype)
+    if isinstance(env_space, gym.spaces.MultiBinary):
+        return (np.asarray(action).reshape(env_space.shape) > 0).astype(np.int8)
+    agent_action_space(env_space)  # raises the explanatory error
+    raise AssertionError("unreachable")
+
+
+def action_to_vector(spec: ActionSpec, action: Any) -> np.ndarray:
+    """Agent action (storage format) -> the float32 vector [A] the policy sees as prev_action."""
+    if spec.kind == "discrete":
+        out = np.zeros(spec.dim, dtype=np.float32)
+        out[int(np.asarray(action).reshape(()))] = 1.0
+        return out
+    if spec.kind == "continuous":
+        return np.clip(np.asarray(action, dtype=np.float32).reshape(spec.dim), -1.0, 1.0)
+    return (np.asarray(action).reshape(spec.dim) > 0).astype(np.float32)
+
+
+# -------------------------------------------------------------------------------------------------- wrapper
+class TimestepWrapper(gym.Wrapper):
+    """Any Gymnasium env -> timesteps `{"obs", "prev_action", "prev_reward", "time", "reset"}`.
+
+    `episodes_per_rollout=k`: one rollout holds k episodes of the same task (the inner env is reset with
+    `options={"new_task": False}` between them); the rollout is terminated/truncated as the k-th episode is.
+    `rollout_horizon=H`: episodes of the same task repeat until the rollout has taken H actions (bridge
+    steps between episodes included), then the rollout is truncated. Only one of the two may be set.
+    """
+
+    def __init__(self, env: gym.Env, episodes_per_rollout: int = 1, rollout_horizon: int | None = None):
+        super().__init__(env)
+        if int(episodes_per_rollout) < 1:
+            raise ValueError(f"episodes_per_rollout must be >= 1, got {episodes_per_rollout}")
+        if rollout_horizon is not None and int(rollout_horizon) < 1:
+            raise ValueError(f"rollout_horizon must be >= 1, got {rollout_horizon}")
+        if rollout_horizon is not None and episodes_per_rollout != 1:
+            raise ValueError("set either episodes_per_rollout or rollout_horizon, not both")
+        self.episodes_per_rollout = int(episodes_per_rollout)
+        self.rollout_horizon = None if rollout_horizon is None else int(rollout_horizon)
+        self.multi_episode = self.episodes_per_rollout > 1 or self.rollout_horizon is not None
+
+        self._leaves = _flatten_obs_space(env.observation_space)
+        self._env_action_space = env.action_space
+        self.action_space = agent_action_space(env.action_space)
+        self.action_spec = ActionSpec.from_space(self.action_space)
+        self.observation_space = gym.spaces.Dict(
+            {
+                "obs": gym.spaces.Dict({key: box for key, _, box, _ in self._leaves}),
+                "prev_action": gym.spaces.Box(-1.0, 1.0, (self.action_spec.dim,), np.float32),
+                "prev_reward": gym.spaces.Box(-np.inf, np.inf, (), np.float32),
+                "time": gym.spaces.Box(0, _TIME_HIGH, (), np.int64),
+                "reset": gym.spaces.Box(0, 1, (), np.int8),
+            }
+        )
+        self._t = 0  # actions taken in the current rollout
+        self._episode = 0  # index of the current episode inside the rollout
+        self._pending_reset = False  # last timestep was an inner episode's final obs
+
+    # ------------------------------------------------------------------------------------------- helpers
+    def to_env_action(self, action: Any) -> Any:
+        """Agent action (storage format) -> the inner env's action."""
+        return agent_to_env_action(self._env_action_space, action)
+
+    def _convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
+        out = {}
+        for key, path, _, fn in self._leaves:
+            value = obs
+            for p in path:
+                value = value[p]
+            out[key] = fn(value)
+        return out
+
+    def _timestep(self, obs: Any, prev_action: np.ndarray, prev_reward: float, reset: bool) -> dict:
+        return {
+            "obs": self._convert_obs(obs),
+            "prev_action": prev_action,  # [A] float32
+            "prev_reward": np.asarray(prev_reward, dtype=np.float32),  # []
+            "time": np.asarray(self._t, dtype=np.int64),  # []
+            "reset": np.asarray(int(reset), dtype=np.int8),  # []
+        }
+
+    def _zero_action(self) -> np.ndarray:
+        return np.zeros(self.action_spec.dim, dtype=np.float32)
+
+    # ------------------------------------------------------------------------------------------------ API
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        """Hard reset: a new task (the inner env sees `new_task=True` in multi-episode mode)."""
+        if self.multi_episode:
+            options = {**(options or {}), "new_task": True}
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._t, self._episode, self._pending_reset = 0, 0, False
+        return self._timestep(obs, self._zero_action(), 0.0, reset=True), dict(info)
+
+    def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        if self._pending_reset:
+            # Bridge step: the action taken on an inner episode's final obs is ignored; the next episode of
+            # the same task starts with reset=1 and zero previous action and reward.
+            obs, info = self.env.reset(options={"new_task": False})
+            self._t += 1
+            self._episode += 1
+            self._pending_reset = False
+            truncated = self.rollout_horizon is not None and self._t >= self.rollout_horizon
+            return self._timestep(obs, self._zero_action(), 0.0, reset=True), 0.0, False, truncated, dict(info)
+
+        env_action = self.to_env_action(action)
+        obs, reward, terminated, truncated, info = self.env.step(env_action)
+        reward, terminated, truncated, info = float(reward), bool(terminated), bool(truncated), dict(info)
+        self._t += 1
+        ts = self._timestep(obs, action_to_vector(self.action_spec, action), reward, reset=False)
+        if "success" in info:
+            info["success"] = float(info["success"])
+        episode_done = terminated or truncated
+        if episode_done:
+            info["episode_end"] = True
+        if not self.multi_episode:
+            return ts, reward, terminated, truncated, info
+        if self.rollout_horizon is not None:
+            if self._t >= self.rollout_horizon:
+                # The rollout ends on its time limit even if the inner episode terminated right here: the
+                # rollout would have continued with another episode, so its value is bootstrapped.
+                return ts, reward, False, True, info
+            self._pending_reset = episode_done
+            return ts, reward, False, False, info
+        if episode_done and self._episode == self.episodes_per_rollout - 1:
+            return ts, reward, terminated, truncated, info
+        self._pending_reset = episode_done
+        return ts, reward, False, False, info

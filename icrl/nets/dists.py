@@ -1,0 +1,189 @@
+"""Action distributions over action *vectors*, as the networks see them (DESIGN §4).
+
+Every distribution has batch shape [..., G] (one policy per discount) and event shape [A]:
+a sample is a float vector [..., G, A] — one-hot for discrete actions, a point of [-1, 1]^A for
+continuous ones, 0/1 entries for multi-binary ones. Working on vectors (not ids) lets one critic
+signature Q(s, a_vec) and one actor loss serve all three kinds.
+
+Common interface: `sample(shape=())`, `rsample(shape=())` (reparameterised or straight-through;
+not defined for `Categorical`, whose actor loss uses the exact expectation instead),
+`log_prob(a_vec [..., G, A]) -> [..., G]`, `mode() -> a_vec`, `entropy() -> [..., G]`.
+`to_storage` turns vectors back into the replay's storage format.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from icrl.types import ActionSpec
+
+_LOG_2 = math.log(2.0)
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _shape(shape: torch.Size | tuple[int, ...] | int) -> tuple[int, ...]:
+    return (shape,) if isinstance(shape, int) else tuple(shape)
+
+
+class Categorical:
+    """Softmax policy over A actions; samples and modes are one-hot float vectors [..., G, A]."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = torch.log_softmax(logits, dim=-1)  # [..., G, A], normalised log-probabilities
+
+    @property
+    def probs(self) -> torch.Tensor:
+        return self.logits.exp()  # [..., G, A]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.logits.shape[:-1]
+
+    def _one_hot(self, idx: torch.Tensor) -> torch.Tensor:
+        return F.one_hot(idx, self.logits.shape[-1]).to(self.logits.dtype)
+
+    def sample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        """Gumbel-max sampling: one batched op, no multinomial reshaping. -> [*shape, ..., G, A]."""
+        shape = _shape(shape)
+        with torch.no_grad():
+            u = torch.rand(shape + self.logits.shape, device=self.logits.device, dtype=self.logits.dtype)
+            gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+            return self._one_hot((self.logits + gumbel).argmax(-1))
+
+    def rsample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        raise NotImplementedError(
+            "Categorical has no reparameterised sample; the actor loss uses the exact expectation over actions."
+        )
+
+    def log_prob(self, a_vec: torch.Tensor) -> torch.Tensor:
+        """log π(a) for one-hot vectors [..., G, A] -> [..., G] (a zero vector gives 0)."""
+        return (a_vec * self.logits).sum(-1)
+
+    def mode(self) -> torch.Tensor:
+        return self._one_hot(self.logits.argmax(-1))
+
+    def entropy(self) -> torch.Tensor:
+        return -(self.probs * self.logits).sum(-1)  # [..., G]
+
+
+class TanhGaussian:
+    """a = tanh(u), u ~ N(mean, exp(log_std)); a diagonal Gaussian squashed into [-1, 1]^A.
+
+    The log-density uses log|d tanh(u)/du| = 2 (log 2 - u - softplus(-2u)), which is exact and stays finite
+    for any u (the textbook log(1 - tanh(u)^2) underflows to log 0 once |u| > ~9 in float32).
+    """
+
+    def __init__(
+        self, mean: torch.Tensor, log_std: torch.Tensor, min_log_std: float = -5.0, max_log_std: float = 2.0
+    ) -> None:
+        self.mean = mean  # [..., G, A]
+        self.log_std = log_std.clamp(min_log_std, max_log_std)  # [..., G, A]
+        self.std = self.log_std.exp()
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.mean.shape[:-1]
+
+    def _log_prob_u(self, u: torch.Tensor) -> torch.Tensor:
+        """log N(u) - log|d tanh/du|, summed over the action dims -> [..., G]."""
+        z = (u - self.mean) / self.std
+        log_normal = -0.5 * z.square() - self.log_std - _LOG_SQRT_2PI
+        log_det = 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))
+        return (log_normal - log_det).sum(-1)
+
+    def rsample_with_log_prob(
+        self, shape: torch.Size | tuple[int, ...] | int = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised sample [*shape, ..., G, A] and its log-density [*shape, ..., G], from the same u."""
+        shape = _shape(shape)
+        eps = torch.randn(shape + self.mean.shape, device=self.mean.device, dtype=self.mean.dtype)
+        u = self.mean + self.std * eps
+        return torch.tanh(u), self._log_prob_u(u)
+
+    def rsample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        return self.rsample_with_log_prob(shape)[0]
+
+    def sample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        with torch.no_grad():
+            return self.rsample(shape)
+
+    def log_prob(self, a_vec: torch.Tensor) -> torch.Tensor:
+        """log π(a) for given actions in [-1, 1] -> [..., G].
+
+        Actions are clipped to [-1 + eps, 1 - eps] first: stored actions can sit exactly on the bounds
+        (noise, clipping, offline data), where atanh is infinite.
+        """
+        eps = max(1e-6, torch.finfo(a_vec.dtype).eps)
+        u = torch.atanh(a_vec.clamp(-1.0 + eps, 1.0 - eps))
+        return self._log_prob_u(u)
+
+    def mode(self) -> torch.Tensor:
+        return torch.tanh(self.mean)
+
+    def entropy(self) -> torch.Tensor:
+        """A one-sample, differentiable estimate -log π(a), a ~ π (the squashed entropy has no closed form)."""
+        return -self.rsample_with_log_prob()[1]
+
+
+class Bernoulli:
+    """Independent Bernoulli per action dim (MultiBinary); log_prob sums over the dims."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits  # [..., G, A]
+
+    @property
+    def probs(self) -> torch.Tensor:
+        return torch.sigmoid(self.logits)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.logits.shape[:-1]
+
+    def sample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        shape = _shape(shape)
+        with torch.no_grad():
+            p = self.probs.expand(shape + self.logits.shape)
+            return torch.bernoulli(p)
+
+    def rsample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        """Straight-through sample: the value is a hard 0/1 sample, the gradient is that of the probabilities.
+
+        This gives the online -Q(s, a~π) term a (biased but useful) gradient into the policy logits.
+        """
+        p = self.probs.expand(_shape(shape) + self.logits.shape)
+        hard = torch.bernoulli(p.detach())
+        return hard + p - p.detach()
+
+    def log_prob(self, a_vec: torch.Tensor) -> torch.Tensor:
+        # a log σ(l) + (1 - a) log σ(-l) = -BCE(l, a), computed stably from the logits.
+        logits = self.logits.expand(a_vec.shape[:-1] + self.logits.shape[-1:])
+        return -F.binary_cross_entropy_with_logits(logits, a_vec.to(logits.dtype), reduction="none").sum(-1)
+
+    def mode(self) -> torch.Tensor:
+        return (self.logits > 0).to(self.logits.dtype)
+
+    def entropy(self) -> torch.Tensor:
+        p = self.probs
+        return F.binary_cross_entropy_with_logits(self.logits, p, reduction="none").sum(-1)
+
+
+Distribution = Categorical | TanhGaussian | Bernoulli
+
+
+def to_storage(spec: ActionSpec, a_vec: torch.Tensor) -> torch.Tensor:
+    """Action vectors [..., A] -> storage format: int64 ids [...] | float32 [..., D] in [-1, 1] | int8 [..., D]."""
+    if spec.kind == "discrete":
+        return a_vec.argmax(-1).to(torch.int64)
+    if spec.kind == "multibinary":
+        return (a_vec > 0.5).to(torch.int8)
+    return a_vec.clamp(-1.0, 1.0).to(torch.float32)
+
+
+def from_storage(spec: ActionSpec, action: torch.Tensor) -> torch.Tensor:
+    """Stored actions -> float vectors [..., A] (one-hot for discrete ids)."""
+    if spec.kind == "discrete":
+        return F.one_hot(action.long(), spec.dim).float()
+    return action.float()

@@ -1,0 +1,165 @@
+"""The epoch loop (DESIGN §8): collect -> write rollouts -> sample -> update -> evaluate -> log."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_model
+
+from icrl.agent import Agent, AgentPolicy
+from icrl.config import ExperimentConfig
+from icrl.data import DiskReplay, make_loader
+from icrl.envs import Collector, make_vector_env
+from icrl.exploration import Exploration
+from icrl.learner import Learner
+from icrl.metrics import MetricsLog, console, progress_line
+from icrl.plot import plot_learning_curves
+from icrl.seeding import derive_seed, seed_everything
+from icrl.types import ActionSpec, EpisodeStats
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def summarize_episodes(episodes: list[EpisodeStats]) -> dict[str, float | None | list]:
+    """Average over rollouts, not episodes, so short episodes are not over-weighted (DESIGN §10).
+
+    A rollout's return sums its episodes; its success is that of its last episode (after adapting).
+    The `*_by_episode` lists give the adaptation curve of multi-episode tasks.
+    """
+    rollouts: dict[tuple[int, int], list[EpisodeStats]] = defaultdict(list)
+    for ep in episodes:
+        rollouts[(ep.env_index, ep.rollout_id)].append(ep)
+    if not rollouts:
+        return {"return_mean": None, "success_rate": None, "rollouts": 0}
+    eps = [sorted(r, key=lambda e: e.episode_index) for r in rollouts.values()]
+    returns = [sum(e.ret for e in r) for r in eps]
+    successes = [r[-1].success for r in eps if r[-1].success is not None]
+    by_index: dict[int, list[EpisodeStats]] = defaultdict(list)
+    for r in eps:
+        for e in r:
+            by_index[e.episode_index].append(e)
+    out: dict = {
+        "return_mean": float(np.mean(returns)),
+        "return_std": float(np.std(returns)),
+        "success_rate": float(np.mean(successes)) if successes else None,
+        "rollouts": len(eps),
+        "episode_length_mean": float(np.mean([e.length for e in episodes])),
+    }
+    if len(by_index) > 1:
+        out["return_by_episode"] = [float(np.mean([e.ret for e in by_index[i]])) for i in sorted(by_index)]
+        succ = [[e.success for e in by_index[i] if e.success is not None] for i in sorted(by_index)]
+        if all(succ):
+            out["success_by_episode"] = [float(np.mean(s)) for s in succ]
+    return out
+
+
+def evaluate(agent: Agent, collector: Collector, num_rollouts: int, device: torch.device, seed: int) -> dict:
+    policy = AgentPolicy(agent, collector.num_envs, greedy=True, device=device)
+    _, episodes = collector.collect_rollouts(policy, num_rollouts, seed=seed)
+    return summarize_episodes(episodes)
+
+
+def train(cfg: ExperimentConfig) -> dict:
+    """Train an agent as `cfg` says; returns the final evaluation. Writes everything under run_dir."""
+    cfg.validate()
+    e, t = cfg.env, cfg.train
+    seed_everything(t.seed)
+    if t.threads > 0:
+        torch.set_num_threads(t.threads)
+    device = resolve_device(t.device)
+    run_dir = Path(t.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(cfg.to_json())
+
+    venv_kwargs = dict(episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
+    venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
+    eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
+    spec = ActionSpec.from_space(venv.single_action_space)
+    collector = Collector(venv, spec, chunk_len=e.chunk_len)
+    collector.reset(seed=derive_seed(t.seed, "train-envs"))
+    eval_collector = Collector(eval_venv, spec)
+
+    agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
+    learner = Learner(agent, cfg, device)
+    replay = DiskReplay(run_dir / "replay", capacity_timesteps=t.replay_capacity)
+    exploration = Exploration(cfg.explore, spec, e.parallel_envs, seed=derive_seed(t.seed, "explore"))
+    policy = AgentPolicy(
+        agent, e.parallel_envs, greedy=False, exploration=exploration, env_steps=lambda: collector.env_steps, device=device
+    )
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    console.print(
+        f"icrl: training on [bold]{e.env}[/bold] {e.kwargs or ''} with a {cfg.model.traj_encoder} "
+        f"({sum(p.numel() for p in agent.online_parameters()):,} parameters) on {device}; run dir {run_dir}"
+    )
+
+    loader = None
+    num_epochs = max(1, t.total_env_steps // t.steps_per_epoch)
+    start, last_eval = time.perf_counter(), None
+    for epoch in range(1, num_epochs + 1):
+        t0 = time.perf_counter()
+        rollouts, episodes = collector.collect(policy, t.steps_per_epoch)
+        for rollout in rollouts:
+            replay.write(rollout)
+        t_collect = time.perf_counter() - t0
+
+        t1, metrics = time.perf_counter(), {}
+        if collector.env_steps >= t.start_updates_after and replay.files():
+            if loader is None:
+                loader = make_loader(
+                    replay.root,
+                    batch_size=t.batch_size,
+                    max_seq_len=cfg.model.max_seq_len,
+                    action_spec=spec,
+                    seed=derive_seed(t.seed, "loader"),
+                    num_workers=t.num_workers,
+                    pin_memory=device.type == "cuda",
+                )
+            for _ in range(t.updates_per_epoch):
+                metrics = learner.update(next(loader))
+        t_update = time.perf_counter() - t1
+
+        train_stats = summarize_episodes(episodes)
+        row = {
+            "kind": "train",
+            "epoch": epoch,
+            "env_steps": collector.env_steps,
+            "updates": learner.updates,
+            "wall_time": time.perf_counter() - start,
+            "train/return_mean": train_stats["return_mean"],
+            "train/success_rate": train_stats["success_rate"],
+            "train/epsilon": exploration.level(collector.env_steps),
+            "time/env_steps_per_s": t.steps_per_epoch / max(t_collect, 1e-9),
+            "time/updates_per_s": t.updates_per_epoch / max(t_update, 1e-9) if metrics else 0.0,
+            **{f"train/{k}": v for k, v in metrics.items()},
+        }
+        log.write(row)
+        if epoch % t.eval_every == 0 or epoch == num_epochs:
+            stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", epoch))
+            last_eval = {"kind": "eval", "epoch": epoch, "env_steps": collector.env_steps,
+                         "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
+            log.write(last_eval)
+        if epoch % t.log_every == 0 or epoch == num_epochs:
+            console.print(progress_line(row, last_eval))
+
+    log.close()
+    venv.close()
+    eval_venv.close()
+    save_model(agent, str(run_dir / "agent.safetensors"))
+    plot = plot_learning_curves([run_dir], run_dir / "learning_curve.png", title=f"{e.env} {e.env_kwargs}")
+    assert last_eval is not None
+    success = last_eval.get("success_rate")
+    console.print(
+        f"[bold green]result[/bold green]: eval return {last_eval['return_mean']:+.3f}"
+        + (f", success rate {success:.2f}" if success is not None else "")
+        + f" over {last_eval['rollouts']} rollouts after {collector.env_steps:,} env steps and "
+        f"{learner.updates:,} updates in {last_eval['wall_time']:.0f} s; plot: {plot}"
+    )
+    return last_eval
