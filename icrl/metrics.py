@@ -46,7 +46,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 def progress_line(row: dict[str, Any], last_eval: dict[str, Any] | None) -> str:

@@ -83,16 +83,15 @@ def train(cfg: ExperimentConfig) -> dict:
     venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
     eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
     spec = ActionSpec.from_space(venv.single_action_space)
-    collector = Collector(venv, spec, chunk_len=e.chunk_len)
-    collector.reset(seed=derive_seed(t.seed, "train-envs"))
-    eval_collector = Collector(eval_venv, spec)
+    collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(t.seed, "train-envs"))
+    eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs"))
 
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
     learner = Learner(agent, cfg, device)
     replay = DiskReplay(run_dir / "replay", capacity_timesteps=t.replay_capacity)
     exploration = Exploration(cfg.explore, spec, e.parallel_envs, seed=derive_seed(t.seed, "explore"))
     policy = AgentPolicy(
-        agent, e.parallel_envs, greedy=False, exploration=exploration, env_steps=lambda: collector.env_steps, device=device
+        agent, e.parallel_envs, greedy=False, exploration=exploration, env_steps=lambda: collector.total_env_steps, device=device
     )
     log = MetricsLog(run_dir / "metrics.jsonl")
     console.print(
@@ -111,7 +110,7 @@ def train(cfg: ExperimentConfig) -> dict:
         t_collect = time.perf_counter() - t0
 
         t1, metrics = time.perf_counter(), {}
-        if collector.env_steps >= t.start_updates_after and replay.files():
+        if collector.total_env_steps >= t.start_updates_after and replay.files():
             if loader is None:
                 loader = make_loader(
                     replay.root,
@@ -124,18 +123,19 @@ def train(cfg: ExperimentConfig) -> dict:
                 )
             for _ in range(t.updates_per_epoch):
                 metrics = learner.update(next(loader))
+            metrics = {k: float(v) for k, v in metrics.items()}
         t_update = time.perf_counter() - t1
 
         train_stats = summarize_episodes(episodes)
         row = {
             "kind": "train",
             "epoch": epoch,
-            "env_steps": collector.env_steps,
+            "env_steps": collector.total_env_steps,
             "updates": learner.updates,
             "wall_time": time.perf_counter() - start,
             "train/return_mean": train_stats["return_mean"],
             "train/success_rate": train_stats["success_rate"],
-            "train/epsilon": exploration.level(collector.env_steps),
+            "train/epsilon": exploration.level(collector.total_env_steps),
             "time/env_steps_per_s": t.steps_per_epoch / max(t_collect, 1e-9),
             "time/updates_per_s": t.updates_per_epoch / max(t_update, 1e-9) if metrics else 0.0,
             **{f"train/{k}": v for k, v in metrics.items()},
@@ -143,7 +143,7 @@ def train(cfg: ExperimentConfig) -> dict:
         log.write(row)
         if epoch % t.eval_every == 0 or epoch == num_epochs:
             stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", epoch))
-            last_eval = {"kind": "eval", "epoch": epoch, "env_steps": collector.env_steps,
+            last_eval = {"kind": "eval", "epoch": epoch, "env_steps": collector.total_env_steps,
                          "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
             log.write(last_eval)
         if epoch % t.log_every == 0 or epoch == num_epochs:
@@ -159,7 +159,7 @@ def train(cfg: ExperimentConfig) -> dict:
     console.print(
         f"[bold green]result[/bold green]: eval return {last_eval['return_mean']:+.3f}"
         + (f", success rate {success:.2f}" if success is not None else "")
-        + f" over {last_eval['rollouts']} rollouts after {collector.env_steps:,} env steps and "
+        + f" over {last_eval['rollouts']} rollouts after {collector.total_env_steps:,} env steps and "
         f"{learner.updates:,} updates in {last_eval['wall_time']:.0f} s; plot: {plot}"
     )
     return last_eval

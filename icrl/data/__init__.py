@@ -1,0 +1,37 @@
+"""Replay on disk (DESIGN §6): atomic rollout files, a FIFO/protected buffer, and a windowed sampler."""
+
+from icrl.data.sampler import (
+    EmptyReplayError,
+    ReplayDataset,
+    ReplayLoader,
+    RolloutCache,
+    collate_windows,
+    make_loader,
+    worker_seed,
+)
+from icrl.data.storage import (
+    CorruptRolloutError,
+    DiskReplay,
+    RolloutFile,
+    list_rollout_files,
+    load_rollout,
+    rollout_file_name,
+    save_rollout,
+)
+
+__all__ = [
+    "CorruptRolloutError",
+    "DiskReplay",
+    "EmptyReplayError",
+    "ReplayDataset",
+    "ReplayLoader",
+    "RolloutCache",
+    "RolloutFile",
+    "collate_windows",
+    "list_rollout_files",
+    "load_rollout",
+    "make_loader",
+    "rollout_file_name",
+    "save_rollout",
+    "worker_seed",
+]

@@ -188,7 +188,6 @@ class ReplayDataset(IterableDataset):
                     "with DiskReplay.write before sampling, or check replay_root."
                 )
             time.sleep(min(0.1, max(0.0, deadline - now)))
-            self._last_refresh = -float("inf")
 
     # -- windows and batches ----------------------------------------------------------------------------
 
@@ -231,7 +230,10 @@ def collate_windows(windows: list[tuple[Rollout, int]], length: int, action_spec
     mask = np.zeros((B, L), bool)
     has_action = np.zeros((B, L), bool)
     achieved = None
-    if first.achieved is not None:
+    with_goals = [r.achieved is not None for r, _ in windows]
+    if any(with_goals) and not all(with_goals):
+        raise ValueError("some rollouts in the batch record achieved goals and others do not")
+    if all(with_goals):
         K = max(r.achieved.shape[1] for r, _ in windows)  # type: ignore[union-attr]
         achieved = np.zeros((B, L, K), np.int64)  # [B, L, K]
 
@@ -258,8 +260,6 @@ def collate_windows(windows: list[tuple[Rollout, int]], length: int, action_spec
             truncated[b, :ma] = r.truncated[s:ea]
             has_action[b, :ma] = True
         if achieved is not None:
-            if r.achieved is None:
-                raise ValueError("some rollouts in the batch record achieved goals and others do not")
             achieved[b, :m, : r.achieved.shape[1]] = r.achieved[s:e]
 
     t = torch.from_numpy

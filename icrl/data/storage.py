@@ -107,23 +107,23 @@ def load_rollout(path: str | os.PathLike) -> Rollout:
     for a sampler) and CorruptRolloutError for anything else that prevents a valid Rollout.
     """
     path = Path(path)
-    try:
-        npz = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except ValueError as e:  # not a zip; numpy then refuses to unpickle it
-        raise CorruptRolloutError(path, f"not an npz archive ({e})") from e
-    except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise CorruptRolloutError(path, f"unreadable ({type(e).__name__}: {e})") from e
-    if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise CorruptRolloutError(path, f"expected an npz archive, found a single {type(npz).__name__}")
-    try:
-        with npz:
-            arrays = {key: npz[key] for key in npz.files}
-    except ValueError as e:  # includes "Object arrays cannot be loaded when allow_pickle=False"
-        raise CorruptRolloutError(path, f"refused or malformed array ({e})") from e
-    except Exception as e:  # BadZipFile (CRC), EOFError, zlib.error, OSError on truncated members
-        raise CorruptRolloutError(path, f"truncated or damaged ({type(e).__name__}: {e})") from e
+    # We open the file ourselves so it is closed on every error path (np.load leaks it on a bad zip).
+    with open(path, "rb") as fh:  # FileNotFoundError propagates
+        try:
+            npz = np.load(fh, allow_pickle=False)
+        except ValueError as e:  # not a zip; numpy then refuses to unpickle it
+            raise CorruptRolloutError(path, f"not an npz archive ({e})") from e
+        except (OSError, EOFError, zipfile.BadZipFile) as e:
+            raise CorruptRolloutError(path, f"unreadable ({type(e).__name__}: {e})") from e
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise CorruptRolloutError(path, f"expected an npz archive, found a single {type(npz).__name__}")
+        try:
+            with npz:
+                arrays = {key: npz[key] for key in npz.files}
+        except ValueError as e:  # includes "Object arrays cannot be loaded when allow_pickle=False"
+            raise CorruptRolloutError(path, f"refused or malformed array ({e})") from e
+        except Exception as e:  # BadZipFile (CRC), EOFError, zlib.error, OSError on truncated members
+            raise CorruptRolloutError(path, f"truncated or damaged ({type(e).__name__}: {e})") from e
     missing = [name for name in _REQUIRED if name not in arrays]
     if missing:
         raise CorruptRolloutError(path, f"missing fields {missing}")

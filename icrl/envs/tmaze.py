@@ -35,7 +35,9 @@ class TMaze(gym.Env):
         self.length = int(length)
         self.horizon = self.length + 1 if horizon is None else int(horizon)
         if self.horizon < self.length + 1:
-            raise ValueError(f"TMaze horizon {self.horizon} is shorter than the optimal path ({self.length + 1})")
+            raise ValueError(
+                f"TMaze horizon {self.horizon} is shorter than the optimal path ({self.length + 1} steps)"
+            )
         self.penalty = 1.0 / self.horizon
         self.render_mode = render_mode
         self.observation_space = gym.spaces.Box(0.0, 1.0, (4,), np.float32)

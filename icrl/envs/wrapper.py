@@ -61,7 +61,10 @@ def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConve
     )
 
 
-def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[tuple[str, tuple[str, ...], gym.spaces.Box, ObsConverter]]:
+ObsLeaf = tuple[str, tuple[str, ...], gym.spaces.Box, ObsConverter]  # key "a/b", path ("a", "b"), Box, fn
+
+
+def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[ObsLeaf]:
     """Flatten a (nested) Dict observation space into (key "a/b", path ("a", "b"), Box, converter) leaves."""
     if isinstance(space, gym.spaces.Dict):
         leaves = []
@@ -83,14 +86,16 @@ def agent_action_space(env_space: gym.Space) -> gym.Space:
         if not (np.all(np.isfinite(env_space.low)) and np.all(np.isfinite(env_space.high))):
             raise ValueError(
                 f"Unsupported action space {env_space!r}: the Box has infinite bounds, so agent actions in "
-                "[-1, 1] cannot be rescaled to it. Wrap the env with finite bounds (e.g. a RescaleAction wrapper)."
+                "[-1, 1] cannot be rescaled to it. Give the env finite bounds first (e.g. ClipAction + a "
+                "RescaleAction wrapper)."
             )
         return gym.spaces.Box(-1.0, 1.0, env_space.shape, np.float32)
     if isinstance(env_space, gym.spaces.MultiBinary) and np.ndim(env_space.n) == 0:
         return gym.spaces.MultiBinary(int(env_space.n))
     raise ValueError(
         f"Unsupported action space {env_space!r}. icrl supports {SUPPORTED_ACTION_SPACES}; "
-        "flatten other spaces (Tuple, MultiDiscrete, multi-dimensional Box, ...) with a gymnasium wrapper first."
+        "flatten other spaces (Tuple, MultiDiscrete, multi-dimensional Box, ...) with a gymnasium wrapper "
+        "first."
     )
 
 
@@ -210,7 +215,8 @@ class TimestepWrapper(gym.Wrapper):
             self._episode += 1
             self._pending_reset = False
             truncated = self.rollout_horizon is not None and self._t >= self.rollout_horizon
-            return self._timestep(obs, self._zero_action(), 0.0, reset=True), 0.0, False, truncated, dict(info)
+            ts = self._timestep(obs, self._zero_action(), 0.0, reset=True)
+            return ts, 0.0, False, truncated, dict(info)
 
         env_action = self.to_env_action(action)
         obs, reward, terminated, truncated, info = self.env.step(env_action)

@@ -55,7 +55,8 @@ class Categorical:
 
     def rsample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
         raise NotImplementedError(
-            "Categorical has no reparameterised sample; the actor loss uses the exact expectation over actions."
+            "Categorical has no reparameterised sample; "
+            "the actor loss uses the exact expectation over actions."
         )
 
     def log_prob(self, a_vec: torch.Tensor) -> torch.Tensor:
@@ -97,7 +98,7 @@ class TanhGaussian:
     def rsample_with_log_prob(
         self, shape: torch.Size | tuple[int, ...] | int = ()
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised sample [*shape, ..., G, A] and its log-density [*shape, ..., G], from the same u."""
+        """Reparameterised sample [*shape, ..., G, A] and its log-density [*shape, ..., G] (same u)."""
         shape = _shape(shape)
         eps = torch.randn(shape + self.mean.shape, device=self.mean.device, dtype=self.mean.dtype)
         u = self.mean + self.std * eps
@@ -124,7 +125,7 @@ class TanhGaussian:
         return torch.tanh(self.mean)
 
     def entropy(self) -> torch.Tensor:
-        """A one-sample, differentiable estimate -log π(a), a ~ π (the squashed entropy has no closed form)."""
+        """One-sample differentiable estimate -log π(a), a ~ π (no closed form after the squashing)."""
         return -self.rsample_with_log_prob()[1]
 
 
@@ -155,7 +156,7 @@ class Bernoulli:
         """
         p = self.probs.expand(_shape(shape) + self.logits.shape)
         hard = torch.bernoulli(p.detach())
-        return hard + p - p.detach()
+        return hard + (p - p.detach())  # exactly `hard` in value
 
     def log_prob(self, a_vec: torch.Tensor) -> torch.Tensor:
         # a log σ(l) + (1 - a) log σ(-l) = -BCE(l, a), computed stably from the logits.
@@ -174,7 +175,7 @@ Distribution = Categorical | TanhGaussian | Bernoulli
 
 
 def to_storage(spec: ActionSpec, a_vec: torch.Tensor) -> torch.Tensor:
-    """Action vectors [..., A] -> storage format: int64 ids [...] | float32 [..., D] in [-1, 1] | int8 [..., D]."""
+    """Action vectors [..., A] -> storage: int64 ids [...] | float32 [..., D] in [-1, 1] | int8 [..., D]."""
     if spec.kind == "discrete":
         return a_vec.argmax(-1).to(torch.int64)
     if spec.kind == "multibinary":

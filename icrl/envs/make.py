@@ -1,0 +1,115 @@
+"""Build envs by name, so configs and CLIs can name any task with one string.
+
+Three forms, tried in this order: a built-in icrl task (`BUILTIN_ENVS`), a registered Gymnasium id
+(`gym.make`), or `"package.module:factory"` (imported and called). Vector envs use picklable thunks so the
+asynchronous (subprocess) vector env works with every form.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from typing import Any, Callable
+
+import gymnasium as gym
+
+from icrl.envs.tmaze import TMaze
+from icrl.envs.wrapper import TimestepWrapper
+
+# Name -> factory(**env_kwargs). Other modules may add their tasks here.
+BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
+    "tmaze": TMaze,
+}
+
+
+def _forms_help() -> str:
+    return (
+        "Use (1) a built-in name " + f"({', '.join(sorted(BUILTIN_ENVS))}), "
+        "(2) a registered gymnasium id such as 'CartPole-v1' (import the package that registers it, or write "
+        "'module:EnvId'), or (3) 'package.module:factory' naming a callable that returns a gymnasium.Env."
+    )
+
+
+def _call(factory: Callable[..., gym.Env], name: str, kwargs: dict) -> gym.Env:
+    """Call a factory, turning a rejected keyword into a ValueError that names it."""
+    try:
+        return factory(**kwargs)
+    except TypeError as e:
+        msg = str(e)
+        if "keyword argument" not in msg and "positional argument" not in msg:
+            raise
+        bad = re.findall(r"keyword argument '([^']+)'", msg)
+        which = f"{bad[0]!r}" if bad else f"one of {sorted(kwargs)}"
+        raise ValueError(f"env {name!r} does not accept the keyword argument {which}: {msg}") from e
+
+
+def _resolve_factory(name: str) -> Callable[..., gym.Env] | None:
+    """'package.module:factory' -> the callable, or None when it is not that form."""
+    if ":" not in name:
+        return None
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(
+            f"Unknown env {name!r}: cannot import module {module_name!r} ({e}). {_forms_help()}"
+        ) from e
+    factory = getattr(module, attr, None)
+    return factory if callable(factory) else None
+
+
+def make_env(name: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """Create one (unwrapped by icrl) env from a built-in name, a gymnasium id or 'module:factory'."""
+    kwargs = dict(env_kwargs or {})
+    if name in BUILTIN_ENVS:
+        return _call(BUILTIN_ENVS[name], name, kwargs)
+    if name in gym.registry:
+        return _call(functools.partial(gym.make, name), name, kwargs)
+    factory = _resolve_factory(name)
+    if factory is not None:
+        env = _call(factory, name, kwargs)
+        if not isinstance(env, gym.Env):
+            raise ValueError(f"factory {name!r} returned {type(env).__name__}, not a gymnasium.Env")
+        return env
+    if ":" in name:
+        # 'module:EnvId' - the module import above may have registered the id.
+        env_id = name.partition(":")[2]
+        if env_id in gym.registry:
+            return _call(functools.partial(gym.make, env_id), name, kwargs)
+    raise ValueError(f"Unknown env {name!r}. {_forms_help()}")
+
+
+def make_wrapped_env(
+    name: str,
+    env_kwargs: dict[str, Any] | None = None,
+    episodes_per_rollout: int = 1,
+    rollout_horizon: int | None = None,
+) -> TimestepWrapper:
+    """`make_env` + `TimestepWrapper`. Module-level so `functools.partial` of it pickles for subprocesses."""
+    return TimestepWrapper(
+        make_env(name, env_kwargs), episodes_per_rollout=episodes_per_rollout, rollout_horizon=rollout_horizon
+    )
+
+
+def make_vector_env(
+    name: str,
+    env_kwargs: dict[str, Any] | None,
+    num_envs: int,
+    *,
+    asynchronous: bool = False,
+    episodes_per_rollout: int = 1,
+    rollout_horizon: int | None = None,
+) -> gym.vector.VectorEnv:
+    """`num_envs` TimestepWrapper'd copies in a Sync or Async vector env with SAME_STEP autoreset.
+
+    The env is built once here first, so a bad name or kwarg fails in this process with a clear message
+    instead of inside a worker.
+    """
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    make_wrapped_env(name, env_kwargs, episodes_per_rollout, rollout_horizon).close()
+    kwargs = dict(env_kwargs or {})
+    thunk = functools.partial(make_wrapped_env, name, kwargs, episodes_per_rollout, rollout_horizon)
+    cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
+    return cls([thunk] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

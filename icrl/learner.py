@@ -1,0 +1,121 @@
+"""One learning update (DESIGN §4): a single encoder pass, critic + actor losses, one optimiser step, EMA.
+
+`compute_loss` reads as the method:
+    s_t          = encoder(timesteps)                                   # [B, L, d], one pass
+    y_{t,g}      = R r_t + γ_g (1 - term_t) · min_{2 of C} Q̄_g(s_{t+1}, a' ~ π̄_g)
+    critic loss  = mean (Q_{c,g}(s_t, a_t) - y_{t,g})²   (PopArt-normalised, masked) × critic_weight
+    actor loss   = online · -Q(sg(s_t), a ~ π_g(s_t)) + offline · -1[A > 0] log π_g(a_t | s_t)
+Gradient routing: critic parameters see only the critic loss; the actor loss reads the critic as a frozen
+function of a detached state, so it reaches the encoder only through the actor head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from icrl.agent import Agent
+from icrl.config import ExperimentConfig, LossConfig
+from icrl.losses import actor_loss, align_next, critic_loss, frozen_critic, redq_target_value, td_targets
+from icrl.nets.heads import q_at_action
+from icrl.targets import ema_update_
+from icrl.types import Batch
+
+
+def compute_loss(
+    agent: Agent, batch: Batch, cfg: LossConfig, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Returns (loss, metrics, y, valid): the unnormalised targets [B, L, G] and their mask feed PopArt."""
+    discrete = agent.spec.kind == "discrete"
+    s = agent(batch.inputs)  # [B, L, d]
+    G = agent.gammas.numel()
+    valid = batch.has_action & align_next(batch.mask)  # [B, L]: transition t -> t+1 inside the window
+    action = batch.action.unsqueeze(-2).expand(*batch.action.shape[:-1], G, batch.action.shape[-1])  # [B, L, G, A]
+
+    with torch.no_grad():  # TD targets from the EMA heads on the online encoder's states
+        s_next = s.detach()
+        target_dist = agent.target_actor(s_next)  # batch [B, L, G]
+        if discrete:
+            q_next = agent.target_critic(s_next)  # [B, L, C, G, A] normalised
+            q_next = agent.popart.denormalize(q_next.transpose(-1, -2)).transpose(-1, -2)
+            v_next = (target_dist.probs.unsqueeze(-3) * q_next).sum(-1)  # [B, L, C, G]: exact E_{a'~π̄}
+        else:
+            v_next = agent.popart.denormalize(agent.target_critic(s_next, target_dist.sample()))  # [B, L, C, G]
+        v_next = redq_target_value(v_next, cfg.redq_subset, generator)  # [B, L, G]
+        y = td_targets(
+            batch.reward, batch.terminated, valid, align_next(v_next), agent.gammas, cfg.reward_scale, cfg.n_step
+        )  # [B, L, G]
+        y_norm = agent.popart.normalize(y)
+
+    if discrete:
+        q_all = agent.critic(s)  # [B, L, C, G, A]
+        q_sa = q_at_action(q_all, action)  # [B, L, C, G]
+    else:
+        q_all = None
+        q_sa = agent.critic(s, action)  # [B, L, C, G]
+    loss_c, metrics = critic_loss(q_sa, y_norm, valid)
+
+    dist = agent.actor(s)  # batch [B, L, G]; the actor's gradient reaches the encoder through here
+    loss_a, actor_metrics = actor_loss(
+        dist,
+        action,
+        batch.has_action & batch.mask,
+        q_all=q_all,
+        q_fn=None if discrete else frozen_critic(agent.critic, s),
+        online_coeff=cfg.online_coeff,
+        offline_coeff=cfg.offline_coeff,
+        bc_filter=cfg.bc_filter,
+    )
+    metrics.update(actor_metrics)
+    with torch.no_grad():
+        m = valid.unsqueeze(-1)
+        metrics["target_mean"] = (y * m).sum() / (m.sum() * G).clamp_min(1)
+    return cfg.critic_weight * loss_c + loss_a, metrics, y, valid
+
+
+def param_groups(agent: Agent, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only: norms, biases, embeddings and σReparam scales are left alone."""
+    decay, no_decay = [], []
+    keep = {id(p) for p in agent.online_parameters()}
+    for module in agent.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) not in keep:
+                continue
+            matrix = p.ndim >= 2 and not isinstance(module, (nn.Embedding, nn.LayerNorm)) and "ln" not in name
+            (decay if matrix else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Learner:
+    """Owns the optimiser, the warm-up schedule and the REDQ generator of one agent."""
+
+    def __init__(self, agent: Agent, cfg: ExperimentConfig, device: torch.device) -> None:
+        self.agent, self.cfg, self.device = agent, cfg, device
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(param_groups(agent, t.weight_decay), lr=t.lr)
+        warmup = max(t.warmup_updates, 1)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
+        self.generator = torch.Generator().manual_seed(t.seed)
+        self.updates = 0
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One gradient step. Metrics stay tensors (no host sync); the caller logs the ones it keeps."""
+        agent, cfg = self.agent, self.cfg
+        agent.train()
+        batch = batch.to(self.device, non_blocking=True)
+        agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
+        loss, metrics, y, valid = compute_loss(agent, batch, cfg.loss, self.generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.train.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        with torch.no_grad():
+            agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
+            ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
+            ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
+        self.updates += 1
+        metrics.update(loss=loss.detach(), grad_norm=grad_norm, lr=torch.tensor(self.scheduler.get_last_lr()[0]))
+        metrics["popart_mu"] = agent.popart.mu[-1]
+        metrics["popart_sigma"] = agent.popart.sigma[-1]
+        return metrics

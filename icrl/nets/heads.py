@@ -1,0 +1,179 @@
+"""Actor and critic-ensemble heads on top of the trajectory encoder's states (DESIGN §3).
+
+Both heads produce one output per discount g (G in all): the actor one policy π_g per discount, the
+critic C ensemble members × G discounts. The ensemble is evaluated as one batched matmul per layer
+(weights [C, in, out]), never a Python loop over members or discounts.
+
+Critic outputs live in PopArt-normalised space; `Critic.rescale_output_` lets `icrl.targets.PopArt`
+change its statistics without changing the unnormalised values (the output layer is affine in its
+weights, so rescaling it per discount is exact).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from icrl.nets.dists import Bernoulli, Categorical, Distribution, TanhGaussian
+from icrl.types import ActionSpec
+
+LEAKY_SLOPE = 0.01
+
+
+def mlp(d_in: int, d_out: int, hidden: int, layers: int) -> nn.Sequential:
+    """`layers` × (Linear -> LayerNorm -> LeakyReLU), then a Linear to d_out."""
+    mods: list[nn.Module] = []
+    d = d_in
+    for _ in range(layers):
+        mods += [nn.Linear(d, hidden), nn.LayerNorm(hidden), nn.LeakyReLU(LEAKY_SLOPE)]
+        d = hidden
+    mods.append(nn.Linear(d, d_out))
+    return nn.Sequential(*mods)
+
+
+class Actor(nn.Module):
+    """π_g(a | s) for every discount g from one MLP whose last layer has G output groups.
+
+    `forward(s [..., d]) -> dist` with batch shape [..., G] (usually [B, L, G]); samples are action
+    vectors [..., G, A]. The policy that acts is the last discount's (index -1).
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        spec: ActionSpec,
+        num_gammas: int,
+        hidden: int = 256,
+        layers: int = 2,
+        min_log_std: float = -5.0,
+        max_log_std: float = 2.0,
+    ) -> None:
+        super().__init__()
+        self.spec, self.num_gammas = spec, num_gammas
+        self.min_log_std, self.max_log_std = min_log_std, max_log_std
+        per_gamma = 2 * spec.dim if spec.kind == "continuous" else spec.dim
+        self.net = mlp(d_in, num_gammas * per_gamma, hidden, layers)
+        # A small last layer starts every head near a uniform / centred policy.
+        with torch.no_grad():
+            self.net[-1].weight.mul_(0.1)
+            self.net[-1].bias.zero_()
+
+    def forward(self, s: torch.Tensor) -> Distribution:
+        out = self.net(s).unflatten(-1, (self.num_gammas, -1))  # [..., G, A] or [..., G, 2A]
+        if self.spec.kind == "discrete":
+            return Categorical(out)
+        if self.spec.kind == "multibinary":
+            return Bernoulli(out)
+        mean, raw_log_std = out.chunk(2, dim=-1)  # [..., G, A] each
+        # Smooth squashing into [min, max] keeps a gradient everywhere (a hard clamp would cut it).
+        lo, hi = self.min_log_std, self.max_log_std
+        log_std = lo + 0.5 * (hi - lo) * (torch.tanh(raw_log_std) + 1.0)
+        return TanhGaussian(mean, log_std, lo, hi)
+
+
+class Critic(nn.Module):
+    """An ensemble of C MLP critics Q_{c,g}, all members and discounts in batched ops.
+
+    Discrete:   `forward(s [..., d]) -> q [..., C, G, A]` (a value for every action).
+    Otherwise:  `forward(s [..., d], a [..., G, A]) -> q [..., C, G]`, where discount g's output is read at
+                discount g's action. `a` may carry extra leading dims that broadcast against `s`
+                (e.g. K sampled actions [K, B, L, G, A] with s [B, L, d]), so value estimates from several
+                actions cost one call.
+
+    Member c's layer i is `weights[i][c]` ([in, out]); members share no parameters. The first layer of the
+    (s, a) critic is split into a state part and an action part — equal to a Linear on concat(s, a_g) —
+    so the state's product is computed once, not once per discount.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        spec: ActionSpec,
+        num_gammas: int,
+        num_critics: int = 4,
+        hidden: int = 256,
+        layers: int = 2,
+    ) -> None:
+        super().__init__()
+        if layers < 1:
+            raise ValueError("Critic needs at least one hidden layer")
+        self.spec, self.num_gammas, self.num_critics = spec, num_gammas, num_critics
+        self.discrete = spec.kind == "discrete"
+        C, G, A, H = num_critics, num_gammas, spec.dim, hidden
+        fan_in = d_in if self.discrete else d_in + A
+        self.w_state = nn.Parameter(_uniform((C, d_in, H), fan_in))  # [C, d, H]
+        self.w_action = None if self.discrete else nn.Parameter(_uniform((C, A, H), fan_in))  # [C, A, H]
+        self.b_in = nn.Parameter(_uniform((C, H), fan_in))  # [C, H]
+        self.ln_w = nn.ParameterList([nn.Parameter(torch.ones(C, H)) for _ in range(layers)])
+        self.ln_b = nn.ParameterList([nn.Parameter(torch.zeros(C, H)) for _ in range(layers)])
+        self.w_hidden = nn.ParameterList([nn.Parameter(_uniform((C, H, H), H)) for _ in range(layers - 1)])
+        self.b_hidden = nn.ParameterList([nn.Parameter(_uniform((C, H), H)) for _ in range(layers - 1)])
+        out_shape = (G, A) if self.discrete else (G,)
+        self.w_out = nn.Parameter(_uniform((C, H, *out_shape), H))  # [C, H, G, A] | [C, H, G]
+        self.b_out = nn.Parameter(_uniform((C, *out_shape), H))  # [C, G, A] | [C, G]
+
+    def _hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """Shared hidden stack on pre-activations x [C, N, H] of the first layer -> features [C, N, H]."""
+        for i in range(len(self.ln_w)):
+            if i > 0:
+                x = torch.baddbmm(self.b_hidden[i - 1].unsqueeze(1), x, self.w_hidden[i - 1])
+            x = F.layer_norm(x, x.shape[-1:]) * self.ln_w[i].unsqueeze(1) + self.ln_b[i].unsqueeze(1)
+            x = F.leaky_relu(x, LEAKY_SLOPE)
+        return x
+
+    def _state_in(self, s: torch.Tensor) -> torch.Tensor:
+        """First-layer state product for every member in one GEMM: s [N, d] -> [N, C, H]."""
+        C, d, H = self.w_state.shape
+        return (s @ self.w_state.permute(1, 0, 2).reshape(d, C * H)).view(-1, C, H)
+
+    def forward(self, s: torch.Tensor, a: torch.Tensor | None = None) -> torch.Tensor:
+        C, H, G = self.num_critics, self.w_state.shape[-1], self.num_gammas
+        if self.discrete:
+            if a is not None:
+                raise ValueError("the discrete critic returns Q for every action; select with q_at_action")
+            batch = s.shape[:-1]
+            x = (self._state_in(s.reshape(-1, s.shape[-1])) + self.b_in).transpose(0, 1)  # [C, N, H]
+            x = self._hidden(x)
+            q = torch.baddbmm(self.b_out.flatten(1).unsqueeze(1), x, self.w_out.flatten(2))  # [C, N, G*A]
+            q = q.view(C, *batch, G, -1)  # [C, ..., G, A]
+            return q.movedim(0, -3)  # [..., C, G, A]
+
+        if a is None:
+            raise ValueError("this critic needs actions a [..., G, A]")
+        s_batch, a_batch = s.shape[:-1], a.shape[:-2]
+        batch = torch.broadcast_shapes(s_batch, a_batch)
+        hs = self._state_in(s.reshape(-1, s.shape[-1])).view(*s_batch, 1, C, H)  # [..s, 1, C, H]
+        ha = (a.reshape(-1, a.shape[-1]) @ self.w_action.permute(1, 0, 2).flatten(1)).view(*a_batch, G, C, H)
+        x = (hs + ha + self.b_in).reshape(-1, G, C, H).permute(2, 1, 0, 3)  # [C, G, N, H]
+        x = self._hidden(x.reshape(C, -1, H)).view(C, G, -1, H)  # [C, G, N, H]
+        q = torch.einsum("cgnh,chg->cgn", x, self.w_out) + self.b_out.unsqueeze(-1)  # [C, G, N]
+        return q.permute(2, 0, 1).reshape(*batch, C, G)  # [..., C, G]
+
+    @torch.no_grad()
+    def rescale_output_(self, scale: torch.Tensor, shift: torch.Tensor) -> None:
+        """Make every output q_{c,g} become q_{c,g} * scale[g] + shift[g], exactly, for all inputs.
+
+        Used by PopArt (scale = σ_old / σ_new, shift = (μ_old - μ_new) / σ_new) so that σ q + μ is unchanged.
+        """
+        scale = scale.to(self.w_out)
+        shift = shift.to(self.b_out)
+        if self.discrete:
+            self.w_out.mul_(scale[:, None])  # [C, H, G, A] * [G, 1]
+            self.b_out.mul_(scale[:, None]).add_(shift[:, None])
+        else:
+            self.w_out.mul_(scale)  # [C, H, G] * [G]
+            self.b_out.mul_(scale).add_(shift)
+
+
+def q_at_action(q_all: torch.Tensor, a_vec: torch.Tensor) -> torch.Tensor:
+    """Discrete Q for given one-hot actions: q_all [..., C, G, A], a_vec [..., G, A] -> [..., C, G]."""
+    return (q_all * a_vec.unsqueeze(-3)).sum(-1)
+
+
+def _uniform(shape: tuple[int, ...], fan_in: int) -> torch.Tensor:
+    """nn.Linear's default init, drawn independently for every ensemble member."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return torch.empty(shape).uniform_(-bound, bound)

@@ -1,0 +1,231 @@
+"""Timestep encoder: one timestep's observation, previous action and reward, time and reset flag -> x_t.
+
+It sees each timestep on its own (no memory; that is the trajectory encoder's job), so the whole
+[B, L] batch is flattened into B*L independent rows. Vector observation keys are concatenated and
+normalised with running statistics; image keys (uint8 HxWxC Boxes) go through a CNN each. The time
+index enters as features because a fixed-horizon task needs it for well-defined values (DESIGN §10).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from icrl.types import Timesteps
+
+GOAL_KEY = "goal"  # int instruction tokens; embedded only by an optional `goal_embedder` (DESIGN §7)
+
+
+def symlog(x: torch.Tensor) -> torch.Tensor:
+    """sign(x) log(1 + |x|): keeps rewards of any scale in a range an MLP input tolerates."""
+    return torch.sign(x) * torch.log1p(x.abs())
+
+
+def is_image_space(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+
+
+class NatureCNN(nn.Module):
+    """The DQN Nature CNN (Mnih et al. 2015) for [N, C, H, W] float images in [0, 1]; needs H, W >= 36."""
+
+    def __init__(self, image_shape: tuple[int, int, int], d_out: int):
+        super().__init__()
+        h, w, c = image_shape
+        self.convs = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )  # fmt: skip
+        if min(h, w) < 36:
+            raise ValueError(f"NatureCNN needs images of at least 36x36, got {h}x{w}; use cnn='impala'")
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, c, h, w)).shape[1]
+        self.out = nn.Sequential(nn.Linear(flat, d_out), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, C, H, W] -> [N, d_out]
+        return self.out(self.convs(x))
+
+
+class ImpalaResidual(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ImpalaCNN(nn.Module):
+    """The IMPALA ResNet (Espeholt et al. 2018): per stage conv, 3x3/2 max-pool, two residual blocks.
+
+    Works for any image size (each stage halves H and W, rounding up), including 7x7 grid-worlds.
+    """
+
+    def __init__(self, image_shape: tuple[int, int, int], d_out: int, channels: tuple[int, ...] = (16, 32, 32)):
+        super().__init__()
+        h, w, c = image_shape
+        stages: list[nn.Module] = []
+        for ch in channels:
+            stages += [
+                nn.Conv2d(c, ch, 3, padding=1),
+                nn.MaxPool2d(3, stride=2, padding=1),
+                ImpalaResidual(ch),
+                ImpalaResidual(ch),
+            ]
+            c, h, w = ch, (h + 1) // 2, (w + 1) // 2
+        self.stages = nn.Sequential(*stages, nn.ReLU(), nn.Flatten())
+        self.out = nn.Sequential(nn.Linear(c * h * w, d_out), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, C, H, W] -> [N, d_out]
+        return self.out(self.stages(x))
+
+
+class RunningNorm(nn.Module):
+    """Running mean / variance of a feature vector, kept in buffers so it is saved and synced with the model.
+
+    `update` merges a batch with Chan et al.'s parallel formula; `forward` only normalises and clips,
+    so acting and the training forward never move the statistics.
+    """
+
+    def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.clip, self.eps = clip, eps
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.zeros(()))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """x [N, dim]: N new samples."""
+        n = x.shape[0]
+        if n == 0:
+            return
+        x = x.double()
+        batch_mean, batch_var = x.mean(0), x.var(0, unbiased=False)
+        count, mean, var = self.count.double(), self.mean.double(), self.var.double()
+        total = count + n
+        delta = batch_mean - mean
+        new_mean = mean + delta * (n / total)
+        new_var = (var * count + batch_var * n + delta.square() * (count * n / total)) / total
+        self.mean.copy_(new_mean)
+        self.var.copy_(new_var)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+
+
+class TimestepEncoder(nn.Module):
+    """Encode each timestep of `Timesteps` [B, L, ...] into x_t [B, L, d_out].
+
+    Inputs concatenated per timestep: normalised vector observations, one CNN feature vector per image
+    key (pixels / 255), an optional goal embedding, the previous action, symlog(previous reward), time
+    features (time / max_time and sinusoids of a few periods) and the reset flag. An MLP
+    (Linear -> LayerNorm -> Leaky ReLU -> Linear -> LayerNorm) maps them to `d_out`.
+
+    Args:
+        obs_space: the inner observation Dict of `TimestepWrapper` (key -> Box).
+        action_dim: width A of the previous-action vector.
+        d_out: output width (the trajectory encoder's d_in).
+        hidden: MLP width, also the feature width of each image CNN.
+        max_time: time scale of the time features; later times read as max_time in the linear feature.
+        cnn: "impala" (any image size) or "nature" (>= 36x36).
+        normalize_obs: running mean/std normalisation of vector keys (updated by `update_normalization`).
+        goal_embedder: optional module mapping obs["goal"] [B, L, K] long -> [B, L, goal_embedder.d_out].
+            Without it, a "goal" key is ignored.
+    """
+
+    def __init__(
+        self,
+        obs_space: gym.spaces.Dict,
+        action_dim: int,
+        d_out: int,
+        hidden: int = 128,
+        max_time: int = 1000,
+        cnn: Literal["impala", "nature"] = "impala",
+        normalize_obs: bool = True,
+        goal_embedder: nn.Module | None = None,
+        n_time_freqs: int = 4,
+        clip_obs: float = 10.0,
+    ):
+        super().__init__()
+        self.d_out, self.max_time = d_out, max_time
+        self.vector_keys: list[str] = []
+        self.image_keys: list[str] = []
+        for key, space in obs_space.spaces.items():
+            if key == GOAL_KEY:
+                continue
+            if not isinstance(space, gym.spaces.Box):
+                raise ValueError(f"obs[{key!r}] is {space!r}; TimestepEncoder expects Box spaces (see TimestepWrapper)")
+            (self.image_keys if is_image_space(space) else self.vector_keys).append(key)
+        self.vector_dim = sum(int(np.prod(obs_space[k].shape)) for k in self.vector_keys)
+        self.obs_norm = RunningNorm(self.vector_dim, clip_obs) if normalize_obs and self.vector_dim else None
+
+        if cnn not in ("impala", "nature"):
+            raise ValueError(f"cnn must be 'impala' or 'nature', got {cnn!r}")
+        cnn_cls = ImpalaCNN if cnn == "impala" else NatureCNN
+        self.cnns = nn.ModuleList(cnn_cls(obs_space[k].shape, hidden) for k in self.image_keys)
+
+        if goal_embedder is not None and GOAL_KEY not in obs_space.spaces:
+            raise ValueError("goal_embedder given but the observation space has no 'goal' key")
+        self.goal_embedder = goal_embedder
+        goal_dim = int(goal_embedder.d_out) if goal_embedder is not None else 0
+
+        # periods spaced geometrically from 4 steps to max_time: both fine and coarse phase information
+        periods = torch.logspace(math.log10(4.0), math.log10(max(max_time, 5)), n_time_freqs)
+        self.register_buffer("time_freqs", 2 * math.pi / periods, persistent=False)  # [n_freq]
+
+        d_in = self.vector_dim + hidden * len(self.image_keys) + goal_dim + action_dim + 1 + 1 + 2 * n_time_freqs + 1
+        self.mlp = nn.Sequential(
+            nn.Linear(d_in, hidden), nn.LayerNorm(hidden), nn.LeakyReLU(),
+            nn.Linear(hidden, d_out), nn.LayerNorm(d_out),
+        )  # fmt: skip
+
+    def vector_obs(self, ts: Timesteps) -> torch.Tensor:
+        """The vector keys flattened and concatenated, unnormalised: [B, L, vector_dim]."""
+        B, L = ts.shape
+        return torch.cat([ts.obs[k].reshape(B, L, -1).float() for k in self.vector_keys], dim=-1)
+
+    def time_features(self, time: torch.Tensor) -> torch.Tensor:
+        """time [B, L] long -> [B, L, 1 + 2 n_freq]."""
+        t = time.float().unsqueeze(-1)  # [B, L, 1]
+        angle = t * self.time_freqs  # [B, L, n_freq]
+        return torch.cat([t.clamp(0, self.max_time) / self.max_time, angle.sin(), angle.cos()], dim=-1)
+
+    def forward(self, ts: Timesteps) -> torch.Tensor:
+        """ts [B, L, ...] -> [B, L, d_out]."""
+        B, L = ts.shape
+        parts: list[torch.Tensor] = []
+        if self.vector_keys:
+            vec = self.vector_obs(ts)
+            parts.append(self.obs_norm(vec) if self.obs_norm is not None else vec)
+        for key, cnn in zip(self.image_keys, self.cnns):
+            img = ts.obs[key].reshape(B * L, *ts.obs[key].shape[2:])  # [B*L, H, W, C] uint8
+            img = img.permute(0, 3, 1, 2).float() / 255.0  # [B*L, C, H, W] (channels-last memory)
+            parts.append(cnn(img).view(B, L, -1))
+        if self.goal_embedder is not None:
+            parts.append(self.goal_embedder(ts.obs[GOAL_KEY]))
+        parts += [
+            ts.prev_action.float(),
+            symlog(ts.prev_reward.float()).unsqueeze(-1),
+            self.time_features(ts.time),
+            ts.reset.float().unsqueeze(-1),
+        ]
+        return self.mlp(torch.cat(parts, dim=-1))
+
+    @torch.no_grad()
+    def update_normalization(self, ts: Timesteps, mask: torch.Tensor) -> None:
+        """Fold the real timesteps (`mask` [B, L] True) of a batch into the running obs statistics.
+
+        Called by the learner once per batch; padding never enters the statistics.
+        """
+        if self.obs_norm is not None:
+            self.obs_norm.update(self.vector_obs(ts)[mask.bool()])  # [N, vector_dim]

@@ -1,0 +1,123 @@
+"""Target networks (EMA copies) and PopArt value normalisation (DESIGN §4).
+
+PopArt (van Hasselt et al. 2016; Hessel et al. 2019) keeps running first and second moments μ_g, ν_g of
+the TD targets of every discount and trains the critics on normalised targets (y - μ) / σ. Discounts
+from 0.1 to 0.999 give returns on scales that differ by orders of magnitude; normalising them lets one
+learning rate and one loss weight serve all G outputs. Whenever the statistics move, the critic's output
+layer is rescaled so that its *unnormalised* predictions σ q + μ stay exactly what they were
+("Preserving Outputs Precisely").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def ema_update_(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) * target + tau * online, for parameters and floating-point buffers.
+
+    Non-float buffers (counters, masks) are copied. Both modules must have the same structure
+    (target is usually `copy.deepcopy(online)`).
+    """
+    t_params, o_params = list(target.parameters()), list(online.parameters())
+    if len(t_params) != len(o_params):
+        raise ValueError("ema_update_: target and online modules have different parameter lists")
+    t_float, o_float = [p.data for p in t_params], [p.data for p in o_params]
+    for tb, ob in zip(target.buffers(), online.buffers(), strict=True):
+        if tb.is_floating_point():
+            t_float.append(tb)
+            o_float.append(ob)
+        else:
+            tb.copy_(ob)
+    if t_float:
+        # Fused multi-tensor kernels: one launch for all tensors instead of one per parameter.
+        torch._foreach_mul_(t_float, 1.0 - tau)
+        torch._foreach_add_(t_float, o_float, alpha=tau)
+
+
+class PopArt(nn.Module):
+    """Running per-discount statistics of the TD targets, and output-preserving critic rescaling.
+
+    Buffers `mu` and `nu` ([G], first and second moment) are part of the state dict. With
+    `enabled=False` every method is the identity (plain, unnormalised critics).
+
+    Use, once per update:
+        y = td_targets(..., next_value=popart.denormalize(q_next_norm), ...)   # unnormalised
+        loss on (q_norm, popart.normalize(y))    ... backward, optimiser step ...
+        popart.update_(y, valid, [critic, target_critic])                     # after the step
+    Updating after the optimiser step keeps the forward pass, the loss and the stats consistent;
+    the new statistics take effect from the next batch.
+    """
+
+    def __init__(
+        self,
+        num_gammas: int,
+        beta: float = 5e-4,
+        min_std: float = 1e-4,
+        max_std: float = 1e6,
+        enabled: bool = True,
+    ) -> None:
+        super().__init__()
+        self.beta, self.min_std, self.max_std, self.enabled = beta, min_std, max_std, enabled
+        self.register_buffer("mu", torch.zeros(num_gammas))
+        self.register_buffer("nu", torch.ones(num_gammas))
+
+    @property
+    def sigma(self) -> torch.Tensor:
+        return self._sigma(self.mu, self.nu)
+
+    def _sigma(self, mu: torch.Tensor, nu: torch.Tensor) -> torch.Tensor:
+        var = (nu - mu.square()).clamp(self.min_std**2, self.max_std**2)
+        return var.sqrt()
+
+    def normalize(self, y: torch.Tensor) -> torch.Tensor:
+        """Unnormalised values [..., G] -> normalised (y - μ) / σ."""
+        if not self.enabled:
+            return y
+        return (y - self.mu) / self.sigma
+
+    def denormalize(self, q: torch.Tensor) -> torch.Tensor:
+        """Normalised critic outputs [..., G] -> unnormalised σ q + μ."""
+        if not self.enabled:
+            return q
+        return q * self.sigma + self.mu
+
+    @torch.no_grad()
+    def update_(
+        self,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        critics: nn.Module | Iterable[nn.Module] | None = None,
+    ) -> None:
+        """Move μ, ν toward the masked batch moments of `targets` [B, L, G]; rescale `critics` to match.
+
+        `mask` [B, L] selects the real TD transitions. Pass every critic whose outputs are read through
+        these statistics — the online critic and its EMA target — so all keep their unnormalised outputs.
+        Each critic must provide `rescale_output_(scale [G], shift [G])` (see `icrl.nets.heads.Critic`).
+        """
+        if not self.enabled:
+            return
+        w = mask.reshape(-1, 1).float()  # [B*L, 1]
+        y = targets.reshape(w.shape[0], -1).float()  # [B*L, G]
+        y = torch.where(w > 0, y, torch.zeros_like(y))  # padding may hold anything, even NaN
+        count = w.sum()
+        batch_mean = (y * w).sum(0) / count.clamp_min(1)  # [G]
+        batch_sq = (y.square() * w).sum(0) / count.clamp_min(1)  # [G]
+        # An empty batch leaves the statistics alone; a tensor weight avoids a host sync on `count`.
+        beta = (count > 0).to(self.mu) * self.beta
+        mu_old, sigma_old = self.mu.clone(), self.sigma
+        self.mu.lerp_(batch_mean.to(self.mu), beta)
+        self.nu.lerp_(batch_sq.to(self.nu), beta)
+        sigma_new = self.sigma
+        if critics is None:
+            return
+        if isinstance(critics, nn.Module):
+            critics = [critics]
+        scale = sigma_old / sigma_new  # [G]
+        shift = (mu_old - self.mu) / sigma_new  # [G]
+        for critic in critics:
+            critic.rescale_output_(scale, shift)

@@ -1,0 +1,335 @@
+"""Rollout files and the shared disk buffer: exact round trips, atomicity under SIGKILL, concurrent
+writers, FIFO eviction, protected data, and refusal of pickled / corrupt files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from icrl.data import CorruptRolloutError, DiskReplay, list_rollout_files, load_rollout, save_rollout
+from icrl.types import ActionSpec, Rollout
+
+SPECS = [ActionSpec("discrete", 5), ActionSpec("continuous", 3), ActionSpec("multibinary", 4)]
+
+
+def make_rollout(T: int, spec: ActionSpec, seed: int = 0, image: bool = True, goals: bool = False) -> Rollout:
+    """A contract-conforming rollout of T actions; obs['state'][:, 0] counts timesteps."""
+    rng = np.random.default_rng(seed)
+    if spec.kind == "discrete":
+        action = rng.integers(spec.dim, size=T).astype(np.int64)
+    elif spec.kind == "continuous":
+        action = rng.uniform(-1, 1, (T, spec.dim)).astype(np.float32)
+    else:
+        action = rng.integers(2, size=(T, spec.dim)).astype(np.int8)
+    reward = rng.normal(size=T).astype(np.float32)
+    prev_action = np.zeros((T + 1, spec.dim), np.float32)
+    prev_action[1:] = spec.to_vector(action)
+    prev_reward = np.concatenate([[0.0], reward]).astype(np.float32)
+    state = rng.normal(size=(T + 1, 4)).astype(np.float32)
+    state[:, 0] = np.arange(T + 1)
+    obs = {"state": state}
+    if image:
+        obs["image"] = rng.integers(256, size=(T + 1, 6, 5, 3), dtype=np.uint8)
+    reset = np.zeros(T + 1, bool)
+    reset[0] = True
+    terminated = np.zeros(T, bool)
+    terminated[-1:] = True
+    achieved = None
+    if goals:
+        achieved = np.full((T + 1, 2), -1, np.int64)
+        achieved[1::3, 0] = 7
+    return Rollout(
+        obs=obs,
+        prev_action=prev_action,
+        prev_reward=prev_reward,
+        time=np.arange(T + 1, dtype=np.int64),
+        reset=reset,
+        action=action,
+        reward=reward,
+        terminated=terminated,
+        truncated=np.zeros(T, bool),
+        achieved=achieved,
+    )
+
+
+def assert_rollouts_equal(a: Rollout, b: Rollout) -> None:
+    aa, bb = a.to_arrays(), b.to_arrays()
+    assert aa.keys() == bb.keys()
+    for k in aa:
+        assert aa[k].dtype == bb[k].dtype, k
+        assert aa[k].shape == bb[k].shape, k
+        np.testing.assert_array_equal(aa[k], bb[k], err_msg=k)
+
+
+# ------------------------------------------------------------------------------------------------------
+# One file
+# ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kind)
+@pytest.mark.parametrize("goals", [False, True])
+def test_round_trip_exact(tmp_path: Path, spec: ActionSpec, goals: bool) -> None:
+    r = make_rollout(9, spec, seed=1, goals=goals)
+    path = save_rollout(tmp_path / "r.npz", r)
+    assert path == tmp_path / "r.npz"
+    assert os.listdir(tmp_path) == ["r.npz"]  # no temp file left
+    back = load_rollout(path)
+    assert_rollouts_equal(r, back)
+    assert back.obs["image"].dtype == np.uint8
+    assert back.action.dtype == spec.storage_dtype
+
+
+def test_single_timestep_rollout(tmp_path: Path) -> None:
+    r = make_rollout(0, SPECS[0])
+    assert_rollouts_equal(r, load_rollout(save_rollout(tmp_path / "r.npz", r)))
+
+
+def test_save_refuses_object_arrays(tmp_path: Path) -> None:
+    r = make_rollout(3, SPECS[0])
+    r.obs["bad"] = np.array([{}, {}, {}, {}], dtype=object)
+    with pytest.raises(TypeError, match="object"):
+        save_rollout(tmp_path / "r.npz", r)
+    assert os.listdir(tmp_path) == []
+
+
+class _Trap:
+    """Unpickling this creates a marker file: proof that loading never runs pickle."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_load_refuses_pickled_arrays(tmp_path: Path) -> None:
+    marker = tmp_path / "unpickled"
+    arrays = make_rollout(3, SPECS[0]).to_arrays()
+    arrays["obs/evil"] = np.array([_Trap(str(marker))] * 4, dtype=object)
+    path = tmp_path / "evil.npz"
+    np.savez(path, **arrays)  # numpy pickles object arrays by default
+    with pytest.raises(CorruptRolloutError, match="evil.npz") as e:
+        load_rollout(path)
+    assert "pickle" in e.value.reason.lower()
+    assert e.value.path == path
+    assert not marker.exists()
+    # a bare pickle file, too
+    raw = tmp_path / "raw.npz"
+    import pickle
+
+    raw.write_bytes(pickle.dumps(_Trap(str(marker))))
+    with pytest.raises(CorruptRolloutError):
+        load_rollout(raw)
+    assert not marker.exists()
+
+
+def test_corrupt_files_raise_clear_error(tmp_path: Path) -> None:
+    good = save_rollout(tmp_path / "good.npz", make_rollout(20, SPECS[1]))
+    data = good.read_bytes()
+    cases = {
+        "truncated.npz": data[: len(data) // 2],
+        "truncated_tail.npz": data[:-10],
+        "garbage.npz": b"\x00\x13garbage" * 100,
+        "empty.npz": b"",
+    }
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF  # CRC mismatch inside a member
+    cases["flipped.npz"] = bytes(flipped)
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(CorruptRolloutError, match=name):
+            load_rollout(tmp_path / name)
+    # missing fields / inconsistent lengths
+    arrays = make_rollout(5, SPECS[0]).to_arrays()
+    np.savez(tmp_path / "missing.npz", **{k: v for k, v in arrays.items() if k != "reward"})
+    with pytest.raises(CorruptRolloutError, match="reward"):
+        load_rollout(tmp_path / "missing.npz")
+    arrays["reward"] = arrays["reward"][:-1]
+    np.savez(tmp_path / "short.npz", **arrays)
+    with pytest.raises(CorruptRolloutError, match="reward"):
+        load_rollout(tmp_path / "short.npz")
+    with pytest.raises(FileNotFoundError):
+        load_rollout(tmp_path / "absent.npz")
+
+
+# ------------------------------------------------------------------------------------------------------
+# The buffer
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_names_sort_by_creation_and_encode_length(tmp_path: Path) -> None:
+    replay = DiskReplay(tmp_path, capacity_timesteps=10**6, fsync=False)
+    paths = [replay.write(make_rollout(T, SPECS[0], image=False)) for T in (3, 1, 4, 1, 5)]
+    listed = replay.files("fifo")
+    assert [f.path for f in listed] == paths
+    assert [f.num_timesteps for f in listed] == [4, 2, 5, 2, 6]
+    assert replay.num_timesteps() == 19 and replay.num_rollouts() == 5
+    assert len({p.name for p in paths}) == 5
+
+
+def test_fifo_eviction_and_protected_folder(tmp_path: Path) -> None:
+    replay = DiskReplay(tmp_path, capacity_timesteps=25, fsync=False)
+    demos = [replay.write(make_rollout(30, SPECS[0], image=False), protected=True) for _ in range(2)]
+    written = []
+    for i in range(10):
+        written.append(replay.write(make_rollout(9, SPECS[0], seed=i, image=False)))  # 10 timesteps each
+        assert replay.num_timesteps("fifo") <= 25
+    # oldest first: only the two newest fifo files fit
+    assert [f.path for f in replay.files("fifo")] == written[-2:]
+    assert [f.path for f in replay.files("protected")] == demos  # over capacity, yet never evicted
+    assert replay.num_timesteps() == 20 + 62
+    for f in replay.files():
+        load_rollout(f.path)
+    # the newest file is kept even when it alone exceeds the capacity
+    big = replay.write(make_rollout(40, SPECS[0], image=False))
+    assert [f.path for f in replay.files("fifo")] == [big]
+    assert replay.evict() == []
+
+
+def test_eviction_tolerates_files_deleted_by_others(tmp_path: Path, monkeypatch) -> None:
+    import icrl.data.storage as storage
+
+    replay = DiskReplay(tmp_path, capacity_timesteps=10**6, fsync=False)
+    for i in range(4):
+        replay.write(make_rollout(9, SPECS[0], image=False))
+    replay.capacity_timesteps = 10
+    files = replay.files("fifo")
+    files[0].path.unlink()  # another process evicted it after this process listed the folder
+    monkeypatch.setattr(storage, "list_rollout_files", lambda folder: list(files))
+    deleted = replay.evict()
+    monkeypatch.undo()
+    assert deleted == [f.path for f in files[1:3]]
+    assert replay.num_timesteps("fifo") == 10
+
+
+def test_temp_files_are_ignored_and_stale_ones_cleaned(tmp_path: Path) -> None:
+    replay = DiskReplay(tmp_path, capacity_timesteps=100, fsync=False)
+    replay.write(make_rollout(3, SPECS[0], image=False))
+    stale = replay.fifo_dir / "00000000000000000001-1-abcdef01-T9.npz.1234abcd.tmp"
+    fresh = replay.protected_dir / "00000000000000000002-1-abcdef02-T9.npz.1234abcd.tmp"
+    foreign = replay.fifo_dir / "notes.txt"
+    for p in (stale, fresh, foreign):
+        p.write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    assert replay.num_rollouts() == 1
+    DiskReplay(tmp_path, capacity_timesteps=100, stale_tmp_seconds=600)
+    assert not stale.exists() and fresh.exists() and foreign.exists()
+
+
+# ------------------------------------------------------------------------------------------------------
+# Several processes
+# ------------------------------------------------------------------------------------------------------
+
+_WRITER = r"""
+import sys
+import numpy as np
+from icrl.data import DiskReplay
+from icrl.types import Rollout
+
+mode, seed, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+roots = sys.argv[4::2]
+caps = [int(c) for c in sys.argv[5::2]]
+replays = [DiskReplay(r, c) for r, c in zip(roots, caps)]
+
+
+def rollout(T, img, tag):
+    obs = {"state": np.full((T + 1, 4), tag, np.float32),
+           "image": np.full((T + 1, img, img, 3), tag % 251, np.uint8)}
+    return Rollout(obs=obs, prev_action=np.zeros((T + 1, 2), np.float32), prev_reward=np.zeros(T + 1, np.float32),
+                   time=np.arange(T + 1), reset=np.eye(1, T + 1, dtype=bool)[0], action=np.zeros(T, np.int64),
+                   reward=np.zeros(T, np.float32), terminated=np.zeros(T, bool), truncated=np.zeros(T, bool))
+
+
+i = 0
+while mode == "forever" or i < n:
+    T = 5 + (seed * 1000 + i) % 50 if mode == "count" else 400
+    r = rollout(T, 64 if mode == "forever" else 4, seed * 1000 + i)
+    for replay in replays:
+        replay.write(r)
+    i += 1
+"""
+
+
+def _spawn_writer(mode: str, seed: int, n: int, *buffers: tuple[Path, int]) -> subprocess.Popen:
+    args = [sys.executable, "-c", _WRITER, mode, str(seed), str(n)]
+    for root, cap in buffers:
+        args += [str(root), str(cap)]
+    return subprocess.Popen(args, stderr=subprocess.PIPE)
+
+
+def _wait_for(cond, timeout: float, proc: subprocess.Popen) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        if proc.poll() is not None:
+            raise AssertionError(f"writer exited early: {proc.stderr.read().decode()}")
+        time.sleep(0.002)
+    return False
+
+
+@pytest.mark.slow
+def test_sigkill_mid_write_leaves_only_complete_files(tmp_path: Path) -> None:
+    """A writer killed while writing ~10 MB rollouts: every listed file loads; the temp file is ignored."""
+    killed_mid_write = 0
+    for trial in range(3):
+        root = tmp_path / f"b{trial}"
+        fifo = root / "fifo"
+        proc = _spawn_writer("forever", trial, 0, (root, 1200))
+        try:
+            assert _wait_for(lambda: len(list_rollout_files(fifo)) >= 1, 60, proc), "writer never wrote"
+            mid = _wait_for(lambda: any(n.endswith(".tmp") for n in os.listdir(fifo)), 5, proc)
+            time.sleep(0.003 * trial)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()  # reap it and close its stderr pipe
+        assert proc.returncode == -signal.SIGKILL
+        leftovers = [n for n in os.listdir(fifo) if n.endswith(".tmp")]
+        killed_mid_write += bool(mid and leftovers)
+        replay = DiskReplay(root, capacity_timesteps=1200, stale_tmp_seconds=3600)
+        files = replay.files()
+        assert files and len(files) <= 3
+        for f in files:
+            r = load_rollout(f.path)
+            assert r.num_timesteps == f.num_timesteps == 401
+            assert r.obs["image"].shape == (401, 64, 64, 3)
+            assert np.all(r.obs["state"] == r.obs["state"][0, 0])
+        for name in leftovers:  # a killed writer's temp file is invisible and cleaned once stale
+            assert name not in {f.name for f in files}
+        DiskReplay(root, capacity_timesteps=1200, stale_tmp_seconds=0)
+        assert not [n for n in os.listdir(fifo) if n.endswith(".tmp")]
+    assert killed_mid_write >= 1, "no trial killed the writer mid-write; the test proved nothing"
+
+
+@pytest.mark.slow
+def test_two_writer_processes_share_one_buffer(tmp_path: Path) -> None:
+    n, cap = 40, 300
+    big, small = tmp_path / "big", tmp_path / "small"
+    procs = [_spawn_writer("count", seed, n, (big, 10**9), (small, cap)) for seed in (1, 2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    expected = sorted(5 + (seed * 1000 + i) % 50 + 1 for seed in (1, 2) for i in range(n))
+    full = DiskReplay(big, capacity_timesteps=10**9)
+    files = full.files()
+    assert len(files) == 2 * n
+    assert sorted(f.num_timesteps for f in files) == expected
+    assert full.num_timesteps() == sum(expected)
+    tags = set()
+    for f in files:
+        r = load_rollout(f.path)
+        assert r.num_timesteps == f.num_timesteps
+        tags.add(int(r.obs["state"][0, 0]))
+    assert tags == {seed * 1000 + i for seed in (1, 2) for i in range(n)}
+    capped = DiskReplay(small, capacity_timesteps=cap)
+    assert 0 < capped.num_timesteps() <= cap  # the last evictor saw every file
+    for f in capped.files():
+        assert load_rollout(f.path).num_timesteps == f.num_timesteps

@@ -1,0 +1,170 @@
+"""The stabilised Transformer: σReparam, sliding window, KV cache equivalence, time embeddings, dropout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from icrl.nets.transformer import (
+    SigmaReparamLinear,
+    TransformerTrajEncoder,
+    banded_causal_mask,
+)
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def make(**kw) -> TransformerTrajEncoder:
+    torch.manual_seed(0)
+    cfg = dict(d_model=32, layers=2, heads=4, context_len=8, max_time=100)
+    cfg.update(kw)
+    return TransformerTrajEncoder(5, **cfg)
+
+
+def step_through(enc: TransformerTrajEncoder, x: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+    """Act over the whole sequence one step at a time: [B, L, d_in] -> [B, L, d_out]."""
+    state = enc.init_state(x.shape[0], x.device)
+    outs = []
+    for t in range(x.shape[1]):
+        out, state = enc.step(x[:, t], time[:, t], state)
+        outs.append(out)
+    return torch.stack(outs, dim=1)
+
+
+@pytest.mark.parametrize("pos_emb", ["learned", "sinusoidal", "none"])
+def test_forward_shape(pos_emb: str) -> None:
+    enc = make(pos_emb=pos_emb)
+    out = enc(torch.randn(3, 11, 5), torch.arange(11).repeat(3, 1))
+    assert out.shape == (3, 11, enc.d_out) and enc.d_out == 32
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pos_emb", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("length", [6, 24])  # inside the window (is_causal path), and 3 x W (banded mask)
+def test_kv_cache_matches_full_forward(pos_emb: str, length: int, device: str) -> None:
+    enc = make(pos_emb=pos_emb).to(device).eval()
+    x = torch.randn(3, length, 5, device=device)
+    time = torch.arange(length, device=device).repeat(3, 1) + torch.tensor([[0], [3], [90]], device=device)
+    with torch.no_grad():
+        full = enc(x, time)
+        stepped = step_through(enc, x, time)
+    torch.testing.assert_close(stepped, full, atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_receptive_field() -> None:
+    """One layer with window W: a change at step t reaches outputs t .. t+W-1 and nothing later."""
+    enc = make(layers=1, context_len=4, pos_emb="none").eval()
+    x, time = torch.randn(1, 16, 5), torch.arange(16)[None]
+    x2 = x.clone()
+    x2[:, 5] += 1.0
+    with torch.no_grad():
+        diff = (enc(x, time) - enc(x2, time)).abs().amax(-1)[0]  # [L]
+    assert diff[:5].max() == 0
+    assert (diff[5:9] > 1e-5).all()
+    assert diff[9:].max() == 0
+
+
+def test_banded_mask() -> None:
+    m = banded_causal_mask(5, 2, torch.device("cpu"))
+    expected = torch.tensor(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]], dtype=torch.bool
+    )
+    assert torch.equal(m, expected)
+    assert torch.equal(banded_causal_mask(4, 4, torch.device("cpu")), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_reset_state_empties_rows_and_cache_is_reused() -> None:
+    enc = make().eval()
+    with torch.no_grad():
+        state = enc.init_state(2, "cpu")
+        k_ptr = state.k.data_ptr()
+        for t in range(3):
+            _, state = enc.step(torch.randn(2, 5), torch.full((2,), t), state)
+        state = enc.reset_state(state, torch.tensor([True, False]))
+        assert state.count.tolist() == [0, 3] and state.filled == 3
+        state = enc.reset_state(state, torch.tensor([True, True]))
+        assert state.filled == 0
+        x0 = torch.randn(2, 5)
+        out, state = enc.step(x0, torch.zeros(2, dtype=torch.long), state)
+        assert state.k.data_ptr() == k_ptr  # written in place, never re-allocated
+        fresh, _ = enc.step(x0, torch.zeros(2, dtype=torch.long), enc.init_state(2, "cpu"))
+    torch.testing.assert_close(out, fresh, atol=1e-6, rtol=1e-6)
+
+
+def test_learned_time_embedding_clamps_past_max_time() -> None:
+    enc = make(max_time=10).eval()
+    x = torch.randn(1, 1, 5)
+    with torch.no_grad():
+        a, b = enc(x, torch.tensor([[10]])), enc(x, torch.tensor([[500]]))
+        c = enc(x, torch.tensor([[3]]))
+    torch.testing.assert_close(a, b)
+    assert (a - c).abs().max() > 1e-4
+
+
+def test_dropout_only_in_training() -> None:
+    enc = make(dropout=0.3, attn_dropout=0.3, emb_dropout=0.3)
+    x, time = torch.randn(2, 6, 5), torch.arange(6).repeat(2, 1)
+    enc.train()
+    assert (enc(x, time) - enc(x, time)).abs().max() > 1e-4
+    enc.eval()
+    torch.testing.assert_close(enc(x, time), enc(x, time), atol=0, rtol=0)
+
+
+def _matrix_with_spectrum(d_out: int, d_in: int, top: list[float]) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    U, _ = torch.linalg.qr(torch.randn(d_out, d_out, generator=gen))
+    V, _ = torch.linalg.qr(torch.randn(d_in, d_in, generator=gen))
+    s = torch.full((min(d_out, d_in),), 0.5)
+    s[: len(top)] = torch.tensor(top)
+    return U[:, : len(s)] @ torch.diag(s) @ V[:, : len(s)].T
+
+
+def test_sigma_reparam_power_iteration_converges() -> None:
+    layer = SigmaReparamLinear(24, 40)
+    with torch.no_grad():
+        layer.weight.copy_(_matrix_with_spectrum(40, 24, [3.0, 2.0, 1.5]))
+        layer.gamma.fill_(2.5)
+        gen = torch.Generator().manual_seed(1)
+        layer.u.copy_(torch.nn.functional.normalize(torch.randn(40, generator=gen), dim=0))
+        layer.v.copy_(torch.nn.functional.normalize(torch.randn(24, generator=gen), dim=0))
+    x = torch.randn(4, 24)
+    layer.train()
+    first = layer.sigma().item()
+    for _ in range(40):  # one power-iteration step per training forward
+        layer(x)
+    true_sigma = torch.linalg.matrix_norm(layer.weight.detach(), ord=2).item()
+    assert abs(first - true_sigma) > 0.1  # it really started off
+    assert layer.sigma().item() == pytest.approx(true_sigma, rel=1e-4)
+    w_hat = layer.effective_weight().detach()
+    assert torch.linalg.matrix_norm(w_hat, ord=2).item() == pytest.approx(2.5, rel=1e-4)
+    # eval: u, v frozen, outputs deterministic
+    layer.eval()
+    u = layer.u.clone()
+    y1, y2 = layer(x), layer(x)
+    assert torch.equal(layer.u, u) and torch.equal(y1, y2)
+    # the output-scaling path (few rows) and the weight-scaling path (many rows) agree
+    many = torch.randn(100, 24)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, w_hat, layer.bias), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer(many), torch.nn.functional.linear(many, w_hat, layer.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_sigma_reparam_init_exact_and_two_forwards_one_backward() -> None:
+    layer = SigmaReparamLinear(16, 32)
+    true_sigma = torch.linalg.matrix_norm(layer.weight.detach(), ord=2).item()
+    assert layer.sigma().item() == pytest.approx(true_sigma, rel=1e-5)
+    layer.train()
+    x = torch.randn(3, 16)
+    loss = layer(x).sum() + layer(x).square().sum()  # the buffers change between the two forwards
+    loss.backward()
+    assert layer.weight.grad is not None and layer.gamma.grad is not None
+
+
+def test_gradients_reach_all_parameters() -> None:
+    enc = make(pos_emb="learned").train()
+    enc(torch.randn(2, 20, 5), torch.arange(20).repeat(2, 1)).square().mean().backward()
+    for name, p in enc.named_parameters():
+        if name == "time_emb.table.weight":
+            assert p.grad[:20].abs().sum(-1).gt(0).all() and p.grad[20:].abs().sum() == 0
+            continue
+        assert p.grad is not None and p.grad.abs().sum() > 0, name

@@ -1,0 +1,171 @@
+"""TimestepEncoder: vector / image / multi-key observations, running normalisation, goal hook."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from icrl.nets.tstep import ImpalaCNN, NatureCNN, TimestepEncoder, symlog
+from icrl.types import Timesteps
+
+A = 3  # previous-action width
+
+
+def vec_box(*shape: int) -> gym.spaces.Box:
+    return gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
+
+
+def img_box(h: int, w: int, c: int = 3) -> gym.spaces.Box:
+    return gym.spaces.Box(0, 255, (h, w, c), np.uint8)
+
+
+def sample_timesteps(space: gym.spaces.Dict, B: int = 2, L: int = 5, seed: int = 0) -> Timesteps:
+    gen = torch.Generator().manual_seed(seed)
+    obs = {}
+    for key, sub in space.spaces.items():
+        if sub.dtype == np.uint8:
+            obs[key] = torch.randint(0, 256, (B, L, *sub.shape), generator=gen, dtype=torch.uint8)
+        elif np.issubdtype(sub.dtype, np.integer):
+            obs[key] = torch.randint(0, 10, (B, L, *sub.shape), generator=gen)
+        else:
+            obs[key] = torch.randn(B, L, *sub.shape, generator=gen)
+    return Timesteps(
+        obs=obs,
+        prev_action=torch.randn(B, L, A, generator=gen),
+        prev_reward=torch.randn(B, L, generator=gen) * 100,
+        time=torch.arange(L).repeat(B, 1),
+        reset=torch.zeros(B, L, dtype=torch.bool).index_fill_(1, torch.tensor([0]), True),
+    )
+
+
+def test_vector_obs_shape() -> None:
+    space = gym.spaces.Dict({"obs": vec_box(4)})
+    enc = TimestepEncoder(space, A, d_out=16, hidden=32)
+    out = enc(sample_timesteps(space))
+    assert out.shape == (2, 5, 16) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize(("cnn", "size"), [("impala", 16), ("impala", 7), ("nature", 40)])
+def test_multi_key_dict_with_images(cnn: str, size: int) -> None:
+    space = gym.spaces.Dict(
+        {
+            "agent/pos": vec_box(2),
+            "agent/vel": vec_box(3, 2),
+            "image": img_box(size, size),
+            "goal": gym.spaces.Box(0, 10, (4,), np.int64),  # ignored without a goal embedder
+        }
+    )
+    enc = TimestepEncoder(space, A, d_out=16, hidden=32, cnn=cnn)
+    assert enc.vector_keys == ["agent/pos", "agent/vel"] and enc.image_keys == ["image"]
+    assert isinstance(enc.cnns[0], ImpalaCNN if cnn == "impala" else NatureCNN)
+    ts = sample_timesteps(space)
+    out = enc(ts)
+    assert out.shape == (2, 5, 16) and torch.isfinite(out).all()
+    out.square().mean().backward()
+    for name, p in enc.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    # the image matters
+    ts.obs["image"] = 255 - ts.obs["image"]
+    assert (enc(ts) - out).abs().max() > 1e-5
+
+
+def test_nature_cnn_rejects_small_images() -> None:
+    with pytest.raises(ValueError, match="impala"):
+        TimestepEncoder(gym.spaces.Dict({"image": img_box(7, 7)}), A, d_out=8, cnn="nature")
+
+
+def test_acting_shape_from_numpy() -> None:
+    space = gym.spaces.Dict({"obs": vec_box(4), "image": img_box(8, 8)})
+    enc = TimestepEncoder(space, A, d_out=16, hidden=32)
+    step = {
+        "obs": {"obs": np.zeros((3, 4), np.float32), "image": np.zeros((3, 8, 8, 3), np.uint8)},
+        "prev_action": np.zeros((3, A), np.float32),
+        "prev_reward": np.zeros(3, np.float32),
+        "time": np.array([0, 5, 2000]),
+        "reset": np.array([1, 0, 0], np.int8),
+    }
+    assert enc(Timesteps.from_numpy(step)).shape == (3, 1, 16)
+
+
+def test_time_reset_action_and_reward_are_inputs() -> None:
+    space = gym.spaces.Dict({"obs": vec_box(4)})
+    enc = TimestepEncoder(space, A, d_out=16, hidden=32).eval()
+    ts = sample_timesteps(space)
+    base = enc(ts)
+    for field, new in [
+        ("time", ts.time + 7),
+        ("reset", ~ts.reset),
+        ("prev_action", ts.prev_action + 1),
+        ("prev_reward", ts.prev_reward + 1),
+    ]:
+        changed = Timesteps(**{**vars(ts), field: new})
+        assert (enc(changed) - base).abs().max() > 1e-5, field
+
+
+def test_normalization_uses_only_masked_in_steps() -> None:
+    space = gym.spaces.Dict({"a": vec_box(2), "b": vec_box(3)})
+    enc = TimestepEncoder(space, A, d_out=8)
+    ts = sample_timesteps(space, B=4, L=6)
+    mask = torch.zeros(4, 6, dtype=torch.bool)
+    mask[:, :4] = True
+    ts.obs["a"][~mask] = 1e6  # padding with absurd values must not leak into the statistics
+    ts.obs["b"][~mask] = -1e6
+    stats_before = enc.obs_norm.mean.clone()
+    enc(ts)  # forward never updates
+    assert torch.equal(enc.obs_norm.mean, stats_before)
+
+    enc.update_normalization(ts, mask)
+    real = enc.vector_obs(ts)[mask].double()  # [16, 5]
+    torch.testing.assert_close(enc.obs_norm.mean.double(), real.mean(0), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(enc.obs_norm.var.double(), real.var(0, unbiased=False), rtol=1e-5, atol=1e-6)
+    assert enc.obs_norm.count.item() == 16
+
+    # a second batch merges exactly like one pass over both (Chan's parallel update)
+    ts2 = sample_timesteps(space, B=4, L=6, seed=1)
+    ts2.obs["a"] = ts2.obs["a"] * 3 + 5
+    mask2 = torch.rand(4, 6, generator=torch.Generator().manual_seed(2)) > 0.3
+    enc.update_normalization(ts2, mask2)
+    both = torch.cat([real, enc.vector_obs(ts2)[mask2].double()])
+    torch.testing.assert_close(enc.obs_norm.mean.double(), both.mean(0), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(enc.obs_norm.var.double(), both.var(0, unbiased=False), rtol=1e-5, atol=1e-6)
+    normed = enc.obs_norm(enc.vector_obs(ts2)[mask2])
+    assert normed.abs().max() <= enc.obs_norm.clip
+    assert set(dict(enc.named_buffers())) >= {"obs_norm.mean", "obs_norm.var", "obs_norm.count"}
+
+
+def test_normalization_off() -> None:
+    space = gym.spaces.Dict({"obs": vec_box(4)})
+    enc = TimestepEncoder(space, A, d_out=8, normalize_obs=False)
+    assert enc.obs_norm is None
+    enc.update_normalization(sample_timesteps(space), torch.ones(2, 5, dtype=torch.bool))  # a no-op
+
+
+class MeanTokenEmbedder(nn.Module):
+    """A stand-in goal embedder: mean of token embeddings."""
+
+    def __init__(self, vocab: int, d_out: int):
+        super().__init__()
+        self.emb, self.d_out = nn.Embedding(vocab, d_out), d_out
+
+    def forward(self, goal: torch.Tensor) -> torch.Tensor:  # [B, L, K] -> [B, L, d_out]
+        return self.emb(goal).mean(-2)
+
+
+def test_goal_embedder_hook() -> None:
+    space = gym.spaces.Dict({"obs": vec_box(4), "goal": gym.spaces.Box(0, 10, (3,), np.int64)})
+    enc = TimestepEncoder(space, A, d_out=8, goal_embedder=MeanTokenEmbedder(11, 6))
+    ts = sample_timesteps(space)
+    out = enc(ts)
+    ts.obs["goal"] = (ts.obs["goal"] + 1) % 11
+    assert (enc(ts) - out).abs().max() > 1e-5
+    with pytest.raises(ValueError, match="goal"):
+        TimestepEncoder(gym.spaces.Dict({"obs": vec_box(4)}), A, d_out=8, goal_embedder=MeanTokenEmbedder(11, 6))
+
+
+def test_symlog() -> None:
+    x = torch.tensor([-100.0, -1.0, 0.0, 1.0, 100.0])
+    torch.testing.assert_close(symlog(x), torch.sign(x) * torch.log1p(x.abs()))
+    assert symlog(torch.tensor(0.0)) == 0
