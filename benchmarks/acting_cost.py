@@ -61,13 +61,14 @@ def measure(context: int) -> dict:
 
     with torch.inference_mode():
         cached = best_time(cached_step, reps=max(20, 20_000 // context))
-        recompute = best_time(recompute_step, reps=1 if context >= 2048 else 3, trials=2 if context >= 2048 else 3)
+        long = context >= 2048
+        recompute = best_time(recompute_step, reps=1 if long else 3, trials=2 if long else 3)
     return {"context": context, "cached_ms": cached * 1e3, "recompute_ms": recompute * 1e3}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids oversubscription)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1 avoids oversubscription)")
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "acting_cost.json")
     args = parser.parse_args()

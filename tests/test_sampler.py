@@ -136,6 +136,8 @@ def test_batch_shapes_and_dtypes(tmp_path: Path) -> None:
     assert not (b.has_action & ~b.mask).any()
     lengths = b.mask.sum(1)
     assert set(lengths.tolist()) <= {4, 8, 10}
+    # every field is a view of one buffer, so a batch crosses from a worker as one shared-memory segment
+    assert len({t.untyped_storage().data_ptr() for t in all_fields(b).values()} | {b.mask.untyped_storage().data_ptr()}) == 1
 
 
 def test_random_start_covers_the_whole_rollout(tmp_path: Path) -> None:

@@ -67,7 +67,9 @@ def test_causality(kind: str) -> None:
         assert (after[:, :3] > 1e-6).all()
 
 
-def _staggered_rollouts(batch: int, steps: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+def _staggered_rollouts(
+    batch: int, steps: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     """Inputs, times and hard-reset flags [B, T] for rows that reset at different moments."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, steps, D_IN, generator=gen)

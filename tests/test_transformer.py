@@ -68,10 +68,12 @@ def test_sliding_window_receptive_field() -> None:
 def test_banded_mask() -> None:
     m = banded_causal_mask(5, 2, torch.device("cpu"))
     expected = torch.tensor(
-        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]], dtype=torch.bool
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]],
+        dtype=torch.bool,
     )
     assert torch.equal(m, expected)
-    assert torch.equal(banded_causal_mask(4, 4, torch.device("cpu")), torch.ones(4, 4, dtype=torch.bool).tril())
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    assert torch.equal(banded_causal_mask(4, 4, torch.device("cpu")), causal)
 
 
 def test_reset_state_empties_rows_and_cache_is_reused() -> None:
@@ -145,8 +147,9 @@ def test_sigma_reparam_power_iteration_converges() -> None:
     assert torch.equal(layer.u, u) and torch.equal(y1, y2)
     # the output-scaling path (few rows) and the weight-scaling path (many rows) agree
     many = torch.randn(100, 24)
-    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, w_hat, layer.bias), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(layer(many), torch.nn.functional.linear(many, w_hat, layer.bias), atol=1e-5, rtol=1e-5)
+    for inp in (x, many):
+        expected = torch.nn.functional.linear(inp, w_hat, layer.bias)
+        torch.testing.assert_close(layer(inp), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_sigma_reparam_init_exact_and_two_forwards_one_backward() -> None:

@@ -162,7 +162,8 @@ def test_goal_embedder_hook() -> None:
     ts.obs["goal"] = (ts.obs["goal"] + 1) % 11
     assert (enc(ts) - out).abs().max() > 1e-5
     with pytest.raises(ValueError, match="goal"):
-        TimestepEncoder(gym.spaces.Dict({"obs": vec_box(4)}), A, d_out=8, goal_embedder=MeanTokenEmbedder(11, 6))
+        no_goal = gym.spaces.Dict({"obs": vec_box(4)})
+        TimestepEncoder(no_goal, A, d_out=8, goal_embedder=MeanTokenEmbedder(11, 6))
 
 
 def test_symlog() -> None:

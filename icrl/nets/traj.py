@@ -54,7 +54,9 @@ class RNNTrajEncoder(nn.Module):
     resetting a row zeroes it, which is exactly the zero initial state `forward` starts from.
     """
 
-    def __init__(self, d_in: int, d_model: int = 128, layers: int = 1, dropout: float = 0.0, cell: str = "gru"):
+    def __init__(
+        self, d_in: int, d_model: int = 128, layers: int = 1, dropout: float = 0.0, cell: str = "gru"
+    ):
         super().__init__()
         rnn_cls = {"gru": nn.GRU, "lstm": nn.LSTM}[cell]
         self.rnn = rnn_cls(d_in, d_model, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0)
@@ -66,7 +68,8 @@ class RNNTrajEncoder(nn.Module):
         out, _ = self.rnn(x)
         return self.norm(out)
 
-    def init_state(self, batch_size: int, device: torch.device | str) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    def init_state(self, batch_size: int, device: torch.device | str) -> Any:
+        """Zero hidden state: [layers, B, d] (GRU) or a pair of them (LSTM)."""
         w = self.norm.weight
         h = torch.zeros(self.layers, batch_size, self.d_out, device=device, dtype=w.dtype)
         return (h, torch.zeros_like(h)) if self.is_lstm else h

@@ -137,8 +137,9 @@ class CausalSelfAttention(nn.Module):
         v_cache[rows, :, slot] = v.to(v_cache.dtype)
         n = valid.shape[1]
         p = self.attn_dropout if self.training else 0.0
+        keys, values = k_cache[:, :, :n], v_cache[:, :, :n]  # [B, H, n, dh] views, no copy
         y = F.scaled_dot_product_attention(
-            q[:, :, None], k_cache[:, :, :n], v_cache[:, :, :n], attn_mask=valid[:, None, None, :], dropout_p=p
+            q[:, :, None], keys, values, attn_mask=valid[:, None, None, :], dropout_p=p
         )  # [B, H, 1, dh]
         return self.proj(y.reshape(B, d))
 
@@ -262,8 +263,9 @@ class TransformerTrajEncoder(nn.Module):
         self.inp = nn.Linear(d_in, d_model)
         self.time_emb = TimeEmbedding(pos_emb, d_model, max_time)
         self.emb_drop = nn.Dropout(emb_dropout)
+        d_ff = d_ff or 4 * d_model
         self.blocks = nn.ModuleList(
-            Block(d_model, heads, d_ff or 4 * d_model, context_len, attn_dropout, dropout, sigma_reparam, normformer)
+            Block(d_model, heads, d_ff, context_len, attn_dropout, dropout, sigma_reparam, normformer)
             for _ in range(layers)
         )
         self.ln_f = nn.LayerNorm(d_model)

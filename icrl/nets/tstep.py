@@ -69,7 +69,9 @@ class ImpalaCNN(nn.Module):
     Works for any image size (each stage halves H and W, rounding up), including 7x7 grid-worlds.
     """
 
-    def __init__(self, image_shape: tuple[int, int, int], d_out: int, channels: tuple[int, ...] = (16, 32, 32)):
+    def __init__(
+        self, image_shape: tuple[int, int, int], d_out: int, channels: tuple[int, ...] = (16, 32, 32)
+    ):
         super().__init__()
         h, w, c = image_shape
         stages: list[nn.Module] = []
@@ -164,7 +166,9 @@ class TimestepEncoder(nn.Module):
             if key == GOAL_KEY:
                 continue
             if not isinstance(space, gym.spaces.Box):
-                raise ValueError(f"obs[{key!r}] is {space!r}; TimestepEncoder expects Box spaces (see TimestepWrapper)")
+                raise ValueError(
+                    f"obs[{key!r}] is {space!r}; TimestepEncoder expects Box spaces (see TimestepWrapper)"
+                )
             (self.image_keys if is_image_space(space) else self.vector_keys).append(key)
         self.vector_dim = sum(int(np.prod(obs_space[k].shape)) for k in self.vector_keys)
         self.obs_norm = RunningNorm(self.vector_dim, clip_obs) if normalize_obs and self.vector_dim else None
@@ -183,7 +187,8 @@ class TimestepEncoder(nn.Module):
         periods = torch.logspace(math.log10(4.0), math.log10(max(max_time, 5)), n_time_freqs)
         self.register_buffer("time_freqs", 2 * math.pi / periods, persistent=False)  # [n_freq]
 
-        d_in = self.vector_dim + hidden * len(self.image_keys) + goal_dim + action_dim + 1 + 1 + 2 * n_time_freqs + 1
+        d_time = 1 + 2 * n_time_freqs
+        d_in = self.vector_dim + hidden * len(self.image_keys) + goal_dim + action_dim + 1 + d_time + 1
         self.mlp = nn.Sequential(
             nn.Linear(d_in, hidden), nn.LayerNorm(hidden), nn.LeakyReLU(),
             nn.Linear(hidden, d_out), nn.LayerNorm(d_out),
