@@ -72,6 +72,8 @@ def time_loader(root: Path, workers: int, args: argparse.Namespace) -> dict:
         t1 = time.perf_counter()
         for _ in range(args.batches):
             batch = next(loader)
+            if args.learner_ms:
+                time.sleep(args.learner_ms / 1000)  # a learner waiting on its GPU step
         dt = time.perf_counter() - t1
     assert batch.shape == (args.batch_size, args.seq_len)
     bps = args.batches / dt
@@ -80,6 +82,7 @@ def time_loader(root: Path, workers: int, args: argparse.Namespace) -> dict:
         "batches_per_s": bps,
         "timesteps_per_s": bps * args.batch_size * args.seq_len,
         "ms_per_batch": 1000 * dt / args.batches,
+        "sampler_ms_per_batch_beyond_learner": 1000 * dt / args.batches - args.learner_ms,
         "startup_and_warmup_s": first,
     }
 
@@ -94,6 +97,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--batches", type=int, default=50, help="timed batches per setting")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--learner-ms", type=float, default=0.0, help="simulated GPU update per batch (sleep)")
     p.add_argument("--cache-mb", type=int, default=256, help="per-worker LRU cache")
     p.add_argument("--root", type=Path, default=None, help="replay folder (default: a temp dir)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sampler.json")
@@ -121,10 +125,17 @@ def main() -> None:
             "writes_per_s": args.num_rollouts / write_s,
         },
         "results": results,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
     }
     b = report["buffer"]
-    print(f"buffer: {b['rollouts']} rollouts, {b['mb_on_disk']:.1f} MB, written at {b['writes_per_s']:.0f} rollouts/s")
+    print(
+        f"buffer: {b['rollouts']} rollouts, {b['mb_on_disk']:.1f} MB, "
+        f"written at {b['writes_per_s']:.0f} rollouts/s (fsync on)"
+    )
     print(f"batch {args.batch_size} x {args.seq_len}, image={args.image or 'none'}")
     print(f"{'workers':>7} {'batches/s':>10} {'ms/batch':>9} {'timesteps/s':>12} {'startup s':>10}")
     for r in results:

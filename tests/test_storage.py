@@ -243,9 +243,10 @@ replays = [DiskReplay(r, c) for r, c in zip(roots, caps)]
 def rollout(T, img, tag):
     obs = {"state": np.full((T + 1, 4), tag, np.float32),
            "image": np.full((T + 1, img, img, 3), tag % 251, np.uint8)}
-    return Rollout(obs=obs, prev_action=np.zeros((T + 1, 2), np.float32), prev_reward=np.zeros(T + 1, np.float32),
-                   time=np.arange(T + 1), reset=np.eye(1, T + 1, dtype=bool)[0], action=np.zeros(T, np.int64),
-                   reward=np.zeros(T, np.float32), terminated=np.zeros(T, bool), truncated=np.zeros(T, bool))
+    z = lambda *shape, dtype=np.float32: np.zeros(shape, dtype)  # noqa: E731
+    return Rollout(obs=obs, prev_action=z(T + 1, 2), prev_reward=z(T + 1), time=np.arange(T + 1),
+                   reset=np.arange(T + 1) == 0, action=z(T, dtype=np.int64), reward=z(T),
+                   terminated=z(T, dtype=bool), truncated=z(T, dtype=bool))
 
 
 i = 0

@@ -196,10 +196,11 @@ class ReplayDataset(IterableDataset):
         windows = []
         for _ in range(self.batch_size):
             rollout = self.sample_rollout()
+            rng: np.random.Generator = self._rng  # type: ignore[assignment]
             if self.transform is not None:
-                rollout = self.transform(rollout, self._rng)  # type: ignore[arg-type]
+                rollout = self.transform(rollout, rng)
             n = rollout.num_timesteps
-            start = int(self._rng.integers(n - self.max_seq_len + 1)) if n > self.max_seq_len else 0  # type: ignore[union-attr]
+            start = int(rng.integers(n - self.max_seq_len + 1)) if n > self.max_seq_len else 0
             windows.append((rollout, start))
         return collate_windows(windows, self.max_seq_len, self.action_spec)
 
@@ -266,7 +267,7 @@ def collate_windows(windows: list[tuple[Rollout, int]], length: int, action_spec
         if r.obs.keys() != first.obs.keys():
             raise ValueError(f"rollouts disagree on observation keys: {sorted(r.obs)} vs {sorted(first.obs)}")
         if r.prev_action.shape[1:] != (A,):
-            raise ValueError(f"stored prev_action width {r.prev_action.shape[1:]} does not match {action_spec}")
+            raise ValueError(f"stored prev_action shape {r.prev_action.shape} does not match {action_spec}")
         for k, v in r.obs.items():
             x[f"obs/{k}"][b, :m] = v[s:e]
         for name in ("prev_action", "prev_reward", "time", "reset"):
@@ -277,8 +278,10 @@ def collate_windows(windows: list[tuple[Rollout, int]], length: int, action_spec
             for name in ("reward", "terminated", "truncated"):
                 x[name][b, :ma] = getattr(r, name)[s:ea]
             x["has_action"][b, :ma] = True
-        if "achieved" in x:
-            x["achieved"][b, :m, : r.achieved.shape[1]] = r.achieved[s:e]  # type: ignore[union-attr]
+        if "achieved" in x:  # rollouts with fewer goal slots get -1 ("no goal") in the extra ones
+            k = r.achieved.shape[1]  # type: ignore[union-attr]
+            x["achieved"][b, :m, :k] = r.achieved[s:e]  # type: ignore[index]
+            x["achieved"][b, :m, k:] = -1
 
     t = tensors
     return Batch(

@@ -83,7 +83,7 @@ def save_rollout(path: str | os.PathLike, rollout: Rollout, *, fsync: bool = Tru
     arrays = {k: np.asarray(v) for k, v in rollout.to_arrays().items()}
     for key, arr in arrays.items():
         if arr.dtype.hasobject:
-            raise TypeError(f"field {key!r} has dtype {arr.dtype}: object arrays cannot be stored without pickle")
+            raise TypeError(f"field {key!r} has dtype {arr.dtype}: object arrays need pickle, refused")
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
     try:
         with open(tmp, "wb") as f:
