@@ -45,7 +45,8 @@ from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env, make_wrapped_env
 from icrl.exploration import Exploration
-from icrl.learner import Learner, compute_loss
+import icrl.learner
+from icrl.learner import Learner
 from icrl.nets.heads import Critic  # noqa: F401  (documents what the default heads are)
 from icrl.targets import ema_update_
 from icrl.types import ActionSpec, Rollout, Timesteps
@@ -59,11 +60,21 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+SDPA_BACKEND = "default"  # --sdpa: which scaled_dot_product_attention kernel the learner may use
+
+
+@contextmanager
 def autocast_ctx(device: torch.device, dtype: str):
-    """The bf16 context of this benchmark: the whole step (forward, backward, optimiser) under autocast."""
-    if dtype == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
+    """The bf16 context of this benchmark: the whole step (forward, backward, optimiser) under autocast;
+    also pins the SDPA backend when --sdpa asks for one (an experiment: no library change needed)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
+    backends = {"math": [SDPBackend.MATH], "flash": [SDPBackend.FLASH_ATTENTION],
+                "efficient": [SDPBackend.EFFICIENT_ATTENTION]}  # fmt: skip
+    kern = sdpa_kernel(backends[SDPA_BACKEND]) if SDPA_BACKEND in backends else nullcontext()
+    with amp, kern:
+        yield
 
 
 def _proc_status_kb(field: str) -> int | None:
@@ -185,7 +196,7 @@ def update_with_breakdown(learner: Learner, batch, device: torch.device) -> dict
     agent.train()
     batch = batch.to(device, non_blocking=True)
     agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
-    loss, metrics, y, valid = compute_loss(agent, batch, cfg.loss, learner.generator)
+    loss, metrics, y, valid = icrl.learner.compute_loss(agent, batch, cfg.loss, learner.generator)
     sync(device)
     t1 = time.perf_counter()
     learner.optimizer.zero_grad(set_to_none=True)
@@ -257,7 +268,17 @@ def bench_learner(args, cfg, spec, agent, learner, device, tmp: Path) -> tuple[d
 def count_update_flops(learner: Learner, batch, device: torch.device, dtype: str) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
+    from torch.utils.flop_counter import sdpa_backward_flop, sdpa_flop
+
+    aten = torch.ops.aten
+    # torch 2.x has no formula for the CPU flash-attention ops: count them like the CUDA ones (full, not
+    # causal-halved, attention; both bmm's of the forward, the five of the backward).
+    custom = {}
+    for name, fn in [("_scaled_dot_product_flash_attention_for_cpu", sdpa_flop),
+                     ("_scaled_dot_product_flash_attention_for_cpu_backward", sdpa_backward_flop)]:  # fmt: skip
+        if hasattr(aten, name):
+            custom[getattr(aten, name)] = fn
+    counter = FlopCounterMode(display=False, custom_mapping=custom)
     with autocast_ctx(device, dtype), counter:
         learner.update(batch)
     by_op: dict[str, int] = {}
@@ -468,19 +489,27 @@ def main() -> None:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="learner update precision")
     p.add_argument("--act-dtype", choices=["fp32", "bf16"], default="fp32", help="acting precision (autocast)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    p.add_argument("--sdpa", default="default", choices=["default", "math", "flash", "efficient"],
+                   help="pin the attention kernel of the learner update (experiment)")
     p.add_argument("--peak-n", type=int, default=2048, help="matrix side of the peak-FLOP/s mm loop")
     p.add_argument("--peak-seconds", type=float, default=1.5)
+    p.add_argument("--compile", action="store_true",
+                   help="experiment: torch.compile icrl.learner.compute_loss (patched in this process only)")
     p.add_argument("--skip-learner", action="store_true")
     p.add_argument("--skip-acting", action="store_true")
     p.add_argument("--profile", action="store_true", help="print cProfile (acting) and torch.profiler (update) tops")
     p.add_argument("--tag", default=None, help="results/throughput_<tag>.json (default: from the settings)")
     args = p.parse_args()
 
+    global SDPA_BACKEND
+    SDPA_BACKEND = args.sdpa
     torch.set_num_threads(args.threads)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     tag = args.tag or (
         f"{device.type}_{args.traj_encoder}_d{args.d_model}_l{args.layers}_h{args.heads}_b{args.batch_size}x"
         f"{args.seq_len}_e{args.parallel_envs}_t{args.threads}_{args.dtype}"
+        + ("" if args.sdpa == "default" else f"_sdpa-{args.sdpa}")
+        + ("_compiled" if args.compile else "")
     )
     result: dict = {
         "tag": tag,
@@ -492,6 +521,8 @@ def main() -> None:
         "nproc": os.cpu_count(),
         "load_avg_start": load_avg(),
     }
+    if args.compile:
+        icrl.learner.compute_loss = torch.compile(icrl.learner.compute_loss)  # Learner.update looks it up here
     cfg, spec, agent, learner = build(args, device)
     result["parameters_online"] = sum(p.numel() for p in agent.online_parameters())
     result["parameters_total"] = sum(p.numel() for p in agent.parameters())

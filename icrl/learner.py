@@ -73,16 +73,19 @@ def compute_loss(
     return cfg.critic_weight * loss_c + loss_a, metrics, y, valid
 
 
+def is_weight_matrix(name: str, p: torch.Tensor) -> bool:
+    """Decay weight matrices only: norms, biases, embeddings and σReparam scales are left alone."""
+    parts = name.split(".")
+    if any(part.startswith("w_") for part in parts):  # the critic ensemble's [C, in, out] weights
+        return True
+    return parts[-1].startswith("weight") and p.ndim >= 2 and "emb" not in name
+
+
 def param_groups(agent: Agent, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only: norms, biases, embeddings and σReparam scales are left alone."""
-    decay, no_decay = [], []
     keep = {id(p) for p in agent.online_parameters()}
-    for module in agent.modules():
-        for name, p in module.named_parameters(recurse=False):
-            if id(p) not in keep:
-                continue
-            matrix = p.ndim >= 2 and not isinstance(module, (nn.Embedding, nn.LayerNorm)) and "ln" not in name
-            (decay if matrix else no_decay).append(p)
+    named = [(n, p) for n, p in agent.named_parameters() if id(p) in keep]
+    decay = [p for n, p in named if is_weight_matrix(n, p)]
+    no_decay = [p for n, p in named if not is_weight_matrix(n, p)]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -92,7 +95,7 @@ class Learner:
     def __init__(self, agent: Agent, cfg: ExperimentConfig, device: torch.device) -> None:
         self.agent, self.cfg, self.device = agent, cfg, device
         t = cfg.train
-        self.optimizer = torch.optim.AdamW(param_groups(agent, t.weight_decay), lr=t.lr)
+        self.optimizer = torch.optim.AdamW(param_groups(agent, t.weight_decay), lr=t.lr, fused=True)
         warmup = max(t.warmup_updates, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
         self.generator = torch.Generator().manual_seed(t.seed)

@@ -75,14 +75,13 @@ def train(cfg: ExperimentConfig) -> dict:
     if t.threads > 0:
         torch.set_num_threads(t.threads)
     device = resolve_device(t.device)
-    run_dir = Path(t.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(cfg.to_json())
-
     venv_kwargs = dict(episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
     venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
     eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
     spec = ActionSpec.from_space(venv.single_action_space)
+    run_dir = Path(t.run_dir)  # created only once the envs exist, so a bad env name leaves nothing behind
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(cfg.to_json())
     collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(t.seed, "train-envs"))
     eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs"))
 

@@ -8,6 +8,7 @@ Batches come from real rollouts (RandomPolicy -> Collector -> DiskReplay -> make
 from __future__ import annotations
 
 import functools
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -105,6 +106,15 @@ def real_batch(kind: str, root, batch_size: int = 6) -> tuple[Batch, gym.spaces.
 def build_agent(obs_space, spec, traj: str = "transformer", max_seq_len: int = SEQ, **loss_kw) -> Agent:
     torch.manual_seed(0)
     return Agent(obs_space, spec, model_cfg(traj, max_seq_len), loss_cfg(**loss_kw))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: extra torch threads only add contention on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 # ------------------------------------------------------------------------------------------ gradient helpers
@@ -247,7 +257,7 @@ def _experiment(**train_kw) -> ExperimentConfig:
     )
 
 
-@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_learner_update_moves_online_targets_by_ema_and_popart(kind, tmp_path):
     batch, obs_space, spec = real_batch(kind, tmp_path / "replay")
     cfg = _experiment()
@@ -282,20 +292,40 @@ def test_learner_update_moves_online_targets_by_ema_and_popart(kind, tmp_path):
     if kind == "discrete":
         w_rescaled = before["target_critic.w_out"] * scale[:, None]
         b_rescaled = before["target_critic.b_out"] * scale[:, None] + shift[:, None]
-    else:
+    else:  # continuous and multi-binary critics take (s, a): one output per member and discount
         w_rescaled = before["target_critic.w_out"] * scale
         b_rescaled = before["target_critic.b_out"] * scale + shift
-    torch.testing.assert_close(
-        agent.target_critic.w_out.detach(), (1 - tau) * w_rescaled + tau * after["critic.w_out"], atol=1e-6, rtol=1e-5
-    )
-    torch.testing.assert_close(
-        agent.target_critic.b_out.detach(), (1 - tau) * b_rescaled + tau * after["critic.b_out"], atol=1e-6, rtol=1e-5
-    )
+    w_expected = (1 - tau) * w_rescaled + tau * after["critic.w_out"]
+    b_expected = (1 - tau) * b_rescaled + tau * after["critic.b_out"]
+    torch.testing.assert_close(agent.target_critic.w_out.detach(), w_expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(agent.target_critic.b_out.detach(), b_expected, atol=1e-6, rtol=1e-5)
 
     # targets never get gradients
     for p in [*agent.target_actor.parameters(), *agent.target_critic.parameters()]:
         assert not p.requires_grad and p.grad is None
     assert learner.updates == 1
+
+
+def test_weight_decay_only_on_weight_matrices():
+    """Learner's AdamW groups: decay on weight matrices only; norms, biases, embeddings, σReparam gains
+    and the critic ensemble's biases and LayerNorm gains/offsets ([C, H]-shaped, but not matrices) are
+    left alone (icrl.learner.param_groups docstring)."""
+    obs_space = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3,), np.float32)})
+    for kind in ("discrete", "continuous"):
+        torch.manual_seed(0)
+        agent = Agent(obs_space, ActionSpec(kind, 3), model_cfg(), loss_cfg())
+        cfg = ExperimentConfig(model=model_cfg(), loss=loss_cfg(), train=TrainConfig(weight_decay=0.1))
+        learner = Learner(agent, cfg, torch.device("cpu"))
+        names = {id(p): n for n, p in agent.named_parameters() if not n.startswith("target_")}
+        groups_ = learner.optimizer.param_groups
+        trained = {names[id(p)] for g in groups_ for p in g["params"]}
+        assert trained == set(names.values())  # every online parameter, no target
+        decayed = {names[id(p)] for g in groups_ if g["weight_decay"] > 0 for p in g["params"]}
+        linear = {f"{m}.weight" for m, mod in agent.named_modules() if isinstance(mod, torch.nn.Linear)}
+        linear |= {f"{m}.weight" for m, mod in agent.named_modules() if hasattr(mod, "gamma")}  # σReparam
+        matrices = {n for n in trained if n in linear or re.fullmatch(r"critic\.w_\w+(\.\d+)?", n)}
+        assert not decayed - matrices, (kind, "decayed but not a weight matrix", sorted(decayed - matrices))
+        assert not matrices - decayed, (kind, "weight matrix without decay", sorted(matrices - decayed))
 
 
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])
@@ -383,11 +413,14 @@ def _row(ts: Timesteps, i: int) -> Timesteps:
 
 
 @pytest.mark.parametrize(
-    "traj,context", [("transformer", 32), ("transformer", 4), ("gru", 32)], ids=["transformer", "transformer-sliding", "gru"]
+    "traj,context,episodes",
+    [("transformer", 32, 1), ("transformer", 4, 1), ("transformer", 32, 2), ("gru", 32, 1), ("gru", 32, 2)],
+    ids=["transformer", "transformer-sliding", "transformer-2-episodes", "gru", "gru-2-episodes"],
 )
-def test_agent_policy_stepping_matches_full_forward(traj, context):
+def test_agent_policy_stepping_matches_full_forward(traj, context, episodes):
+    """With several episodes per rollout, inner resets stay in context: only new_rollout clears it."""
     N = 3
-    venv = make_vector_env("tmaze", {"length": 2, "horizon": 9}, N)
+    venv = make_vector_env("tmaze", {"length": 2, "horizon": 9}, N, episodes_per_rollout=episodes)
     spec = ActionSpec.from_space(venv.single_action_space)
     agent = build_agent(venv.single_observation_space["obs"], spec, traj=traj, max_seq_len=context)
     # non-trivial observation statistics, so the normaliser is exercised too
@@ -403,13 +436,13 @@ def test_agent_policy_stepping_matches_full_forward(traj, context):
     assert staggered.any(), "resets should happen at different moments in different envs"
 
     agent.eval()
-    checked = 0
-    max_len = 0
+    checked = max_len = inner_resets = 0
     for i in range(N):
         starts = list(np.flatnonzero(flags[:, i])) + [len(probe.log)]
         for a, b in zip(starts[:-1], starts[1:]):
             seq = _cat_ts([_row(probe.log[k][0], i) for k in range(a, b)])
             assert seq.time[0, 0] == 0 and (seq.time[0] == torch.arange(b - a)).all()
+            inner_resets += int(seq.reset[0, 1:].sum())
             with torch.no_grad():
                 full = agent.actor(agent(seq)).logits[0]  # [L, G, A]
             stepped = torch.stack([probe.log[k][3][i] for k in range(a, b)])  # [L, G, A]
@@ -423,16 +456,20 @@ def test_agent_policy_stepping_matches_full_forward(traj, context):
     assert checked == len(probe.log) * N
     if context < 9:
         assert max_len > context, "some rollout should run past the attention window"
+    assert (inner_resets > 0) == (episodes > 1)
 
 
 # ------------------------------------------------------------------------------------------ 4. exploration
+TS_KEYS = ("prev_action", "prev_reward", "time", "reset")
+
+
 def _tiled_first_timestep(n: int) -> tuple[Timesteps, gym.spaces.Dict, ActionSpec]:
     env = TimestepWrapper(TMaze(length=3))
     step, _ = env.reset(seed=0)
     spec = env.action_spec
     batched = {
         "obs": {k: np.repeat(v[None], n, 0) for k, v in step["obs"].items()},
-        **{k: np.repeat(np.asarray(step[k])[None], n, 0) for k in ("prev_action", "prev_reward", "time", "reset")},
+        **{k: np.repeat(np.asarray(step[k])[None], n, 0) for k in TS_KEYS},
     }
     return Timesteps.from_numpy(batched), env.observation_space["obs"], spec
 
@@ -446,10 +483,8 @@ def test_greedy_policy_takes_the_mode_and_ignores_exploration():
     eps1 = Exploration(ExploreConfig(eps_start=1.0, eps_end=1.0), spec, N, seed=0)
     eps1.scale[:] = 1.0
     for exploration in (None, eps1):
-        runs = [
-            AgentPolicy(agent, N, greedy=True, exploration=exploration).act(ts, np.zeros(N, bool)) for _ in range(3)
-        ]
-        for r in runs:
+        for _ in range(3):
+            r = AgentPolicy(agent, N, greedy=True, exploration=exploration).act(ts, np.zeros(N, bool))
             assert r.dtype == np.int64 and r.shape == (N,)
             np.testing.assert_array_equal(r, expected)
 
@@ -476,7 +511,8 @@ def test_exploration_through_agent_policy_is_uniform_at_eps_one():
     assert np.all(np.abs(counts - N / A) < 5 * sd), counts  # uniform over all actions, the mode included
 
     # per-env eps: each env draws its own scale at a new rollout; eps follows the env-step schedule
-    exploration = Exploration(ExploreConfig(eps_start=1.0, eps_end=0.0, eps_anneal_steps=100), spec, N, seed=2)
+    annealed = ExploreConfig(eps_start=1.0, eps_end=0.0, eps_anneal_steps=100)
+    exploration = Exploration(annealed, spec, N, seed=2)
     actions = AgentPolicy(agent, N, greedy=False, exploration=exploration).act(ts, np.ones(N, bool))
     expected_off_mode = (1 - 1 / A) * exploration.scale.mean()
     assert abs((actions != 2).mean() - expected_off_mode) < 0.04

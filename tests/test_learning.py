@@ -1,0 +1,59 @@
+"""Short learning tests: the agent must actually learn, with fixed seeds, on CPU in about a minute each.
+
+The T-Maze pair is the memory proof: the Transformer recalls the cue shown only at t=0; the memoryless
+encoder, under the same budget, can only guess the side (success near 0.5).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.train import train
+
+pytestmark = pytest.mark.learning
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tmaze_config(run_dir, traj_encoder: str, length: int = 10, steps: int = 8000, seed: int = 0) -> ExperimentConfig:
+    return ExperimentConfig(
+        env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": length}), parallel_envs=8, eval_rollouts=16),
+        model=ModelConfig(
+            traj_encoder=traj_encoder, d_model=32, layers=2, heads=2, max_seq_len=length + 2, head_hidden=64
+        ),
+        explore=ExploreConfig(eps_anneal_steps=steps // 2),
+        train=TrainConfig(
+            run_dir=str(run_dir),
+            seed=seed,
+            total_env_steps=steps,
+            steps_per_epoch=200,
+            updates_per_epoch=40,
+            batch_size=32,
+            lr=3e-4,
+            warmup_updates=50,
+            eval_every=10,
+            log_every=10,
+        ),
+    )
+
+
+def test_transformer_recalls_the_tmaze_cue(tmp_path):
+    result = train(tmaze_config(tmp_path / "transformer", "transformer"))
+    assert result["success_rate"] >= 0.95, result
+    assert result["return_mean"] >= 0.9, result
+
+
+def test_memoryless_encoder_stays_near_chance_on_tmaze(tmp_path):
+    result = train(tmaze_config(tmp_path / "ff", "ff"))
+    # Without memory the best policy walks the corridor and guesses: success ~0.5.
+    assert result["success_rate"] <= 0.75, result
