@@ -277,7 +277,7 @@ def count_update_flops(learner: Learner, batch, device: torch.device, dtype: str
     for name, fn in [("_scaled_dot_product_flash_attention_for_cpu", sdpa_flop),
                      ("_scaled_dot_product_flash_attention_for_cpu_backward", sdpa_backward_flop)]:  # fmt: skip
         if hasattr(aten, name):
-            custom[getattr(aten, name)] = fn
+            custom[getattr(aten, name)] = getattr(fn, "__wrapped__", fn)  # the registry holds shape-wrapped ones
     counter = FlopCounterMode(display=False, custom_mapping=custom)
     with autocast_ctx(device, dtype), counter:
         learner.update(batch)

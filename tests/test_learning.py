@@ -57,3 +57,29 @@ def test_memoryless_encoder_stays_near_chance_on_tmaze(tmp_path):
     result = train(tmaze_config(tmp_path / "ff", "ff"))
     # Without memory the best policy walks the corridor and guesses: success ~0.5.
     assert result["success_rate"] <= 0.75, result
+
+
+def test_continuous_actions_learn_cue_recall(tmp_path):
+    """Continuous actions: recall a ±1 cue after 5 blank steps. Random or memoryless answers score ~0.5."""
+    steps = 2400
+    cfg = ExperimentConfig(
+        env=EnvConfig(env="cue_recall", env_kwargs='{"delay": 5}', parallel_envs=8, eval_rollouts=16),
+        model=ModelConfig(traj_encoder="transformer", d_model=32, layers=1, heads=2, max_seq_len=8, head_hidden=64),
+        loss=LossConfig(gammas=(0.9, 0.99)),
+        explore=ExploreConfig(eps_anneal_steps=steps // 2),
+        train=TrainConfig(
+            run_dir=str(tmp_path / "recall"),
+            seed=0,
+            total_env_steps=steps,
+            steps_per_epoch=200,
+            updates_per_epoch=40,
+            batch_size=32,
+            lr=3e-4,
+            warmup_updates=50,
+            eval_every=6,
+            log_every=6,
+        ),
+    )
+    result = train(cfg)
+    assert result["return_mean"] >= 0.9, result
+    assert result["success_rate"] >= 0.9, result

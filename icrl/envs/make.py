@@ -14,12 +14,14 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
+from icrl.envs.recall import CueRecall
 from icrl.envs.tmaze import TMaze
 from icrl.envs.wrapper import TimestepWrapper
 
 # Name -> factory(**env_kwargs). Other modules may add their tasks here.
 BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
     "tmaze": TMaze,
+    "cue_recall": CueRecall,
 }
 
 
