@@ -285,7 +285,11 @@ def count_update_flops(learner: Learner, batch, device: torch.device, dtype: str
     for module_counts in [counter.get_flop_counts().get("Global", {})]:
         for op, n in module_counts.items():
             by_op[str(op)] = int(n)
-    return {"flops_per_update": int(counter.get_total_flops()), "flops_by_op": by_op}
+    by_module = {}  # top-level submodules the loss calls (traj/tstep encoder, critic, target critic, ...)
+    for mod, counts in counter.get_flop_counts().items():
+        if mod != "Global" and mod.count(".") <= 1:
+            by_module[mod] = int(sum(counts.values()))
+    return {"flops_per_update": int(counter.get_total_flops()), "flops_by_op": by_op, "flops_by_module": by_module}
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device, n: int, seconds: float) -> float:
@@ -479,6 +483,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=256, help="training window = acting context = T-Maze corridor")
     p.add_argument("--parallel-envs", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--act-threads", type=int, default=None, help="torch threads while acting (default: --threads)")
     p.add_argument("--updates", type=int, default=10, help="timed learner updates")
     p.add_argument("--warmup", type=int, default=2, help="untimed learner updates first")
     p.add_argument("--breakdown-updates", type=int, default=2, help="extra updates timed part by part")
@@ -507,7 +512,9 @@ def main() -> None:
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     tag = args.tag or (
         f"{device.type}_{args.traj_encoder}_d{args.d_model}_l{args.layers}_h{args.heads}_b{args.batch_size}x"
-        f"{args.seq_len}_e{args.parallel_envs}_t{args.threads}_{args.dtype}"
+        f"{args.seq_len}_e{args.parallel_envs}_t{args.threads}"
+        + ("" if args.act_threads in (None, args.threads) else f"_at{args.act_threads}")
+        + f"_{args.dtype}"
         + ("" if args.sdpa == "default" else f"_sdpa-{args.sdpa}")
         + ("_compiled" if args.compile else "")
     )
@@ -561,6 +568,8 @@ def main() -> None:
                                         + torch_profile_update(learner, spare[1], device, args.dtype))  # fmt: skip
 
         if not args.skip_acting:
+            torch.set_num_threads(args.act_threads or args.threads)
+            result["act_threads"] = torch.get_num_threads()
             kv = bench_acting(args, cfg, spec, agent, device, recompute=False, steps=args.act_steps,
                               profile=False)  # fmt: skip
             result["act_env_steps_per_s"] = kv["env_steps_per_s"]

@@ -108,7 +108,7 @@ class ExploreConfig:
     """Discrete: epsilon at the start of training (each env draws its own scale of it per rollout)."""
     eps_end: float = 0.05
     """Discrete: epsilon after `eps_anneal_steps` env steps."""
-    eps_anneal_steps: int = 20_000
+    eps_anneal_steps: int = 10_000
     """Env steps over which epsilon decays linearly."""
     bilevel: bool = False
     """Also decay epsilon within each rollout (high at a rollout's start: explore early, exploit late)."""
@@ -132,11 +132,11 @@ class TrainConfig:
     """Stop after this many env steps."""
     steps_per_epoch: int = 1_000
     """Env steps collected per epoch (across all parallel envs)."""
-    updates_per_epoch: int = 100
-    """Gradient updates per epoch."""
+    updates_per_epoch: int = 200
+    """Gradient updates per epoch (updates per env step = this / steps_per_epoch)."""
     batch_size: int = 24
     """Sequences per update."""
-    lr: float = 1e-4
+    lr: float = 3e-4
     """AdamW learning rate."""
     warmup_updates: int = 200
     """Linear learning-rate warm-up."""
@@ -154,8 +154,10 @@ class TrainConfig:
     """DataLoader worker processes (0: load in the learner process)."""
     device: str = "auto"
     """`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`..."""
-    threads: int = 0
-    """torch CPU threads (0: leave torch's default)."""
+    threads: int = 1
+    """torch CPU threads (0: torch's default). 1 is fastest for small models on shared cores: with env
+    processes or other jobs on the machine, OpenMP threads oversubscribe the cores and an update gets
+    several times slower. Raise it for large models on a CPU of your own."""
     log_every: int = 1
     """Print a progress line every this many epochs."""
 

@@ -49,6 +49,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 console = Console(highlight=False, soft_wrap=True)
 
 
+def say(text: str) -> None:
+    """Print a progress line now, also when stdout is a file or a CI log (block-buffered otherwise)."""
+    console.print(text)
+    console.file.flush()
+
+
 def progress_line(row: dict[str, Any], last_eval: dict[str, Any] | None) -> str:
     parts = [
         f"[bold]epoch {row['epoch']:>4}[/bold]",

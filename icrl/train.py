@@ -16,7 +16,7 @@ from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env
 from icrl.exploration import Exploration
 from icrl.learner import Learner
-from icrl.metrics import MetricsLog, console, progress_line
+from icrl.metrics import MetricsLog, progress_line, say
 from icrl.plot import plot_learning_curves
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec, EpisodeStats
@@ -93,7 +93,7 @@ def train(cfg: ExperimentConfig) -> dict:
         agent, e.parallel_envs, greedy=False, exploration=exploration, env_steps=lambda: collector.total_env_steps, device=device
     )
     log = MetricsLog(run_dir / "metrics.jsonl")
-    console.print(
+    say(
         f"icrl: training on [bold]{e.env}[/bold] {e.kwargs or ''} with a {cfg.model.traj_encoder} "
         f"({sum(p.numel() for p in agent.online_parameters()):,} parameters) on {device}; run dir {run_dir}"
     )
@@ -146,7 +146,7 @@ def train(cfg: ExperimentConfig) -> dict:
                          "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
             log.write(last_eval)
         if epoch % t.log_every == 0 or epoch == num_epochs:
-            console.print(progress_line(row, last_eval))
+            say(progress_line(row, last_eval))
 
     log.close()
     venv.close()
@@ -155,7 +155,7 @@ def train(cfg: ExperimentConfig) -> dict:
     plot = plot_learning_curves([run_dir], run_dir / "learning_curve.png", title=f"{e.env} {e.env_kwargs}")
     assert last_eval is not None
     success = last_eval.get("success_rate")
-    console.print(
+    say(
         f"[bold green]result[/bold green]: eval return {last_eval['return_mean']:+.3f}"
         + (f", success rate {success:.2f}" if success is not None else "")
         + f" over {last_eval['rollouts']} rollouts after {collector.total_env_steps:,} env steps and "

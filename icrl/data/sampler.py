@@ -202,7 +202,9 @@ class ReplayDataset(IterableDataset):
             n = rollout.num_timesteps
             start = int(rng.integers(n - self.max_seq_len + 1)) if n > self.max_seq_len else 0
             windows.append((rollout, start))
-        return collate_windows(windows, self.max_seq_len, self.action_spec)
+        # Pad to the longest window drawn, not to max_seq_len: short-rollout tasks then cost what they hold.
+        length = max(min(r.num_timesteps - s, self.max_seq_len) for r, s in windows)
+        return collate_windows(windows, length, self.action_spec)
 
     def __iter__(self) -> Iterator[Batch]:
         self._setup()
