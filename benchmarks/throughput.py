@@ -47,7 +47,6 @@ from icrl.envs import Collector, make_vector_env, make_wrapped_env
 from icrl.exploration import Exploration
 import icrl.learner
 from icrl.learner import Learner
-from icrl.nets.heads import Critic  # noqa: F401  (documents what the default heads are)
 from icrl.targets import ema_update_
 from icrl.types import ActionSpec, Rollout, Timesteps
 

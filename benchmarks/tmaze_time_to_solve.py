@@ -60,18 +60,18 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--threshold", type=float, default=0.95)
     p.add_argument("--total-env-steps", type=int, default=50_000)
-    p.add_argument("--steps-per-epoch", type=int, default=1_000)
-    p.add_argument("--updates-per-epoch", type=int, default=100)
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="default: TrainConfig's")
+    p.add_argument("--updates-per-epoch", type=int, default=None, help="default: TrainConfig's")
     p.add_argument("--eval-every", type=int, default=1, help="epochs between evaluations (finer = sharper timing)")
     p.add_argument("--eval-rollouts", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=24)
+    p.add_argument("--batch-size", type=int, default=None, help="default: TrainConfig's")
     p.add_argument("--max-seq-len", type=int, default=None, help="default: length + 2 (a whole rollout)")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--traj-encoder", default="transformer", choices=["transformer", "gru", "lstm", "ff"])
     p.add_argument("--parallel-envs", type=int, default=8)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="default: TrainConfig's")
     p.add_argument("--device", default="auto")
     p.add_argument("--set", action="append", default=[], metavar="GROUP.FIELD=VALUE")
     p.add_argument("--run-root", type=Path, default=Path("runs/bench_tmaze_solve"))
@@ -105,15 +105,14 @@ def main() -> None:
                 run_dir=str(run_dir),
                 seed=seed,
                 total_env_steps=args.total_env_steps,
-                steps_per_epoch=args.steps_per_epoch,
-                updates_per_epoch=args.updates_per_epoch,
-                batch_size=args.batch_size,
                 eval_every=args.eval_every,
-                threads=args.threads,
                 device=args.device,
+                **{k: getattr(args, k) for k in ("steps_per_epoch", "updates_per_epoch", "batch_size", "threads")
+                   if getattr(args, k) is not None},
             ),
         )
         cfg = apply_overrides(cfg, args.set)
+        effective = json.loads(cfg.to_json())
         t0 = time.perf_counter()
         final = train(cfg)
         total_wall = time.perf_counter() - t0
@@ -135,6 +134,7 @@ def main() -> None:
             "mean_updates_per_s": statistics.fmean(r["time/updates_per_s"] for r in train_rows if r["time/updates_per_s"])
             if any(r["time/updates_per_s"] for r in train_rows) else None,
             "run_dir": str(run_dir),
+            "config": effective,
         })  # fmt: skip
         s = per_seed[-1]
         print(f"seed {seed}: " + (f"solved at {s['solve_env_steps']:,} env steps / {s['solve_updates']} updates / "

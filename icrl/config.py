@@ -90,6 +90,8 @@ class LossConfig:
     """Weight of the filtered behaviour-cloning actor term."""
     bc_filter: Literal["binary", "exp"] = "binary"
     """Advantage filter of the BC term: 1[A>0], or clamp(exp(A / beta))."""
+    entropy_coeff: float = 0.0
+    """Optional entropy bonus of the actor (not in the paper's loss; see icrl.losses.actor_loss)."""
     critic_weight: float = 10.0
     """Weight of the critic loss against the actor loss."""
     n_step: int = 1

@@ -65,6 +65,7 @@ def compute_loss(
         online_coeff=cfg.online_coeff,
         offline_coeff=cfg.offline_coeff,
         bc_filter=cfg.bc_filter,
+        entropy_coeff=cfg.entropy_coeff,
     )
     metrics.update(actor_metrics)
     with torch.no_grad():

@@ -157,6 +157,7 @@ def actor_loss(
     exp_beta: float = 1.0,
     exp_clip: float = 20.0,
     num_value_samples: int = 3,
+    entropy_coeff: float = 0.0,
 ) -> tuple[torch.Tensor, Metrics]:
     """online · (−Q(s, a~π_g)) + offline · (−f(A) · log π_g(a_t|s_t)), per discount g, masked mean.
 
@@ -209,6 +210,9 @@ def actor_loss(
     logp = dist.log_prob(action) if need_bc else torch.zeros_like(adv)  # [B, L, G]
     bc = -weight * logp
     per_step = online_coeff * online + offline_coeff * bc  # [B, L, G]
+    entropy = dist.entropy()  # [B, L, G]
+    if entropy_coeff:
+        per_step = per_step - entropy_coeff * entropy
 
     m = valid.bool().unsqueeze(-1)  # [B, L, 1]
     denom = valid.sum().clamp_min(1) * G
@@ -225,6 +229,6 @@ def actor_loss(
             "bc_weight": masked_mean(weight),
             "advantage": masked_mean(adv),
             "logp_data": masked_mean(logp.detach()),
-            "entropy": masked_mean(dist.entropy()),
+            "entropy": masked_mean(entropy.detach()),
         }
     return loss, metrics
