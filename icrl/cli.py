@@ -10,7 +10,7 @@ import sys
 
 USAGE = """usage: icrl {train,envs,plot} ...
 
-  icrl train [--env NAME] [--env-kwargs JSON] [--run-dir DIR] ...   train an agent (icrl train --help)
+  icrl train [--preset NAME] [--env NAME] [--env-kwargs JSON] ...  train an agent (icrl train --help)
   icrl envs                                                         list the built-in tasks
   icrl plot RUN_DIR [RUN_DIR ...] [--out FILE]                      learning curves of finished runs
 """
@@ -21,12 +21,44 @@ def _fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def _pop_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
+    """Remove `flag VALUE` or `flag=VALUE` from argv; returns (VALUE or None, the rest)."""
+    rest, value, i = [], None, 0
+    while i < len(argv):
+        if argv[i] == flag:
+            if i + 1 >= len(argv):
+                _fail(f"{flag} needs a value")
+            value, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith(flag + "="):
+            value = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return value, rest
+
+
 def _train(argv: list[str]) -> None:
     import tyro
 
     from icrl.config import ConfigError, ExperimentConfig
 
-    cfg = tyro.cli(ExperimentConfig, args=argv, prog="icrl train", config=(tyro.conf.OmitArgPrefixes,))
+    from icrl.presets import PRESETS
+
+    default = ExperimentConfig()
+    preset, argv = _pop_option(argv, "--preset")
+    if preset is not None:
+        if preset not in PRESETS:
+            _fail(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
+        default = PRESETS[preset]()
+    cfg = tyro.cli(
+        ExperimentConfig,
+        args=argv,
+        default=default,
+        prog="icrl train",
+        description="Train an agent. `--preset NAME` starts from a preset (" + ", ".join(sorted(PRESETS)) + ").",
+        config=(tyro.conf.OmitArgPrefixes,),
+    )
     try:
         cfg.validate()
     except ConfigError as e:

@@ -90,8 +90,10 @@ class LossConfig:
     """Weight of the filtered behaviour-cloning actor term."""
     bc_filter: Literal["binary", "exp"] = "binary"
     """Advantage filter of the BC term: 1[A>0], or clamp(exp(A / beta))."""
-    entropy_coeff: float = 0.0
-    """Optional entropy bonus of the actor (not in the paper's loss; see icrl.losses.actor_loss)."""
+    entropy_coeff: float = 0.02
+    """Entropy bonus of the actor, on PopArt-normalised values. Not in the paper's loss (0 gives it exactly):
+    it stops a discrete policy from collapsing onto one of two equally valued actions before the critic has
+    learned to tell them apart (T-Maze's junction), so that sampling keeps trying both."""
     critic_weight: float = 10.0
     """Weight of the critic loss against the actor loss."""
     n_step: int = 1
@@ -106,7 +108,7 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class ExploreConfig:
-    eps_start: float = 1.0
+    eps_start: float = 0.5
     """Discrete: epsilon at the start of training (each env draws its own scale of it per rollout)."""
     eps_end: float = 0.05
     """Discrete: epsilon after `eps_anneal_steps` env steps."""

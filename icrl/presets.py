@@ -1,0 +1,61 @@
+"""Presets: plain functions that return a full `ExperimentConfig` for a task.
+
+`icrl train --preset NAME [flags]` starts from the preset and applies the flags on top, so every value
+stays visible in `--help` and in the run's config.json. Add a preset by writing a function and listing
+it in `PRESETS`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
+
+
+def tmaze(length: int = 20) -> ExperimentConfig:
+    """Passive T-Maze: recall the cue shown at t=0 at the junction `length` steps later (~1-2 min on a laptop)."""
+    return ExperimentConfig(
+        env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": length}), parallel_envs=8, eval_rollouts=16),
+        model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=max(256, length + 2), head_hidden=128),
+        loss=LossConfig(entropy_coeff=0.02),
+        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=4000),
+        train=TrainConfig(
+            run_dir=f"runs/tmaze{length}",
+            total_env_steps=12_000,
+            steps_per_epoch=400,
+            updates_per_epoch=80,
+            batch_size=32,
+            lr=3e-4,
+            warmup_updates=50,
+            eval_every=2,
+        ),
+    )
+
+
+def cue_recall(delay: int = 5, continuous: bool = True) -> ExperimentConfig:
+    """Cue recall with continuous answers: the smallest continuous-action memory task (~30 s)."""
+    return ExperimentConfig(
+        env=EnvConfig(
+            env="cue_recall",
+            env_kwargs=json.dumps({"delay": delay, "continuous": continuous}),
+            parallel_envs=8,
+            eval_rollouts=16,
+        ),
+        model=ModelConfig(d_model=32, layers=1, heads=2, max_seq_len=delay + 3, head_hidden=64),
+        loss=LossConfig(gammas=(0.9, 0.99)),
+        explore=ExploreConfig(eps_anneal_steps=1200),
+        train=TrainConfig(
+            run_dir=f"runs/cue_recall{delay}",
+            total_env_steps=2400,
+            steps_per_epoch=200,
+            updates_per_epoch=40,
+            batch_size=32,
+            lr=3e-4,
+            warmup_updates=50,
+            eval_every=3,
+        ),
+    )
+
+
+PRESETS: dict[str, Callable[[], ExperimentConfig]] = {"tmaze": tmaze, "cue_recall": cue_recall}
