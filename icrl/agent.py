@@ -8,6 +8,7 @@ encoder's (detached) states, so one forward pass over the sequence serves every 
 from __future__ import annotations
 
 import copy
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -65,6 +66,12 @@ class AgentPolicy:
 
     Implements the collector's policy protocol. Greedy policies take the mode of the policy-discount
     head; exploratory ones sample it and then apply `exploration`.
+
+    Mode contract: acting needs the agent in eval mode (frozen σReparam power iteration, no dropout,
+    cached effective weights). `act` switches the agent to eval mode when it finds it training and
+    leaves it there, so a collection phase pays for the switch once, not once per step; the learner
+    switches back (`Learner.update` starts with `agent.train()`). `act` runs under
+    `torch.inference_mode`. `seconds` accumulates the wall time spent inside `act`.
     """
 
     def __init__(
@@ -80,29 +87,29 @@ class AgentPolicy:
         self.agent, self.greedy, self.exploration = agent, greedy, exploration
         self.env_steps, self.device = env_steps, torch.device(device)
         self.state = agent.traj_encoder.init_state(num_envs, self.device)
+        self.seconds = 0.0
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, ts: Timesteps, new_rollout: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
         agent = self.agent
-        was_training = agent.training
-        agent.eval()
-        try:
-            if new_rollout.any():
-                mask = torch.as_tensor(new_rollout, device=self.device)
-                self.state = agent.traj_encoder.reset_state(self.state, mask)
-                if self.exploration is not None:
-                    self.exploration.new_rollouts(new_rollout)
+        if agent.training:
+            agent.eval()
+        if new_rollout.any():
+            self.state = agent.traj_encoder.reset_state(self.state, new_rollout)
+            if self.exploration is not None:
+                self.exploration.new_rollouts(new_rollout)
+        host_time = ts.time[:, 0]
+        if host_time.device != self.device:
             ts = ts.to(self.device)
-            x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
-            s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
-            dist = agent.actor(s[:, None, :])  # batch shape [N, 1, G]
-            a_vec = dist.mode() if self.greedy else dist.sample()  # [N, 1, G, A]
-            a_vec = a_vec[:, 0, -1]  # the policy's discount is the last one -> [N, A]
-        finally:
-            agent.train(was_training)
-        actions = vector_to_storage(self.agent.spec, a_vec.float().cpu().numpy())
+        x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
+        s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
+        dist = agent.actor.policy(s)  # the policy's discount (the last one): batch [N]
+        a_vec = dist.mode() if self.greedy else dist.sample()  # [N, A]
+        actions = vector_to_storage(agent.spec, a_vec.float().cpu().numpy())
         if self.exploration is not None and not self.greedy:
-            actions = self.exploration(actions, self.env_steps(), ts.time[:, 0].cpu().numpy())
+            actions = self.exploration(actions, self.env_steps(), host_time.cpu().numpy())
+        self.seconds += time.perf_counter() - start
         return actions
 
 

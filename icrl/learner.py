@@ -16,8 +16,9 @@ from torch import nn
 
 from icrl.agent import Agent
 from icrl.config import ExperimentConfig, LossConfig
-from icrl.losses import actor_loss, align_next, critic_loss, frozen_critic, redq_target_value, td_targets
+from icrl.losses import actor_loss, align_next, critic_loss, frozen_critic, td_targets
 from icrl.nets.heads import q_at_action
+from icrl.nets.transformer import invalidate_weight_caches
 from icrl.targets import ema_update_
 from icrl.types import Batch
 
@@ -35,13 +36,16 @@ def compute_loss(
     with torch.no_grad():  # TD targets from the EMA heads on the online encoder's states
         s_next = s.detach()
         target_dist = agent.target_actor(s_next)  # batch [B, L, G]
+        # REDQ: only the random subset of target critics whose min is the target is evaluated
+        members = redq_members(agent.target_critic.num_critics, cfg.redq_subset, generator)
         if discrete:
-            q_next = agent.target_critic(s_next)  # [B, L, C, G, A] normalised
+            q_next = agent.target_critic(s_next, members=members)  # [B, L, k, G, A] normalised
             q_next = agent.popart.denormalize(q_next.transpose(-1, -2)).transpose(-1, -2)
-            v_next = (target_dist.probs.unsqueeze(-3) * q_next).sum(-1)  # [B, L, C, G]: exact E_{a'~π̄}
+            v_next = (target_dist.probs.unsqueeze(-3) * q_next).sum(-1)  # [B, L, k, G]: exact E_{a'~π̄}
         else:
-            v_next = agent.popart.denormalize(agent.target_critic(s_next, target_dist.sample()))  # [B, L, C, G]
-        v_next = redq_target_value(v_next, cfg.redq_subset, generator)  # [B, L, G]
+            q_next = agent.target_critic(s_next, target_dist.sample(), members=members)  # [B, L, k, G]
+            v_next = agent.popart.denormalize(q_next)
+        v_next = v_next.amin(-2)  # [B, L, G]
         y = td_targets(
             batch.reward, batch.terminated, valid, align_next(v_next), agent.gammas, cfg.reward_scale, cfg.n_step
         )  # [B, L, G]
@@ -74,6 +78,14 @@ def compute_loss(
     return cfg.critic_weight * loss_c + loss_a, metrics, y, valid
 
 
+def redq_members(num_critics: int, subset: int, generator: torch.Generator | None) -> torch.Tensor:
+    """REDQ's random subset of `subset` of the `num_critics` target critics, drawn once per update.
+
+    The same draw as `icrl.losses.redq_target_value` (randperm on the CPU generator), so evaluating only
+    these members and taking their min gives exactly what that function gives on the full ensemble."""
+    return torch.randperm(num_critics, generator=generator)[:subset]
+
+
 def is_weight_matrix(name: str, p: torch.Tensor) -> bool:
     """Decay weight matrices only: norms, biases, embeddings and σReparam scales are left alone."""
     parts = name.split(".")
@@ -91,7 +103,12 @@ def param_groups(agent: Agent, weight_decay: float) -> list[dict]:
 
 
 class Learner:
-    """Owns the optimiser, the warm-up schedule and the REDQ generator of one agent."""
+    """Owns the optimiser, the warm-up schedule and the REDQ generator of one agent.
+
+    `TrainConfig.dtype == "bf16"` runs the forward pass and the losses under torch.autocast(bfloat16); the
+    backward pass follows the forward's dtypes, and parameters, gradients and AdamW stay float32.
+    `TrainConfig.compile` wraps `compute_loss` in torch.compile.
+    """
 
     def __init__(self, agent: Agent, cfg: ExperimentConfig, device: torch.device) -> None:
         self.agent, self.cfg, self.device = agent, cfg, device
@@ -101,14 +118,17 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
         self.generator = torch.Generator().manual_seed(t.seed)
         self.updates = 0
+        self.autocast_enabled = t.dtype == "bf16"
+        self.compute_loss = torch.compile(compute_loss) if t.compile else compute_loss
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One gradient step. Metrics stay tensors (no host sync); the caller logs the ones it keeps."""
         agent, cfg = self.agent, self.cfg
-        agent.train()
+        agent.train()  # acting (AgentPolicy) leaves the agent in eval mode
         batch = batch.to(self.device, non_blocking=True)
         agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
-        loss, metrics, y, valid = compute_loss(agent, batch, cfg.loss, self.generator)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
+            loss, metrics, y, valid = self.compute_loss(agent, batch, cfg.loss, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.train.grad_clip)
@@ -118,6 +138,7 @@ class Learner:
             agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
             ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
             ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
+        invalidate_weight_caches()  # EMA writes through `.data`, which version counters do not see
         self.updates += 1
         metrics.update(loss=loss.detach(), grad_norm=grad_norm, lr=torch.tensor(self.scheduler.get_last_lr()[0]))
         metrics["popart_mu"] = agent.popart.mu[-1]

@@ -13,28 +13,37 @@ from collections.abc import Callable
 from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
 
 
+def _small_run(run_dir: str, total_env_steps: int, eval_every: int) -> TrainConfig:
+    """Short CPU runs: 200 env steps then 40 updates per epoch (0.2 updates per env step)."""
+    return TrainConfig(
+        run_dir=run_dir,
+        total_env_steps=total_env_steps,
+        steps_per_epoch=200,
+        updates_per_epoch=40,
+        batch_size=32,
+        lr=3e-4,
+        warmup_updates=50,
+        eval_every=eval_every,
+        log_every=eval_every,
+    )
+
+
 def tmaze(length: int = 20) -> ExperimentConfig:
-    """Passive T-Maze: recall the cue shown at t=0 at the junction `length` steps later (~1-2 min on a laptop)."""
+    """Passive T-Maze: recall the cue shown at t=0 at the junction `length` steps later (~1 min on a laptop).
+
+    The learning test runs exactly this preset, so the README's first command is known to work.
+    """
     return ExperimentConfig(
         env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": length}), parallel_envs=8, eval_rollouts=16),
-        model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=max(256, length + 2), head_hidden=128),
+        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=max(256, length + 2), head_hidden=64),
         loss=LossConfig(entropy_coeff=0.02),
         explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=4000),
-        train=TrainConfig(
-            run_dir=f"runs/tmaze{length}",
-            total_env_steps=12_000,
-            steps_per_epoch=400,
-            updates_per_epoch=80,
-            batch_size=32,
-            lr=3e-4,
-            warmup_updates=50,
-            eval_every=2,
-        ),
+        train=_small_run(f"runs/tmaze{length}", total_env_steps=max(10_000, 500 * length), eval_every=10),
     )
 
 
 def cue_recall(delay: int = 5, continuous: bool = True) -> ExperimentConfig:
-    """Cue recall with continuous answers: the smallest continuous-action memory task (~30 s)."""
+    """Cue recall with continuous answers: the smallest continuous-action memory task (~20 s)."""
     return ExperimentConfig(
         env=EnvConfig(
             env="cue_recall",
@@ -45,16 +54,7 @@ def cue_recall(delay: int = 5, continuous: bool = True) -> ExperimentConfig:
         model=ModelConfig(d_model=32, layers=1, heads=2, max_seq_len=delay + 3, head_hidden=64),
         loss=LossConfig(gammas=(0.9, 0.99)),
         explore=ExploreConfig(eps_anneal_steps=1200),
-        train=TrainConfig(
-            run_dir=f"runs/cue_recall{delay}",
-            total_env_steps=2400,
-            steps_per_epoch=200,
-            updates_per_epoch=40,
-            batch_size=32,
-            lr=3e-4,
-            warmup_updates=50,
-            eval_every=3,
-        ),
+        train=_small_run(f"runs/cue_recall{delay}", total_env_steps=2400, eval_every=6),
     )
 
 

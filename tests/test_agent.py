@@ -200,7 +200,7 @@ def kind_batch(request, tmp_path_factory):
 def test_critic_loss_alone_reaches_critic_and_encoder_only(kind_batch):
     kind, batch, obs_space, spec = kind_batch
     agent = build_agent(obs_space, spec)
-    cfg = loss_cfg(online_coeff=0.0, offline_coeff=0.0)
+    cfg = loss_cfg(online_coeff=0.0, offline_coeff=0.0, entropy_coeff=0.0)  # no actor term at all
     metrics, probe = backprop_alone(agent, batch, cfg)
     g = groups(agent)
     assert has_grad(g["critic"]), kind
@@ -380,7 +380,7 @@ class SteppingProbe:
         greedy = self.policy.act(ts, new_rollout)
         agent = self.agent
         with torch.no_grad():
-            assert agent.training  # AgentPolicy restored the mode it found
+            assert not agent.training  # act() leaves the agent in eval (acting) mode; the learner restores train
             agent.eval()
             if new_rollout.any():
                 self.state = agent.traj_encoder.reset_state(self.state, torch.as_tensor(new_rollout))

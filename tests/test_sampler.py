@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 import warnings
 from itertools import islice
 from pathlib import Path
@@ -196,6 +197,46 @@ def test_evicted_files_are_dropped_silently(tmp_path: Path) -> None:
         warnings.simplefilter("error")
         tags = torch.cat([b.inputs.obs["state"][:, 0, 0] for b in islice(it, 10)])
     assert set(tags.tolist()) == {2.0, 3.0}
+
+
+def test_new_files_are_seen_and_evicted_ones_resampled(tmp_path: Path) -> None:
+    replay = fill(tmp_path, [5, 6], DISCRETE)
+    ds = ReplayDataset(tmp_path, batch_size=8, max_seq_len=8, action_spec=DISCRETE, seed=0, refresh_seconds=0)
+    it = iter(ds)
+    next(it)
+    replay.write(make_rollout(7, DISCRETE, tag=3))
+    for f in replay.files()[:2]:
+        f.path.unlink()  # both files the sampler knew vanish: it resamples, then re-lists
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tags = torch.cat([b.inputs.obs["state"][:, 0, 0] for b in islice(it, 3)])
+    assert set(tags.tolist()) == {3.0}
+
+
+def test_refresh_is_rate_limited_by_the_listing_cost(tmp_path: Path, monkeypatch) -> None:
+    """A (simulated) slow listing is repeated at most every cost / refresh_time_fraction seconds, even
+    with refresh_seconds=0 and refresh_every=1."""
+    from icrl.data.storage import FolderIndex
+
+    fill(tmp_path, [5, 6, 7], DISCRETE)
+    real_scan, calls = FolderIndex.scan, []
+
+    def slow_scan(self):
+        calls.append(time.monotonic())
+        time.sleep(0.05)
+        return real_scan(self)
+
+    monkeypatch.setattr(FolderIndex, "scan", slow_scan)
+    kw = dict(batch_size=4, max_seq_len=8, action_spec=DISCRETE, refresh_seconds=0, refresh_every=1)
+    ds = ReplayDataset(tmp_path, refresh_time_fraction=0.1, **kw)  # 2 scans of 0.05 s: >= 1 s apart
+    it = iter(ds)
+    t0 = time.monotonic()
+    batches = list(islice(it, 20))
+    if time.monotonic() - t0 < 0.9:  # always, unless the machine stalled for most of a second
+        assert len(calls) == 2  # one refresh (two folders)
+    time.sleep(max(0.0, 1.1 - (time.monotonic() - t0)))
+    next(it)
+    assert len(calls) >= 4 and len(batches) == 20
 
 
 def test_empty_or_unreadable_buffer_raises_clear_error(tmp_path: Path) -> None:

@@ -201,12 +201,133 @@ def test_eviction_tolerates_files_deleted_by_others(tmp_path: Path, monkeypatch)
         replay.write(make_rollout(9, SPECS[0], image=False))
     replay.capacity_timesteps = 10
     files = replay.files("fifo")
+    names = os.listdir(replay.fifo_dir)
     files[0].path.unlink()  # another process evicted it after this process listed the folder
-    monkeypatch.setattr(storage, "list_rollout_files", lambda folder: list(files))
+    monkeypatch.setattr(storage, "_listdir", lambda folder: list(names))
     deleted = replay.evict()
     monkeypatch.undo()
     assert deleted == [f.path for f in files[1:3]]
-    assert replay.num_timesteps("fifo") == 10
+    assert replay.num_timesteps("fifo") == 10 == replay.fifo_estimate
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _count_listings(monkeypatch, folder: Path) -> list[int]:
+    """Counts real listings (readdir) of `folder`."""
+    import icrl.data.storage as storage
+
+    calls = [0]
+    real = storage._listdir
+
+    def listdir(path):
+        calls[0] += os.fspath(path) == os.fspath(folder)
+        return real(path)
+
+    monkeypatch.setattr(storage, "_listdir", listdir)
+    return calls
+
+
+def test_writes_list_the_folder_only_when_eviction_is_due(tmp_path: Path, monkeypatch) -> None:
+    """One writer: the running estimate is exact, capacity holds after every write, and the folder is
+    listed only when the estimate crosses the capacity; eviction goes down to the low-water mark."""
+    replay = DiskReplay(tmp_path, capacity_timesteps=100, fsync=False, low_water=0.8, recount_seconds=1e9)
+    listings = _count_listings(monkeypatch, replay.fifo_dir)
+    written, per_write = [], []
+    for i in range(30):
+        written.append(replay.write(make_rollout(9, SPECS[0], seed=i, image=False)))  # 10 timesteps each
+        per_write.append(listings[0])
+    assert per_write[:10] == [0] * 10  # 100 timesteps: at capacity, not over it
+    # the 11th write lists and evicts down to 80 (8 files); then every 3rd write (110 > 100) does
+    assert [per_write[i] - per_write[i - 1] for i in range(10, 30)] == [1, 0, 0] * 6 + [1, 0]
+    assert replay.fifo_estimate == 90
+    on_disk = replay.files("fifo")
+    assert [f.path for f in on_disk] == written[-9:] and replay.num_timesteps("fifo") == 90
+
+
+def test_each_write_checks_the_capacity_after_writes_by_others(tmp_path: Path) -> None:
+    """Two writers (two instances, one process, fake clocks): each one sees the other's files at its next
+    recount, so the capacity holds again within one `recount_seconds` interval; `evict()` enforces it."""
+    kw = dict(capacity_timesteps=100, fsync=False, recount_seconds=10.0)
+    a, b = DiskReplay(tmp_path, **kw), DiskReplay(tmp_path, **kw)
+    a._clock, a._last_count = (clock_a := _Clock()), 0.0
+    b._clock, b._last_count = (clock_b := _Clock()), 0.0
+    r = make_rollout(9, SPECS[0], image=False)  # 10 timesteps
+    for _ in range(5):
+        a.write(r)
+    for _ in range(8):
+        b.write(r)  # b has not seen a's 50 timesteps
+    a.write(r)
+    assert (a.fifo_estimate, b.fifo_estimate, a.num_timesteps("fifo")) == (60, 80, 140)  # over capacity
+    clock_a.t = 10.0  # one recount interval later, a's next write lists the folder and evicts
+    a.write(r)
+    assert a.num_timesteps("fifo") == a.fifo_estimate == 90  # down to <= 95% of the capacity
+    b.write(r)  # b's estimate is stale (90) but low, so its writes stay cheap; reality is 100
+    assert b.num_timesteps("fifo") == 100 and b.fifo_estimate == 90
+    clock_b.t = 10.0
+    b.write(r)
+    assert b.num_timesteps("fifo") <= 100 and b.fifo_estimate == b.num_timesteps("fifo")
+    for _ in range(3):
+        b.write(r)  # 100, 110 -> evicts to 90, 100
+    a.write(r)
+    assert a.fifo_estimate == 100 and a.num_timesteps("fifo") == 110  # a's stale estimate: overshoot...
+    a.evict()
+    assert a.num_timesteps("fifo") <= 95  # ...until the next recount or an explicit evict()
+
+
+def test_default_durability_and_options(tmp_path: Path, monkeypatch) -> None:
+    """fsync applies to fifo writes, fsync_protected to protected ones (default True): both independent."""
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    replay = DiskReplay(tmp_path, capacity_timesteps=100, fsync=False)
+    replay.write(make_rollout(3, SPECS[0], image=False))
+    assert synced == []
+    replay.write(make_rollout(3, SPECS[0], image=False), protected=True)
+    assert len(synced) == 2  # the file and its folder
+    DiskReplay(tmp_path, capacity_timesteps=100).write(make_rollout(3, SPECS[0], image=False))
+    assert len(synced) == 4
+    with pytest.raises(ValueError, match="low_water"):
+        DiskReplay(tmp_path, capacity_timesteps=100, low_water=0.0)
+
+
+def test_folder_index_is_incremental_and_trusts_only_old_mtimes(tmp_path: Path, monkeypatch) -> None:
+    from icrl.data.storage import FolderIndex, rollout_file_name
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    names = [rollout_file_name(t) for t in (3, 5, 7)]
+    for n in names:
+        (folder / n).write_bytes(b"")
+    (folder / "notes.txt").write_bytes(b"")
+    (folder / (names[0] + ".abcd1234.tmp")).write_bytes(b"")
+    listings = _count_listings(monkeypatch, folder)
+    index = FolderIndex(folder, trust_after_s=1.0)
+    assert index.scan() and index.names == names and index.total == 15 and listings[0] == 1
+    assert index.scan() and listings[0] == 2  # the folder changed just now: its mtime is not trusted yet
+    old = time.time() - 60
+    os.utime(folder, (old, old))
+    assert index.scan() and listings[0] == 3
+    assert not index.scan() and listings[0] == 3  # unchanged since a trusted listing: nothing read
+    snapshot = index.names
+    (folder / names[1]).unlink()
+    new = rollout_file_name(11)
+    (folder / new).write_bytes(b"")
+    assert index.scan() and listings[0] == 4
+    assert index.names == [names[0], names[2], new] and index.total == 3 + 7 + 11
+    assert snapshot == names  # earlier snapshots are never mutated
+    assert [f.name for f in list_rollout_files(folder)] == index.names  # listing 5
+    never = FolderIndex(folder, trust_after_s=None)
+    os.utime(folder, (old, old))
+    never.scan(), never.scan()
+    assert listings[0] == 7  # never trusted: always read
+    index.forget_oldest(2)
+    assert index.names == [new] and index.steps == {new: 11} and index.total == 11
+    assert FolderIndex(tmp_path / "missing").scan() is True
 
 
 def test_temp_files_are_ignored_and_stale_ones_cleaned(tmp_path: Path) -> None:
@@ -235,9 +356,10 @@ from icrl.data import DiskReplay
 from icrl.types import Rollout
 
 mode, seed, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-roots = sys.argv[4::2]
-caps = [int(c) for c in sys.argv[5::2]]
-replays = [DiskReplay(r, c) for r, c in zip(roots, caps)]
+roots = sys.argv[4::3]
+caps = [int(c) for c in sys.argv[5::3]]
+recounts = [float(c) for c in sys.argv[6::3]]
+replays = [DiskReplay(r, c, recount_seconds=s) for r, c, s in zip(roots, caps, recounts)]
 
 
 def rollout(T, img, tag):
@@ -259,10 +381,11 @@ while mode == "forever" or i < n:
 """
 
 
-def _spawn_writer(mode: str, seed: int, n: int, *buffers: tuple[Path, int]) -> subprocess.Popen:
+def _spawn_writer(mode: str, seed: int, n: int, *buffers: tuple) -> subprocess.Popen:
+    """buffers: (root, capacity) or (root, capacity, recount_seconds)."""
     args = [sys.executable, "-c", _WRITER, mode, str(seed), str(n)]
-    for root, cap in buffers:
-        args += [str(root), str(cap)]
+    for root, cap, *recount in buffers:
+        args += [str(root), str(cap), str(recount[0] if recount else 5.0)]
     return subprocess.Popen(args, stderr=subprocess.PIPE)
 
 
@@ -312,9 +435,13 @@ def test_sigkill_mid_write_leaves_only_complete_files(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_two_writer_processes_share_one_buffer(tmp_path: Path) -> None:
+    """`big` never evicts; `small` is recounted at every write (recount_seconds=0), so the last listing
+    sees every file and the capacity holds once both are done; `lazy` uses the default interval, and
+    one explicit evict() after both are done enforces the capacity."""
     n, cap = 40, 300
-    big, small = tmp_path / "big", tmp_path / "small"
-    procs = [_spawn_writer("count", seed, n, (big, 10**9), (small, cap)) for seed in (1, 2)]
+    big, small, lazy = tmp_path / "big", tmp_path / "small", tmp_path / "lazy"
+    buffers = (big, 10**9), (small, cap, 0.0), (lazy, cap, 3600.0)
+    procs = [_spawn_writer("count", seed, n, *buffers) for seed in (1, 2)]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err.decode()
@@ -333,4 +460,9 @@ def test_two_writer_processes_share_one_buffer(tmp_path: Path) -> None:
     capped = DiskReplay(small, capacity_timesteps=cap)
     assert 0 < capped.num_timesteps() <= cap  # the last evictor saw every file
     for f in capped.files():
+        assert load_rollout(f.path).num_timesteps == f.num_timesteps
+    lazy_replay = DiskReplay(lazy, capacity_timesteps=cap)
+    lazy_replay.evict()
+    assert 0 < lazy_replay.num_timesteps() <= cap
+    for f in lazy_replay.files():
         assert load_rollout(f.path).num_timesteps == f.num_timesteps

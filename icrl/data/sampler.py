@@ -13,18 +13,19 @@ same batches whenever the buffer holds the same files. `num_workers=0` equals `n
 
 from __future__ import annotations
 
+import os
 import random
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from icrl.data.storage import CorruptRolloutError, list_rollout_files, load_rollout
+from icrl.data.storage import CorruptRolloutError, FolderIndex, load_rollout
 from icrl.types import ActionSpec, Batch, Rollout, Timesteps
 
 Transform = Callable[[Rollout, np.random.Generator], Rollout]
@@ -53,22 +54,22 @@ class RolloutCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = int(max_bytes)
         self.nbytes = 0
-        self._items: OrderedDict[Path, tuple[Rollout, int]] = OrderedDict()
+        self._items: OrderedDict[Hashable, tuple[Rollout, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def __contains__(self, path: Path) -> bool:
+    def __contains__(self, path: Hashable) -> bool:
         return path in self._items
 
-    def get(self, path: Path) -> Rollout | None:
+    def get(self, path: Hashable) -> Rollout | None:
         item = self._items.get(path)
         if item is None:
             return None
         self._items.move_to_end(path)
         return item[0]
 
-    def put(self, path: Path, rollout: Rollout) -> None:
+    def put(self, path: Hashable, rollout: Rollout) -> None:
         size = rollout_nbytes(rollout)
         if size > self.max_bytes or path in self._items:
             return
@@ -80,7 +81,7 @@ class RolloutCache:
             _, (_, old) = self._items.popitem(last=False)
             self.nbytes -= old
 
-    def discard(self, path: Path) -> None:
+    def discard(self, path: Hashable) -> None:
         item = self._items.pop(path, None)
         if item is not None:
             self.nbytes -= item[1]
@@ -90,9 +91,13 @@ class ReplayDataset(IterableDataset):
     """Infinite stream of `Batch`es of `batch_size` random windows from a `DiskReplay` folder.
 
     Corrupt files are skipped with one warning per file. A file that disappears (evicted) is dropped
-    silently. The file list is refreshed every `refresh_seconds` or `refresh_every` samples, whichever
-    comes first. If no readable file exists, it retries for `empty_timeout_s`, then raises EmptyReplayError.
-    Batches always have length `max_seq_len` (stable shapes), padded with zeros and `mask == False`.
+    silently and another one drawn. The file list is refreshed every `refresh_seconds` or `refresh_every`
+    samples, whichever comes first, but never sooner than `last listing time / refresh_time_fraction`
+    after the previous refresh: listing costs ~1 us per file, so with 80k files (~0.1 s) the list is
+    refreshed at most every ~2 s by default, and listing stays under 5% of the sampler's time. Unchanged
+    folders are not re-read at all (see `FolderIndex`). If no readable file exists, it retries for
+    `empty_timeout_s`, then raises EmptyReplayError.
+    Batches have length at most `max_seq_len`, padded with zeros and `mask == False`.
     """
 
     def __init__(
@@ -107,10 +112,13 @@ class ReplayDataset(IterableDataset):
         cache_bytes: int = 256 * 2**20,
         refresh_seconds: float = 1.0,
         refresh_every: int = 1024,
+        refresh_time_fraction: float = 0.05,
         empty_timeout_s: float = 30.0,
     ):
         if batch_size < 1 or max_seq_len < 1:
             raise ValueError(f"batch_size and max_seq_len must be positive, got {batch_size}, {max_seq_len}")
+        if not 0.0 < refresh_time_fraction <= 1.0:
+            raise ValueError(f"refresh_time_fraction must be in (0, 1], got {refresh_time_fraction}")
         self.root = Path(replay_root)
         self.batch_size = batch_size
         self.max_seq_len = max_seq_len
@@ -120,13 +128,19 @@ class ReplayDataset(IterableDataset):
         self.cache_bytes = cache_bytes
         self.refresh_seconds = refresh_seconds
         self.refresh_every = refresh_every
+        self.refresh_time_fraction = refresh_time_fraction
         self.empty_timeout_s = empty_timeout_s
-        # Per-worker state, (re)built lazily in the worker process by `_setup`.
+        # Per-worker state, (re)built lazily in the worker process by `_setup`. A file is a key
+        # (folder number, name): 0 = fifo, 1 = protected.
         self._rng: np.random.Generator | None = None
         self._cache: RolloutCache | None = None
-        self._files: list[Path] = []
-        self._bad: set[Path] = set()
+        self._dirs = [os.path.join(self.root, "fifo", ""), os.path.join(self.root, "protected", "")]
+        self._indexes: list[FolderIndex] = []
+        self._lists: tuple[list[str], list[str]] = ([], [])  # snapshots of the indexes' sorted names
+        self._bad: set[tuple[int, str]] = set()  # corrupt files, never drawn again
+        self._excluded: set[tuple[int, str]] = set()  # listed files not to draw: corrupt or vanished
         self._last_refresh = -float("inf")
+        self._refresh_cost = 0.0
         self._since_refresh = 0
 
     # -- file list --------------------------------------------------------------------------------------
@@ -135,29 +149,73 @@ class ReplayDataset(IterableDataset):
         info = get_worker_info()
         self._rng = np.random.default_rng(worker_seed(self.seed, 0 if info is None else info.id))
         self._cache = RolloutCache(self.cache_bytes)
-
-    def _refresh(self) -> None:
-        files = list_rollout_files(self.root / "fifo") + list_rollout_files(self.root / "protected")
-        self._files = [f.path for f in files if f.path not in self._bad]
-        self._last_refresh = time.monotonic()
+        self._indexes = [FolderIndex(d) for d in self._dirs]
+        self._lists = ([], [])
+        self._excluded = set()
+        self._last_refresh = -float("inf")
+        self._refresh_cost = 0.0
         self._since_refresh = 0
 
-    def _drop(self, path: Path) -> None:
-        self._files = [p for p in self._files if p != path]
-        self._cache.discard(path)  # type: ignore[union-attr]
+    def _refresh(self) -> None:
+        self._last_refresh = time.monotonic()  # refreshes start >= cost / refresh_time_fraction apart
+        t0 = time.perf_counter()
+        for index in self._indexes:
+            index.scan()
+        self._lists = (self._indexes[0].names, self._indexes[1].names)
+        steps = (self._indexes[0].steps, self._indexes[1].steps)
+        # keep excluding what is still listed: vanished files are gone from the new listing
+        self._excluded = {key for key in self._excluded | self._bad if key[1] in steps[key[0]]}
+        self._refresh_cost = time.perf_counter() - t0
+        self._since_refresh = 0
 
-    def _load(self, path: Path) -> Rollout | None:
+    def _num_listed(self) -> int:
+        return len(self._lists[0]) + len(self._lists[1])
+
+    def _refresh_due(self) -> bool:
+        listed = self._num_listed()
+        live = listed - len(self._excluded)
+        if live <= 0:
+            return True
+        elapsed = time.monotonic() - self._last_refresh
+        if elapsed < self._refresh_cost / self.refresh_time_fraction:
+            return False
+        return (
+            elapsed > self.refresh_seconds
+            or self._since_refresh >= self.refresh_every
+            or 2 * len(self._excluded) > listed  # most of the list vanished: worth a listing
+        )
+
+    def _draw(self) -> tuple[int, str] | None:
+        """A uniformly random listed file that is not excluded (None if there is none)."""
+        fifo, protected = self._lists
+        n_fifo, listed = len(fifo), len(fifo) + len(protected)
+        if listed - len(self._excluded) <= 0:
+            return None
+        rng: np.random.Generator = self._rng  # type: ignore[assignment]
+        for _ in range(64):  # rejection sampling: uniform over the files not excluded
+            i = int(rng.integers(listed))
+            key = (0, fifo[i]) if i < n_fifo else (1, protected[i - n_fifo])
+            if key not in self._excluded:
+                return key
+        live = [(0, n) for n in fifo] + [(1, n) for n in protected]  # rare: mostly excluded files
+        live = [key for key in live if key not in self._excluded]
+        return live[int(rng.integers(len(live)))]
+
+    def _load(self, key: tuple[int, str]) -> Rollout | None:
+        path = self._dirs[key[0]] + key[1]
         rollout = self._cache.get(path)  # type: ignore[union-attr]
         if rollout is not None:
             return rollout
         try:
             rollout = load_rollout(path)
         except FileNotFoundError:
-            self._drop(path)
+            self._excluded.add(key)
+            self._cache.discard(path)  # type: ignore[union-attr]
             return None
         except CorruptRolloutError as e:
-            self._bad.add(path)
-            self._drop(path)
+            self._bad.add(key)
+            self._excluded.add(key)
+            self._cache.discard(path)  # type: ignore[union-attr]
             warnings.warn(f"skipping {e}", RuntimeWarning, stacklevel=2)
             return None
         self._cache.put(path, rollout)  # type: ignore[union-attr]
@@ -169,12 +227,11 @@ class ReplayDataset(IterableDataset):
             self._setup()
         deadline = None
         while True:
-            stale = time.monotonic() - self._last_refresh > self.refresh_seconds
-            if not self._files or stale or self._since_refresh >= self.refresh_every:
+            if self._refresh_due():
                 self._refresh()
-            if self._files:
-                path = self._files[int(self._rng.integers(len(self._files)))]  # type: ignore[union-attr]
-                rollout = self._load(path)
+            key = self._draw()
+            if key is not None:
+                rollout = self._load(key)
                 if rollout is not None:
                     self._since_refresh += 1
                     return rollout
@@ -208,7 +265,6 @@ class ReplayDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Batch]:
         self._setup()
-        self._last_refresh = -float("inf")
         while True:
             yield self.sample_batch()
 

@@ -62,7 +62,24 @@ class Actor(nn.Module):
             self.net[-1].bias.zero_()
 
     def forward(self, s: torch.Tensor) -> Distribution:
-        out = self.net(s).unflatten(-1, (self.num_gammas, -1))  # [..., G, A] or [..., G, 2A]
+        return self._dist(self.net(s).unflatten(-1, (self.num_gammas, -1)))  # [..., G, A] or [..., G, 2A]
+
+    def policy(self, s: torch.Tensor) -> Distribution:
+        """The acting policy π_{G-1}(a | s) alone: batch shape [...] (no discount dim), samples [..., A].
+
+        Equal to `forward(s)` at discount index -1, but the output layer computes only that discount's
+        rows, and submodules are called without nn.Module overhead (the per-step acting path).
+        """
+        h = s
+        for layer in self.net[:-1]:
+            h = layer.forward(h)
+        last = self.net[-1]
+        k = last.out_features // self.num_gammas
+        return self._dist(F.linear(h, last.weight[-k:], last.bias[-k:]))
+
+    def _dist(self, out: torch.Tensor) -> Distribution:
+        """Distribution from the output layer's values [..., A] or [..., 2A] (float32 even under autocast)."""
+        out = _upcast(out)
         if self.spec.kind == "discrete":
             return Categorical(out)
         if self.spec.kind == "multibinary":
@@ -82,6 +99,9 @@ class Critic(nn.Module):
                 discount g's action. `a` may carry extra leading dims that broadcast against `s`
                 (e.g. K sampled actions [K, B, L, G, A] with s [B, L, d]), so value estimates from several
                 actions cost one call.
+    `members` (optional [C'] long indices) evaluates only those ensemble members, in that order: the output
+    equals the full output indexed at `members` along the C dim, for a C'/C share of the cost (REDQ's
+    target needs only its random subset of the target critics).
 
     Member c's layer i is `weights[i][c]` ([in, out]); members share no parameters. The first layer of the
     (s, a) critic is split into a state part and an action part — equal to a Linear on concat(s, a_g) —
@@ -115,42 +135,70 @@ class Critic(nn.Module):
         self.w_out = nn.Parameter(_uniform((C, H, *out_shape), H))  # [C, H, G, A] | [C, H, G]
         self.b_out = nn.Parameter(_uniform((C, *out_shape), H))  # [C, G, A] | [C, G]
 
-    def _hidden(self, x: torch.Tensor) -> torch.Tensor:
+    def _weights(self, members: torch.Tensor | None) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
+        """Every member-indexed parameter ([C, ...]), restricted to `members` when given."""
+        if members is None:
+            def pick(p):
+                return p
+        else:
+            members = members.to(self.w_state.device)
+
+            def pick(p):
+                return p.index_select(0, members)
+
+        return {
+            "w_state": pick(self.w_state),
+            "w_action": None if self.w_action is None else pick(self.w_action),
+            "b_in": pick(self.b_in),
+            "ln_w": [pick(p) for p in self.ln_w],
+            "ln_b": [pick(p) for p in self.ln_b],
+            "w_hidden": [pick(p) for p in self.w_hidden],
+            "b_hidden": [pick(p) for p in self.b_hidden],
+            "w_out": pick(self.w_out),
+            "b_out": pick(self.b_out),
+        }
+
+    @staticmethod
+    def _hidden(x: torch.Tensor, w: dict) -> torch.Tensor:
         """Shared hidden stack on pre-activations x [C, N, H] of the first layer -> features [C, N, H]."""
-        for i in range(len(self.ln_w)):
+        for i in range(len(w["ln_w"])):
             if i > 0:
-                x = torch.baddbmm(self.b_hidden[i - 1].unsqueeze(1), x, self.w_hidden[i - 1])
-            x = F.layer_norm(x, x.shape[-1:]) * self.ln_w[i].unsqueeze(1) + self.ln_b[i].unsqueeze(1)
+                x = torch.baddbmm(w["b_hidden"][i - 1].unsqueeze(1), x, w["w_hidden"][i - 1])
+            x = F.layer_norm(x, x.shape[-1:]) * w["ln_w"][i].unsqueeze(1) + w["ln_b"][i].unsqueeze(1)
             x = F.leaky_relu(x, LEAKY_SLOPE)
         return x
 
-    def _state_in(self, s: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _state_in(s: torch.Tensor, w_state: torch.Tensor) -> torch.Tensor:
         """First-layer state product for every member in one GEMM: s [N, d] -> [N, C, H]."""
-        C, d, H = self.w_state.shape
-        return (s @ self.w_state.permute(1, 0, 2).reshape(d, C * H)).view(-1, C, H)
+        C, d, H = w_state.shape
+        return (s @ w_state.permute(1, 0, 2).reshape(d, C * H)).view(-1, C, H)
 
-    def forward(self, s: torch.Tensor, a: torch.Tensor | None = None) -> torch.Tensor:
-        C, H, G = self.num_critics, self.w_state.shape[-1], self.num_gammas
+    def forward(
+        self, s: torch.Tensor, a: torch.Tensor | None = None, members: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        w = self._weights(members)
+        C, H, G = w["w_state"].shape[0], w["w_state"].shape[-1], self.num_gammas
         if self.discrete:
             if a is not None:
                 raise ValueError("the discrete critic returns Q for every action; select with q_at_action")
             batch = s.shape[:-1]
-            x = (self._state_in(s.reshape(-1, s.shape[-1])) + self.b_in).transpose(0, 1)  # [C, N, H]
-            x = self._hidden(x)
-            q = torch.baddbmm(self.b_out.flatten(1).unsqueeze(1), x, self.w_out.flatten(2))  # [C, N, G*A]
+            x = (self._state_in(s.reshape(-1, s.shape[-1]), w["w_state"]) + w["b_in"]).transpose(0, 1)  # [C, N, H]
+            x = self._hidden(x, w)
+            q = torch.baddbmm(w["b_out"].flatten(1).unsqueeze(1), x, w["w_out"].flatten(2))  # [C, N, G*A]
             q = q.view(C, *batch, G, -1)  # [C, ..., G, A]
-            return q.movedim(0, -3)  # [..., C, G, A]
+            return _upcast(q.movedim(0, -3))  # [..., C, G, A]
 
         if a is None:
             raise ValueError("this critic needs actions a [..., G, A]")
         s_batch, a_batch = s.shape[:-1], a.shape[:-2]
         batch = torch.broadcast_shapes(s_batch, a_batch)
-        hs = self._state_in(s.reshape(-1, s.shape[-1])).view(*s_batch, 1, C, H)  # [..s, 1, C, H]
-        ha = (a.reshape(-1, a.shape[-1]) @ self.w_action.permute(1, 0, 2).flatten(1)).view(*a_batch, G, C, H)
-        x = (hs + ha + self.b_in).reshape(-1, G, C, H).permute(2, 1, 0, 3)  # [C, G, N, H]
-        x = self._hidden(x.reshape(C, -1, H)).view(C, G, -1, H)  # [C, G, N, H]
-        q = torch.einsum("cgnh,chg->cgn", x, self.w_out) + self.b_out.unsqueeze(-1)  # [C, G, N]
-        return q.permute(2, 0, 1).reshape(*batch, C, G)  # [..., C, G]
+        hs = self._state_in(s.reshape(-1, s.shape[-1]), w["w_state"]).view(*s_batch, 1, C, H)  # [..s, 1, C, H]
+        ha = (a.reshape(-1, a.shape[-1]) @ w["w_action"].permute(1, 0, 2).flatten(1)).view(*a_batch, G, C, H)
+        x = (hs + ha + w["b_in"]).reshape(-1, G, C, H).permute(2, 1, 0, 3)  # [C, G, N, H]
+        x = self._hidden(x.reshape(C, -1, H), w).view(C, G, -1, H)  # [C, G, N, H]
+        q = torch.einsum("cgnh,chg->cgn", x, w["w_out"]) + w["b_out"].unsqueeze(-1)  # [C, G, N]
+        return _upcast(q.permute(2, 0, 1).reshape(*batch, C, G))  # [..., C, G]
 
     @torch.no_grad()
     def rescale_output_(self, scale: torch.Tensor, shift: torch.Tensor) -> None:
@@ -171,6 +219,11 @@ class Critic(nn.Module):
 def q_at_action(q_all: torch.Tensor, a_vec: torch.Tensor) -> torch.Tensor:
     """Discrete Q for given one-hot actions: q_all [..., C, G, A], a_vec [..., G, A] -> [..., C, G]."""
     return (q_all * a_vec.unsqueeze(-3)).sum(-1)
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """Half-precision outputs (autocast) -> float32, so distributions, losses and PopArt run in float32."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
 
 
 def _uniform(shape: tuple[int, ...], fan_in: int) -> torch.Tensor:

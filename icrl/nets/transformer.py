@@ -28,8 +28,27 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 PosEmb = Literal["learned", "sinusoidal", "none"]
+
+# ------------------------------------------------------------------------------ acting-time weight caches
+# SigmaReparamLinear caches its effective weight for acting (eval mode, gradients off). The cache key holds
+# the version counters and storage addresses of weight, gamma, u and v, which catch in-place updates under
+# no_grad (load_state_dict, manual edits, power iteration) and replaced tensors (`.to()`, `.data = ...`).
+# Fused optimisers (AdamW(fused=True), the Learner's) update parameters *without* bumping their version
+# counters, so the key also holds a process-wide generation that every optimiser step bumps (a global
+# optimiser post-step hook). What neither catches: in-place edits through `.data`; call
+# `invalidate_weight_caches()` after those (icrl.learner.Learner does after every update).
+_WEIGHT_GENERATION = [0]
+
+
+def invalidate_weight_caches() -> None:
+    """Make every acting-time weight cache recompute on its next use."""
+    _WEIGHT_GENERATION[0] += 1
+
+
+register_optimizer_step_post_hook(lambda optimizer, args, kwargs: invalidate_weight_caches())
 
 
 class SigmaReparamLinear(nn.Module):
@@ -40,6 +59,9 @@ class SigmaReparamLinear(nn.Module):
     between steps). In eval mode u, v are frozen, so outputs are deterministic. Initialisation follows
     the official release: small truncated-normal weights and exact singular vectors from an SVD, so
     sigma is exact at step 0 and every layer starts with spectral norm gamma = 1.
+
+    Acting (eval mode with gradients off) reuses W_hat across calls: `acting_weight()` recomputes it only
+    when weight, gamma, u or v changed (see `invalidate_weight_caches` above for what is detected).
     """
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True):
@@ -51,6 +73,7 @@ class SigmaReparamLinear(nn.Module):
         U, _, Vh = torch.linalg.svd(self.weight.detach(), full_matrices=False)
         self.register_buffer("u", U[:, 0].clone())  # [d_out] left singular vector estimate
         self.register_buffer("v", Vh[0].clone())  # [d_in] right singular vector estimate
+        self._acting_cache: tuple[tuple, torch.Tensor] | None = None  # (key, W_hat); not in the state dict
 
     @torch.no_grad()
     def power_iteration(self) -> None:
@@ -60,22 +83,46 @@ class SigmaReparamLinear(nn.Module):
         self.v.copy_(F.normalize(w.T @ self.u.float(), dim=0))
 
     def sigma(self) -> torch.Tensor:
-        """Spectral-norm estimate u^T W v; differentiable in W (d sigma / dW = u v^T)."""
+        """Spectral-norm estimate u^T W v; differentiable in W (d sigma / dW = u v^T).
+
+        mv / dot (not `@`) keep it in float32 under autocast, which would run matmul in bf16."""
         u, v = self.u, self.v
         if torch.is_grad_enabled():
             # the buffers are updated in place by later training forwards, and autograd must keep the
             # values this forward used (several forwards may share one backward)
             u, v = u.clone(), v.clone()
-        return u @ (self.weight @ v)
+        return torch.dot(u, torch.mv(self.weight, v))
 
     def effective_weight(self) -> torch.Tensor:
         return self.weight * (self.gamma / self.sigma())  # [d_out, d_in]
 
+    def _cache_key(self) -> tuple:
+        p, b = self._parameters, self._buffers
+        w, g, u, v = p["weight"], p["gamma"], b["u"], b["v"]
+        return (
+            _WEIGHT_GENERATION[0],
+            w._version, g._version, u._version, v._version,
+            w.data_ptr(), g.data_ptr(), u.data_ptr(), v.data_ptr(),
+        )  # fmt: skip
+
+    def acting_weight(self) -> torch.Tensor:
+        """W_hat for gradient-free use, cached until weight, gamma, u or v change."""
+        key = self._cache_key()
+        cache = self._acting_cache
+        if cache is None or cache[0] != key:
+            # a normal tensor even under inference_mode, so later no_grad uses outside it stay legal
+            with torch.inference_mode(False), torch.no_grad():
+                cache = (key, self.effective_weight())
+            self._acting_cache = cache
+        return cache[1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.power_iteration()
+        elif not torch.is_grad_enabled():  # acting: u, v frozen, W_hat cached
+            return F.linear(x, self.acting_weight(), self.bias)
         if x.numel() <= self.weight.shape[1] ** 2:
-            # few rows (acting): rescaling the [rows, d_out] output is cheaper than the [d_out, d_in] weight
+            # few rows: rescaling the [rows, d_out] output is cheaper than the [d_out, d_in] weight
             y = F.linear(x, self.weight) * (self.gamma / self.sigma())
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.effective_weight(), self.bias)
@@ -120,28 +167,34 @@ class CausalSelfAttention(nn.Module):
     def step(
         self,
         x: torch.Tensor,  # [B, d]
-        k_cache: torch.Tensor,  # [B, H, W, dh], written in place
-        v_cache: torch.Tensor,  # [B, H, W, dh], written in place
-        rows: torch.Tensor,  # [B] arange
-        slot: torch.Tensor,  # [B] ring slot of this step
-        valid: torch.Tensor,  # [B, n] bool: occupied slots among the first n
+        kv: torch.Tensor,  # [2, B, H, W, dh] this layer's key (0) and value (1) ring, written in place
+        write_idx: torch.Tensor,  # [B, 2, H] long: rows of kv.view(-1, dh) at this step's slot
+        bias: torch.Tensor,  # [B*H, 1, n] additive mask (0 or -inf) over the first n slots
     ) -> torch.Tensor:
-        """One new position per row: write its k, v into the ring, attend over the occupied slots.
+        """One new position per row: write its k, v into the ring, attend over the first n slots.
 
         The order of keys in the ring does not matter (attention is permutation invariant over keys and
         positions enter through the time embedding), so slot = count % W is all the bookkeeping needed.
+        A query of length 1 makes attention two batched mat-vecs; written out (one write, baddbmm,
+        softmax, bmm) it is much faster than SDPA's CPU kernels, which are tuned for long queries.
         """
         B, d = x.shape
-        q, k, v = self.qkv(x).view(B, 3, self.heads, self.head_dim).unbind(1)  # [B, H, dh]
-        k_cache[rows, :, slot] = k.to(k_cache.dtype)  # a no-op unless autocast runs the projection in bf16
-        v_cache[rows, :, slot] = v.to(v_cache.dtype)
-        n = valid.shape[1]
-        p = self.attn_dropout if self.training else 0.0
-        keys, values = k_cache[:, :, :n], v_cache[:, :, :n]  # [B, H, n, dh] views, no copy
-        y = F.scaled_dot_product_attention(
-            q[:, :, None], keys, values, attn_mask=valid[:, None, None, :], dropout_p=p
-        )  # [B, H, 1, dh]
-        return self.proj(y.reshape(B, d))
+        H, dh = self.heads, self.head_dim
+        W, n = kv.shape[3], bias.shape[-1]
+        qkv = self.qkv.forward(x).view(B, 3, H, dh)
+        new = qkv[:, 1:]  # [B, 2, H, dh]
+        if new.dtype != kv.dtype:  # autocast ran the projection in bf16
+            new = new.to(kv.dtype)
+        kv.view(-1, dh).index_put_((write_idx,), new)
+        q = qkv[:, 0].reshape(B * H, 1, dh)
+        keys = kv[0].view(B * H, W, dh)[:, :n]  # views, no copy
+        values = kv[1].view(B * H, W, dh)[:, :n]
+        scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=dh**-0.5)  # [B*H, 1, n]
+        probs = scores.softmax(-1)
+        if self.training and self.attn_dropout > 0:
+            probs = F.dropout(probs, self.attn_dropout)
+        y = torch.bmm(probs, values)  # [B*H, 1, dh]
+        return self.proj.forward(y.view(B, d))
 
 
 class MLP(nn.Module):
@@ -155,6 +208,10 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.norm(F.leaky_relu(self.fc(x))))
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` without nn.Module call overhead (no hooks): the acting path."""
+        return self.proj.forward(self.norm.forward(F.leaky_relu(self.fc.forward(x))))
 
 
 class Block(nn.Module):
@@ -184,8 +241,12 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.ln_mlp(x)))
 
     def step(self, x: torch.Tensor, *cache_args: torch.Tensor) -> torch.Tensor:  # [B, d]
-        x = x + self.drop(self.ln_attn_out(self.attn.step(self.ln_attn(x), *cache_args)))
-        return x + self.drop(self.mlp(self.ln_mlp(x)))
+        """`forward` for one position per row (see CausalSelfAttention.step). Calls submodules' `forward`
+        directly: per-step Python overhead is most of an acting step's cost at small batch sizes."""
+        a = self.ln_attn_out.forward(self.attn.step(self.ln_attn.forward(x), *cache_args))
+        x = x + (self.drop(a) if self.training else a)
+        m = self.mlp.step(self.ln_mlp.forward(x))
+        return x + (self.drop(m) if self.training else m)
 
 
 class TimeEmbedding(nn.Module):
@@ -220,16 +281,24 @@ class KVCache:
 
     Row b of the batch has written `count[b]` timesteps since its last reset; its occupied slots are
     0 .. min(count[b], W) - 1 and the next step goes to slot count[b] % W. Rows advance and reset
-    independently. `filled` is a host-side upper bound on occupied slots over all rows, so early steps
-    attend over `filled` slots instead of W without a device sync.
+    independently. The bookkeeping (`count`, `filled`) lives on the host, so no step waits on the
+    device: `count` is a CPU tensor whatever the cache's device, and `filled` = min(max(count), W) is
+    how many slots the next step attends over (early in a rollout fewer than W).
     """
 
-    k: torch.Tensor  # [layers, B, H, W, dh]
-    v: torch.Tensor  # [layers, B, H, W, dh]
-    count: torch.Tensor  # [B] long
+    kv: torch.Tensor  # [layers, 2, B, H, W, dh]: keys (index 0) and values (1), one tensor per layer
+    count: torch.Tensor  # [B] long, on the CPU
     filled: int
-    rows: torch.Tensor  # [B] arange, reused every step
-    slots: torch.Tensor  # [W] arange, reused every step
+    write_base: np.ndarray  # [B, 2, H] int64: row of (b, k|v, h, slot 0) in one layer's kv.view(-1, dh)
+    zero_bias: torch.Tensor  # [B*H, 1, W] zeros: the attention mask when no slot needs masking
+
+    @property
+    def k(self) -> torch.Tensor:  # [layers, B, H, W, dh] view
+        return self.kv[:, 0]
+
+    @property
+    def v(self) -> torch.Tensor:  # [layers, B, H, W, dh] view
+        return self.kv[:, 1]
 
 
 class TransformerTrajEncoder(nn.Module):
@@ -289,34 +358,53 @@ class TransformerTrajEncoder(nn.Module):
     def init_state(self, batch_size: int, device: torch.device | str) -> KVCache:
         """An empty cache for `batch_size` parallel rollouts, allocated once and written in place."""
         p = self.inp.weight
-        shape = (self.n_layers, batch_size, self.heads, self.context_len, self.d_model // self.heads)
+        B, H, W, L = batch_size, self.heads, self.context_len, self.n_layers
+        b, j, h = np.ogrid[:B, :2, :H]
         return KVCache(
-            k=torch.zeros(shape, device=device, dtype=p.dtype),
-            v=torch.zeros(shape, device=device, dtype=p.dtype),
-            count=torch.zeros(batch_size, device=device, dtype=torch.long),
+            kv=torch.zeros((L, 2, B, H, W, self.d_model // H), device=device, dtype=p.dtype),
+            count=torch.zeros(B, dtype=torch.long),
             filled=0,
-            rows=torch.arange(batch_size, device=device),
-            slots=torch.arange(self.context_len, device=device),
+            write_base=((j * B + b) * H + h).astype(np.int64) * W,
+            zero_bias=torch.zeros((B * H, 1, W), device=device, dtype=p.dtype),
         )
 
     def reset_state(self, state: KVCache, mask: torch.Tensor | np.ndarray) -> KVCache:
         """Empty the rows where `mask` [B] is True (their envs start a new rollout). Stale K/V stay but
         are never attended to again."""
-        mask = torch.as_tensor(mask, dtype=torch.bool, device=state.count.device)
-        state.count.masked_fill_(mask, 0)
-        if bool(mask.all()):
-            state.filled = 0
+        if isinstance(mask, torch.Tensor):
+            mask = mask.detach().cpu().numpy()
+        count = state.count.numpy()
+        count[np.asarray(mask, dtype=bool)] = 0
+        state.filled = min(int(count.max(initial=0)), self.context_len)
         return state
 
     def step(self, x: torch.Tensor, time: torch.Tensor, state: KVCache) -> tuple[torch.Tensor, KVCache]:
-        """x [B, d_in], time [B] -> (out [B, d_out], state). Mutates `state` in place; run under no_grad."""
-        W = self.context_len
-        slot = state.count % W  # [B]
-        state.filled = min(state.filled + 1, W)
-        n_valid = (state.count + 1).clamp_(max=W)  # [B] occupied slots after this write
-        valid = state.slots[: state.filled] < n_valid[:, None]  # [B, filled]
-        h = self._embed(x, time)  # [B, d]
+        """x [B, d_in], time [B] -> (out [B, d_out], state). Mutates `state` in place; run without grad.
+
+        The lean acting path: host-side bookkeeping (no device sync), one K/V write per layer, and no mask
+        at all when every row attends over the same number of slots (all windows full, or rows in step).
+        """
+        W, kv = self.context_len, state.kv
+        count = state.count.numpy()  # shares memory with state.count
+        n_valid = np.minimum(count + 1, W)  # [B] occupied slots after this write
+        n = int(n_valid.max())
+        idx = torch.from_numpy(state.write_base + (count % W)[:, None, None])  # [B, 2, H]
+        if n_valid.min() == n:
+            bias = state.zero_bias[:, :, :n]
+        else:  # rows at different fill levels: mask each row's empty (or stale) slots
+            mask = np.where(np.arange(n) < n_valid[:, None], 0.0, -np.inf).astype(np.float32)  # [B, n]
+            bias = torch.from_numpy(np.repeat(mask, self.heads, axis=0)[:, None, :])  # [B*H, 1, n]
+            bias = bias.to(kv.device, kv.dtype, non_blocking=True)
+        if kv.device.type != "cpu":
+            idx = idx.to(kv.device, non_blocking=True)
+        h = F.linear(x, self.inp.weight, self.inp.bias)
+        t = self.time_emb.forward(time)
+        if t is not None:
+            h = h + t
+        if self.training:
+            h = self.emb_drop(h)
         for layer, block in enumerate(self.blocks):
-            h = block.step(h, state.k[layer], state.v[layer], state.rows, slot, valid)
-        state.count += 1
-        return self.ln_f(h), state
+            h = block.step(h, kv[layer], idx, bias)
+        count += 1
+        state.filled = n
+        return self.ln_f.forward(h), state
