@@ -11,9 +11,10 @@ timesteps) with:
   before the running estimate (but with the new, faster listing);
 
 Eviction runs once per cycle of ~(1 - low_water) * capacity timesteps of writes; "amortized_ms" spreads
-its cost (listing + deletes, "mean_evict_ms") over that cycle. Also timed: the listing itself (what a sampler refresh or an eviction pays): a cold `FolderIndex.scan()`
-(every name parsed), an incremental re-scan after one new file, a scan of an unchanged folder whose
-mtime is trusted, and `list_rollout_files` (which also builds Path objects).
+its cost (listing + deletes, "mean_evict_ms") over that cycle. Also timed: the listing itself (what a
+sampler refresh or an eviction pays): a cold `FolderIndex.scan()` (every name parsed), an incremental
+re-scan after one new file, a scan of an unchanged folder whose mtime is trusted, and
+`list_rollout_files` (which also builds Path objects).
 
     python benchmarks/replay_write.py                      # N = 100, 1000, 10000
     python benchmarks/replay_write.py --sizes 100 80000    # 80k files: 1M timesteps of T-Maze rollouts
@@ -194,11 +195,12 @@ def main() -> None:
             print(
                 f"N={n:>6}: write ms amortized/median/evict "
                 + "  ".join(
-                    f"[{s}] {row[s]['amortized_ms']:.2f}/{row[s]['median_ms']:.2f}/{row[s]['mean_evict_ms']:.1f}"
-                    for s in settings
+                    f"[{k}] {r['amortized_ms']:.2f}/{r['median_ms']:.2f}/{r['mean_evict_ms']:.1f}"
+                    for k, r in ((k, row[k]) for k in settings)
                 )
                 + f" | listing ms cold {lst['cold_scan_ms']:.1f}, +1 file {lst['incremental_scan_ms']:.1f}, "
-                f"unchanged {lst['unchanged_scan_ms']:.3f}, list_rollout_files {lst['list_rollout_files_ms']:.1f}",
+                f"unchanged {lst['unchanged_scan_ms']:.3f}, "
+                f"list_rollout_files {lst['list_rollout_files_ms']:.1f}",
                 flush=True,
             )
 

@@ -2,8 +2,8 @@
 
 (a) Learner: `Learner.update` on real `Batch`es sampled (make_loader) from a DiskReplay filled with
     synthetic T-Maze-like rollouts longer than the window. Agent for the T-Maze spaces with the library's
-    default heads (4 critics, 7 discounts, 256 x 2 MLPs). `--dtype bf16` runs the whole update under
-    `torch.autocast(<device>, dtype=torch.bfloat16)` (written here, not in the library). Reports updates/s,
+    default heads (4 critics, 7 discounts, 256 x 2 MLPs). `--dtype bf16` sets `TrainConfig.dtype="bf16"`
+    (the library's autocast of the forward and losses), `--compile` sets `TrainConfig.compile`. Reports updates/s,
     a forward / backward / optimiser split and the peak memory of the timed updates (CPU: peak RSS above
     the RSS before them, VmHWM reset via /proc/self/clear_refs; CUDA: max_memory_allocated).
 (b) Acting: env steps/s of the whole collection loop, `Collector.collect` with `AgentPolicy(greedy=False)`
@@ -45,8 +45,8 @@ from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env, make_wrapped_env
 from icrl.exploration import Exploration
-import icrl.learner
 from icrl.learner import Learner
+from icrl.nets.transformer import invalidate_weight_caches
 from icrl.targets import ema_update_
 from icrl.types import ActionSpec, Rollout, Timesteps
 
@@ -64,15 +64,14 @@ SDPA_BACKEND = "default"  # --sdpa: which scaled_dot_product_attention kernel th
 
 @contextmanager
 def autocast_ctx(device: torch.device, dtype: str):
-    """The bf16 context of this benchmark: the whole step (forward, backward, optimiser) under autocast;
-    also pins the SDPA backend when --sdpa asks for one (an experiment: no library change needed)."""
+    """Pins the SDPA backend of the learner when --sdpa asks for one (an experiment: no library change
+    needed). The precision is the library's now (`TrainConfig.dtype`), so `dtype` is unused here."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
     backends = {"math": [SDPBackend.MATH], "flash": [SDPBackend.FLASH_ATTENTION],
                 "efficient": [SDPBackend.EFFICIENT_ATTENTION]}  # fmt: skip
     kern = sdpa_kernel(backends[SDPA_BACKEND]) if SDPA_BACKEND in backends else nullcontext()
-    with amp, kern:
+    with kern:
         yield
 
 
@@ -176,7 +175,9 @@ def build(args: argparse.Namespace, device: torch.device):
             max_seq_len=args.seq_len,
         ),
         loss=LossConfig(),  # library defaults: 4 critics, 7 discounts
-        train=TrainConfig(batch_size=args.batch_size, seed=0, threads=args.threads),
+        train=TrainConfig(
+            batch_size=args.batch_size, seed=0, threads=args.threads, dtype=args.dtype, compile=args.compile
+        ),
     )
     env = make_wrapped_env("tmaze", {"length": args.seq_len})
     spec = ActionSpec.from_space(env.action_space)
@@ -195,7 +196,8 @@ def update_with_breakdown(learner: Learner, batch, device: torch.device) -> dict
     agent.train()
     batch = batch.to(device, non_blocking=True)
     agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
-    loss, metrics, y, valid = icrl.learner.compute_loss(agent, batch, cfg.loss, learner.generator)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=learner.autocast_enabled):
+        loss, metrics, y, valid = learner.compute_loss(agent, batch, cfg.loss, learner.generator)
     sync(device)
     t1 = time.perf_counter()
     learner.optimizer.zero_grad(set_to_none=True)
@@ -209,6 +211,7 @@ def update_with_breakdown(learner: Learner, batch, device: torch.device) -> dict
         agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
         ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
         ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
+    invalidate_weight_caches()
     learner.updates += 1
     sync(device)
     t3 = time.perf_counter()
@@ -360,31 +363,28 @@ class RecomputePolicy:
             x[self.rows, pos] = v[:, 0].to(x.dtype)
         self.len = (self.len + 1).clamp(max=self.W)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, ts: Timesteps, new_rollout: np.ndarray) -> np.ndarray:
         from icrl.agent import vector_to_storage
 
         agent = self.agent
-        was_training = agent.training
-        agent.eval()
-        try:
-            if new_rollout.any():
-                self.len[torch.as_tensor(new_rollout)] = 0
-                if self.exploration is not None:
-                    self.exploration.new_rollouts(new_rollout)
-            ts = ts.to(self.device)
-            self._push(ts)
-            n = int(self.len.max())
-            h = self.hist
-            window = Timesteps(
-                obs={k: v[:, :n] for k, v in h.obs.items()},
-                prev_action=h.prev_action[:, :n], prev_reward=h.prev_reward[:, :n], time=h.time[:, :n],
-                reset=h.reset[:, :n],
-            )  # fmt: skip
-            s = agent(window)[self.rows, self.len - 1]  # [N, d]: each env's latest state
-            a_vec = agent.actor(s[:, None, :]).sample()[:, 0, -1]  # [N, A]
-        finally:
-            agent.train(was_training)
+        if agent.training:  # the same mode contract as AgentPolicy: eval while acting, the learner restores
+            agent.eval()
+        if new_rollout.any():
+            self.len[torch.as_tensor(new_rollout)] = 0
+            if self.exploration is not None:
+                self.exploration.new_rollouts(new_rollout)
+        ts = ts.to(self.device)
+        self._push(ts)
+        n = int(self.len.max())
+        h = self.hist
+        window = Timesteps(
+            obs={k: v[:, :n] for k, v in h.obs.items()},
+            prev_action=h.prev_action[:, :n], prev_reward=h.prev_reward[:, :n], time=h.time[:, :n],
+            reset=h.reset[:, :n],
+        )  # fmt: skip
+        s = agent(window)[self.rows, self.len - 1]  # [N, d]: each env's latest state
+        a_vec = agent.actor.policy(s).sample()  # [N, A]
         actions = vector_to_storage(agent.spec, a_vec.float().cpu().numpy())
         if self.exploration is not None:
             actions = self.exploration(actions, self.env_steps(), ts.time[:, 0].cpu().numpy())
@@ -497,8 +497,7 @@ def main() -> None:
                    help="pin the attention kernel of the learner update (experiment)")
     p.add_argument("--peak-n", type=int, default=2048, help="matrix side of the peak-FLOP/s mm loop")
     p.add_argument("--peak-seconds", type=float, default=1.5)
-    p.add_argument("--compile", action="store_true",
-                   help="experiment: torch.compile icrl.learner.compute_loss (patched in this process only)")
+    p.add_argument("--compile", action="store_true", help="TrainConfig.compile: torch.compile the loss computation")
     p.add_argument("--skip-learner", action="store_true")
     p.add_argument("--skip-acting", action="store_true")
     p.add_argument("--profile", action="store_true", help="print cProfile (acting) and torch.profiler (update) tops")
@@ -527,8 +526,6 @@ def main() -> None:
         "nproc": os.cpu_count(),
         "load_avg_start": load_avg(),
     }
-    if args.compile:
-        icrl.learner.compute_loss = torch.compile(icrl.learner.compute_loss)  # Learner.update looks it up here
     cfg, spec, agent, learner = build(args, device)
     result["parameters_online"] = sum(p.numel() for p in agent.online_parameters())
     result["parameters_total"] = sum(p.numel() for p in agent.parameters())

@@ -543,3 +543,87 @@ def test_continuous_greedy_is_tanh_of_the_mean_and_noise_perturbs_it():
     exploration = Exploration(ExploreConfig(noise_start=0.5, noise_end=0.5), spec, N, seed=0)
     noisy = AgentPolicy(agent, N, greedy=False, exploration=exploration).act(ts, np.ones(N, bool))
     assert np.abs(noisy).max() <= 1.0 and not np.allclose(noisy, a1)
+
+
+# ------------------------------------------------------------------------------------------ 5. fast paths
+def test_acting_leaves_eval_mode_learner_restores_train_and_acting_sees_new_weights(tmp_path):
+    """The mode contract of AgentPolicy / Learner, and no stale σReparam cache after an update (the fused
+    AdamW step does not bump parameter versions; an optimiser hook and the learner invalidate the cache)."""
+    batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
+    cfg = _experiment()
+    torch.manual_seed(0)
+    agent = Agent(obs_space, spec, cfg.model, cfg.loss)
+    learner = Learner(agent, cfg, torch.device("cpu"))
+    N = batch.shape[0]
+    ts = Timesteps(
+        obs={k: v[:, :1] for k, v in batch.inputs.obs.items()},
+        prev_action=batch.inputs.prev_action[:, :1],
+        prev_reward=batch.inputs.prev_reward[:, :1],
+        time=batch.inputs.time[:, :1],
+        reset=batch.inputs.reset[:, :1],
+    )
+    sigma_layers = [m for m in agent.modules() if hasattr(m, "acting_weight")]
+    assert sigma_layers
+
+    def check_acting_matches_fresh_forward() -> None:
+        policy = AgentPolicy(agent, N, greedy=True)
+        actions = policy.act(ts, np.ones(N, bool))
+        assert not agent.training  # acting mode, left on
+        for m in sigma_layers:  # the caches hold the current weights
+            assert torch.equal(m._acting_cache[1], m.effective_weight().detach())
+        with torch.no_grad():
+            logits = agent.actor(agent(ts)).logits[:, 0, -1]
+        top2 = logits.topk(2, -1).values
+        clear = ((top2[:, 0] - top2[:, 1]) > 1e-4).numpy()
+        np.testing.assert_array_equal(actions[clear], logits.argmax(-1).numpy()[clear])
+
+    check_acting_matches_fresh_forward()
+    before = [m._acting_cache[1].clone() for m in sigma_layers]
+    learner.update(batch)
+    assert agent.training  # the learner switched back
+    check_acting_matches_fresh_forward()
+    assert any(not torch.equal(b, m._acting_cache[1]) for b, m in zip(before, sigma_layers))
+
+
+def test_bf16_learner_update_keeps_float32_state(tmp_path):
+    batch, obs_space, spec = real_batch("continuous", tmp_path / "replay")
+    cfg = _experiment(dtype="bf16")
+    torch.manual_seed(0)
+    agent = Agent(obs_space, spec, cfg.model, cfg.loss)
+    learner = Learner(agent, cfg, torch.device("cpu"))
+    for _ in range(2):
+        metrics = learner.update(batch)
+    assert all(torch.isfinite(v).all() for v in metrics.values())
+    assert metrics["loss"].dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in agent.parameters())
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in agent.parameters())
+    assert agent.popart.mu.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+def test_redq_target_from_the_sampled_members_only_equals_the_full_ensemble(kind, tmp_path):
+    """compute_loss evaluates only REDQ's sampled target critics; its targets equal the reference that
+    evaluates all C and reduces with icrl.losses.redq_target_value (same generator draw)."""
+    from icrl.losses import align_next, redq_target_value, td_targets
+
+    batch, obs_space, spec = real_batch(kind, tmp_path / "replay")
+    agent = build_agent(obs_space, spec)
+    agent.popart.mu.fill_(0.3)
+    agent.popart.nu.fill_(2.0)  # non-trivial denormalisation
+    cfg = loss_cfg()
+    torch.manual_seed(5)
+    _, _, y, valid = compute_loss(agent, batch, cfg, torch.Generator().manual_seed(9))
+
+    torch.manual_seed(5)
+    with torch.no_grad():
+        s = agent(batch.inputs)
+        dist = agent.target_actor(s)
+        if kind == "discrete":
+            q = agent.target_critic(s)
+            q = agent.popart.denormalize(q.transpose(-1, -2)).transpose(-1, -2)
+            v = (dist.probs.unsqueeze(-3) * q).sum(-1)
+        else:
+            v = agent.popart.denormalize(agent.target_critic(s, dist.sample()))
+        v = redq_target_value(v, cfg.redq_subset, torch.Generator().manual_seed(9))
+        ref = td_targets(batch.reward, batch.terminated, valid, align_next(v), agent.gammas, cfg.reward_scale)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)

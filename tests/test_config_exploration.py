@@ -71,7 +71,7 @@ def test_per_env_scales_are_redrawn_only_for_new_rollouts():
 
 
 def test_bilevel_decays_within_rollout_and_noise_for_continuous():
-    cfg = ExploreConfig(bilevel=True, rollout_decay_steps=10, bilevel_min=0.1, eps_anneal_steps=1)
+    cfg = ExploreConfig(eps_start=1.0, bilevel=True, rollout_decay_steps=10, bilevel_min=0.1, eps_anneal_steps=1)
     explore = Exploration(cfg, ActionSpec("discrete", 3), num_envs=2, seed=0)
     explore.scale[:] = 1.0
     level = explore.per_env_level(0, np.array([0, 10]))

@@ -238,3 +238,46 @@ def test_rescale_output(spec):
 def test_actor_small_init_near_uniform():
     dist = Actor(D, SPECS[0], G, hidden=32)(torch.randn(B, L, D))
     assert (dist.entropy() > math.log(6) - 0.1).all()
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kind)
+def test_critic_members_equal_indexing_the_full_ensemble(spec):
+    """Critic(members=idx) evaluates only those members: equal to Critic()[..., idx, :] (up to rounding)."""
+    C = 4
+    critic = Critic(D, spec, G, num_critics=C, hidden=16, layers=3)
+    s = torch.randn(B, L, D)
+    args = (s,) if spec.kind == "discrete" else (s, torch.rand(2, B, L, G, spec.dim))
+    full = critic(*args)
+    member_dim = -3 if spec.kind == "discrete" else -2
+    for idx in ([2, 0], [3], [0, 1, 2, 3]):
+        idx = torch.tensor(idx)
+        sub = critic(*args, members=idx)
+        assert sub.shape[member_dim] == len(idx)
+        torch.testing.assert_close(sub, full.index_select(member_dim, idx), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kind)
+def test_actor_policy_is_the_last_discount(spec):
+    actor = Actor(D, spec, G, hidden=32, layers=2)
+    with torch.no_grad():
+        actor.net[-1].weight.normal_()  # not the near-uniform init: make the discounts differ
+    s = torch.randn(B, L, D)
+    full, pol = actor(s), actor.policy(s)
+    assert pol.batch_shape == (B, L)
+    if spec.kind == "continuous":
+        torch.testing.assert_close(pol.mean, full.mean[..., -1, :], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(pol.log_std, full.log_std[..., -1, :], atol=1e-6, rtol=1e-6)
+    else:
+        torch.testing.assert_close(pol.logits, full.logits[..., -1, :], atol=1e-6, rtol=1e-6)
+    assert pol.sample().shape == (B, L, spec.dim)
+    torch.testing.assert_close(pol.mode(), full.mode()[..., -1, :])
+
+
+def test_heads_return_float32_under_autocast():
+    spec = ActionSpec("continuous", 3)
+    actor, critic = Actor(D, spec, G, hidden=32), Critic(D, spec, G, num_critics=2, hidden=32)
+    s = torch.randn(B, L, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dist = actor(s)
+        q = critic(s, dist.sample())
+    assert dist.mean.dtype == torch.float32 and q.dtype == torch.float32

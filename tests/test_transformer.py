@@ -1,7 +1,9 @@
-"""The stabilised Transformer: σReparam, sliding window, KV cache equivalence, time embeddings, dropout."""
+"""The stabilised Transformer: σReparam (and its acting cache), sliding window, KV cache equivalence, time
+embeddings, dropout."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from icrl.nets.transformer import (
     SigmaReparamLinear,
     TransformerTrajEncoder,
     banded_causal_mask,
+    invalidate_weight_caches,
 )
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -171,3 +174,90 @@ def test_gradients_reach_all_parameters() -> None:
             assert p.grad[:20].abs().sum(-1).gt(0).all() and p.grad[20:].abs().sum() == 0
             continue
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def _uncached(layer: SigmaReparamLinear, x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, layer.effective_weight(), layer.bias)
+
+
+def test_sigma_reparam_acting_cache_is_exact_and_follows_weight_changes() -> None:
+    """Eval + no grad (acting) reuses W_hat; every way weights change in place invalidates it."""
+    torch.manual_seed(0)
+    layer = SigmaReparamLinear(16, 24)
+    x = torch.randn(5, 16)
+    layer.train()
+    layer(x)  # one power-iteration step: u, v move
+    layer.eval()
+
+    def check(expect_new: bool, prev: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            y = layer(x)
+            assert torch.equal(y, _uncached(layer, x))
+            cached = layer._acting_cache[1]
+            assert torch.equal(layer(x), y) and layer._acting_cache[1] is cached  # reused, not recomputed
+        if prev is not None:
+            assert (not torch.equal(y, prev)) == expect_new
+        with torch.enable_grad():  # the differentiable eval path agrees
+            torch.testing.assert_close(layer(x), y, atol=1e-6, rtol=1e-5)
+        return y
+
+    y = check(False)
+    with torch.no_grad():
+        layer.weight.add_(0.01)  # in-place edit (bumps the version counter)
+    y = check(True, y)
+    with torch.no_grad():
+        layer.gamma.fill_(1.7)
+    y = check(True, y)
+    layer.train()
+    layer(x)  # power iteration moves u, v in place
+    layer.eval()
+    y = check(True, y)
+
+    # fused AdamW writes parameters without bumping their version counters: the optimiser hook catches it
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-2, fused=True)
+    layer(x).square().sum().backward()
+    opt.step()
+    y = check(True, y)
+
+    other = SigmaReparamLinear(16, 24)
+    layer.load_state_dict(other.state_dict())
+    y = check(True, y)
+    with torch.no_grad():
+        assert torch.equal(layer(x), other.eval()(x))
+
+    layer.double()  # replaced tensors (new storage), not in-place writes
+    x = x.double()
+    with torch.no_grad():
+        assert layer(x).dtype == torch.float64
+    check(False)
+
+    # acting under inference_mode stores a normal tensor, usable in later no-grad calls outside it
+    layer.weight.data.mul_(1.5)  # through .data: invisible to version counters; invalidate explicitly
+    invalidate_weight_caches()
+    with torch.inference_mode():
+        yi = layer(x)
+    assert not layer._acting_cache[1].is_inference()
+    with torch.no_grad():
+        assert torch.equal(layer(x), yi) and torch.equal(yi, _uncached(layer, x))
+
+
+def test_step_masks_only_when_rows_differ() -> None:
+    """Rows at the same fill level attend without a mask; staggered rows mask their empty slots."""
+    enc = make(context_len=4).eval()
+    x = torch.randn(2, 7, 5)
+    time = torch.arange(7).repeat(2, 1)
+    with torch.no_grad():
+        full = enc(x, time)
+        state = enc.init_state(2, "cpu")
+        outs = []
+        for t in range(7):
+            if t == 3:
+                state = enc.reset_state(state, np.array([False, True]))
+            out, state = enc.step(x[:, t], time[:, t] if t < 3 else torch.tensor([t, t - 3]), state)
+            outs.append(out)
+            assert state.filled == min(4, t + 1)
+    torch.testing.assert_close(torch.stack(outs[:3], 1), full[:, :3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.stack(outs, 1)[0], full[0], atol=1e-5, rtol=1e-5)  # row 0: never reset
+    with torch.no_grad():
+        fresh = enc(x[1:, 3:], torch.arange(4)[None])[0]
+    torch.testing.assert_close(torch.stack(outs[3:], 1)[1], fresh, atol=1e-5, rtol=1e-5)  # row 1: since reset
