@@ -52,8 +52,8 @@ class EnvConfig:
 class ModelConfig:
     traj_encoder: Literal["transformer", "gru", "lstm", "ff"] = "transformer"
     """Sequence model over the rollout; `ff` is the memoryless baseline."""
-    d_model: int = 128
-    """Width of the timestep embedding and of the trajectory encoder."""
+    d_model: int = 64
+    """Width of the timestep embedding and of the trajectory encoder (the paper's larger runs use 128-512)."""
     layers: int = 2
     """Transformer layers (or RNN layers)."""
     heads: int = 4
@@ -66,7 +66,7 @@ class ModelConfig:
     """Time-position embedding of the Transformer."""
     dropout: float = 0.0
     """Dropout inside the Transformer."""
-    head_hidden: int = 256
+    head_hidden: int = 128
     """Hidden width of the actor and critic MLP heads."""
     head_layers: int = 2
     """Hidden layers of the actor and critic MLP heads."""
