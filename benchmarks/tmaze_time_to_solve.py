@@ -74,6 +74,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="default: TrainConfig's")
     p.add_argument("--device", default="auto")
     p.add_argument("--set", action="append", default=[], metavar="GROUP.FIELD=VALUE")
+    p.add_argument("--preset", action="store_true",
+                   help="start from icrl.presets.tmaze(length) (model/explore/train flags above are then ignored; "
+                        "--set still applies)")
     p.add_argument("--run-root", type=Path, default=Path("runs/bench_tmaze_solve"))
     p.add_argument("--keep-runs", action="store_true", help="keep run folders (replay included)")
     p.add_argument("--tag", default=None)
@@ -111,6 +114,18 @@ def main() -> None:
                    if getattr(args, k) is not None},
             ),
         )
+        if args.preset:
+            from icrl.presets import tmaze
+
+            base = tmaze(args.length)
+            cfg = dataclasses.replace(
+                base,
+                env=dataclasses.replace(base.env, eval_rollouts=args.eval_rollouts),
+                train=dataclasses.replace(
+                    base.train, run_dir=str(run_dir), seed=seed, total_env_steps=args.total_env_steps,
+                    eval_every=args.eval_every, device=args.device,
+                ),
+            )
         cfg = apply_overrides(cfg, args.set)
         effective = json.loads(cfg.to_json())
         t0 = time.perf_counter()
