@@ -2,8 +2,9 @@
 
 (a) Learner: `Learner.update` on real `Batch`es sampled (make_loader) from a DiskReplay filled with
     synthetic T-Maze-like rollouts longer than the window. Agent for the T-Maze spaces with the library's
-    default heads (4 critics, 7 discounts, 256 x 2 MLPs). `--dtype bf16` sets `TrainConfig.dtype="bf16"`
-    (the library's autocast of the forward and losses), `--compile` sets `TrainConfig.compile`. Reports updates/s,
+    heads (4 critics, 7 discounts, 2-layer MLPs of --head-hidden 256 units). `--dtype bf16` sets
+    `TrainConfig.dtype="bf16"` (the library's autocast of the forward and losses), `--compile` sets
+    `TrainConfig.compile`. Reports updates/s,
     a forward / backward / optimiser split and the peak memory of the timed updates (CPU: peak RSS above
     the RSS before them, VmHWM reset via /proc/self/clear_refs; CUDA: max_memory_allocated).
 (b) Acting: env steps/s of the whole collection loop, `Collector.collect` with `AgentPolicy(greedy=False)`
@@ -173,6 +174,7 @@ def build(args: argparse.Namespace, device: torch.device):
             layers=args.layers,
             heads=args.heads,
             max_seq_len=args.seq_len,
+            head_hidden=args.head_hidden,
         ),
         loss=LossConfig(),  # library defaults: 4 critics, 7 discounts
         train=TrainConfig(
@@ -477,6 +479,8 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--head-hidden", type=int, default=256, help="actor / critic MLP width (256: the reference "
+                   "settings of the first measurements; the library default is now smaller)")  # fmt: skip
     p.add_argument("--traj-encoder", default="transformer", choices=["transformer", "gru", "lstm", "ff"])
     p.add_argument("--batch-size", type=int, default=24)
     p.add_argument("--seq-len", type=int, default=256, help="training window = acting context = T-Maze corridor")

@@ -167,10 +167,10 @@ class TrainConfig:
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Precision of the learner's forward and loss: `bf16` runs them under torch.autocast(bfloat16) (matmuls
     and attention in bf16; heads' outputs, losses, PopArt, gradients and the optimiser stay float32).
-    On a CPU with 1 thread it made updates ~1.3x faster (d128, B24x256); worth trying on GPUs with bf16."""
+    On a CPU with bf16 instructions and 1 thread it made updates ~1.25x faster (d128, B24x256)."""
     compile: bool = False
-    """torch.compile the learner's loss computation (the encoder pass, heads and losses). Costs a
-    compilation of tens of seconds at start; on CPU it gave little or no gain, so it is off by default."""
+    """torch.compile the learner's loss computation (the encoder pass, heads and losses). Costs tens of
+    seconds of compilation at start; on CPU it gained little (0-20% per update), so it is off by default."""
 
 
 @dataclass(frozen=True)

@@ -380,7 +380,7 @@ class SteppingProbe:
         greedy = self.policy.act(ts, new_rollout)
         agent = self.agent
         with torch.no_grad():
-            assert not agent.training  # act() leaves the agent in eval (acting) mode; the learner restores train
+            assert not agent.training  # act() leaves the agent in eval mode; the learner restores train
             agent.eval()
             if new_rollout.any():
                 self.state = agent.traj_encoder.reset_state(self.state, torch.as_tensor(new_rollout))

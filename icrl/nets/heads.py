@@ -183,7 +183,8 @@ class Critic(nn.Module):
             if a is not None:
                 raise ValueError("the discrete critic returns Q for every action; select with q_at_action")
             batch = s.shape[:-1]
-            x = (self._state_in(s.reshape(-1, s.shape[-1]), w["w_state"]) + w["b_in"]).transpose(0, 1)  # [C, N, H]
+            x = self._state_in(s.reshape(-1, s.shape[-1]), w["w_state"]) + w["b_in"]  # [N, C, H]
+            x = x.transpose(0, 1)  # [C, N, H]
             x = self._hidden(x, w)
             q = torch.baddbmm(w["b_out"].flatten(1).unsqueeze(1), x, w["w_out"].flatten(2))  # [C, N, G*A]
             q = q.view(C, *batch, G, -1)  # [C, ..., G, A]
@@ -193,8 +194,10 @@ class Critic(nn.Module):
             raise ValueError("this critic needs actions a [..., G, A]")
         s_batch, a_batch = s.shape[:-1], a.shape[:-2]
         batch = torch.broadcast_shapes(s_batch, a_batch)
-        hs = self._state_in(s.reshape(-1, s.shape[-1]), w["w_state"]).view(*s_batch, 1, C, H)  # [..s, 1, C, H]
-        ha = (a.reshape(-1, a.shape[-1]) @ w["w_action"].permute(1, 0, 2).flatten(1)).view(*a_batch, G, C, H)
+        hs = self._state_in(s.reshape(-1, s.shape[-1]), w["w_state"])
+        hs = hs.view(*s_batch, 1, C, H)  # [..s, 1, C, H]
+        ha = a.reshape(-1, a.shape[-1]) @ w["w_action"].permute(1, 0, 2).flatten(1)
+        ha = ha.view(*a_batch, G, C, H)
         x = (hs + ha + w["b_in"]).reshape(-1, G, C, H).permute(2, 1, 0, 3)  # [C, G, N, H]
         x = self._hidden(x.reshape(C, -1, H), w).view(C, G, -1, H)  # [C, G, N, H]
         q = torch.einsum("cgnh,chg->cgn", x, w["w_out"]) + w["b_out"].unsqueeze(-1)  # [C, G, N]
