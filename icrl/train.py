@@ -87,7 +87,9 @@ def train(cfg: ExperimentConfig) -> dict:
 
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
     learner = Learner(agent, cfg, device)
-    replay = DiskReplay(run_dir / "replay", capacity_timesteps=t.replay_capacity)
+    # The FIFO part skips fsync: the atomic rename already keeps readers from torn files after a crash;
+    # fsync would only add power-loss durability for data that is cheap to collect again.
+    replay = DiskReplay(run_dir / "replay", capacity_timesteps=t.replay_capacity, fsync=False)
     exploration = Exploration(cfg.explore, spec, e.parallel_envs, seed=derive_seed(t.seed, "explore"))
     policy = AgentPolicy(
         agent, e.parallel_envs, greedy=False, exploration=exploration, env_steps=lambda: collector.total_env_steps, device=device
@@ -115,7 +117,7 @@ def train(cfg: ExperimentConfig) -> dict:
 
         # Learning phase: sampling and updates timed apart.
         metrics, t_sample, t_update, n_updates = {}, 0.0, 0.0, 0
-        if collector.total_env_steps >= t.start_updates_after and replay.files():
+        if collector.total_env_steps >= t.start_updates_after and replay.num_rollouts() > 0:
             if loader is None:
                 t1 = time.perf_counter()
                 loader = make_loader(
