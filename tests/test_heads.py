@@ -281,3 +281,13 @@ def test_heads_return_float32_under_autocast():
         dist = actor(s)
         q = critic(s, dist.sample())
     assert dist.mean.dtype == torch.float32 and q.dtype == torch.float32
+
+
+def test_categorical_refuses_rsample_with_a_reason():
+    import pytest as _pytest
+    import torch as _torch
+
+    from icrl.nets.dists import Categorical as _Categorical
+
+    with _pytest.raises(TypeError, match="exact expectation"):
+        _Categorical(_torch.zeros(2, 3)).rsample()

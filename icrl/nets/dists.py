@@ -54,7 +54,7 @@ class Categorical:
             return self._one_hot((self.logits + gumbel).argmax(-1))
 
     def rsample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
-        raise NotImplementedError(
+        raise TypeError(
             "Categorical has no reparameterised sample; "
             "the actor loss uses the exact expectation over actions."
         )
