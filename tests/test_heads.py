@@ -284,10 +284,5 @@ def test_heads_return_float32_under_autocast():
 
 
 def test_categorical_refuses_rsample_with_a_reason():
-    import pytest as _pytest
-    import torch as _torch
-
-    from icrl.nets.dists import Categorical as _Categorical
-
-    with _pytest.raises(TypeError, match="exact expectation"):
-        _Categorical(_torch.zeros(2, 3)).rsample()
+    with pytest.raises(TypeError, match="exact expectation"):
+        Categorical(torch.zeros(2, 3)).rsample()
