@@ -101,80 +101,83 @@ def train(cfg: ExperimentConfig) -> dict:
     )
 
     loader = None
-    num_epochs = max(1, t.total_env_steps // t.steps_per_epoch)
-    start, last_eval = time.perf_counter(), None
-    for epoch in range(1, num_epochs + 1):
-        # Acting phase. Eval mode once for the whole phase (AgentPolicy.act would switch too, once);
-        # Learner.update switches back to train mode.
-        agent.eval()
-        steps0, policy_s0 = collector.total_env_steps, policy.seconds
-        t0 = time.perf_counter()
-        rollouts, episodes = collector.collect(policy, t.steps_per_epoch)
-        t_collect = time.perf_counter() - t0
-        for rollout in rollouts:
-            replay.write(rollout)
-        t_write = time.perf_counter() - t0 - t_collect
+    try:
+        num_epochs = max(1, t.total_env_steps // t.steps_per_epoch)
+        start, last_eval = time.perf_counter(), None
+        for epoch in range(1, num_epochs + 1):
+            # Acting phase. Eval mode once for the whole phase (AgentPolicy.act would switch too, once);
+            # Learner.update switches back to train mode.
+            agent.eval()
+            steps0, policy_s0 = collector.total_env_steps, policy.seconds
+            t0 = time.perf_counter()
+            rollouts, episodes = collector.collect(policy, t.steps_per_epoch)
+            t_collect = time.perf_counter() - t0
+            for rollout in rollouts:
+                replay.write(rollout)
+            t_write = time.perf_counter() - t0 - t_collect
 
-        # Learning phase: sampling and updates timed apart.
-        metrics, t_sample, t_update, n_updates = {}, 0.0, 0.0, 0
-        if collector.total_env_steps >= t.start_updates_after and replay.num_rollouts() > 0:
-            if loader is None:
-                t1 = time.perf_counter()
-                loader = make_loader(
-                    replay.root,
-                    batch_size=t.batch_size,
-                    max_seq_len=cfg.model.max_seq_len,
-                    action_spec=spec,
-                    seed=derive_seed(t.seed, "loader"),
-                    num_workers=t.num_workers,
-                    pin_memory=device.type == "cuda",
-                )
-                t_sample += time.perf_counter() - t1
-            for _ in range(t.updates_per_epoch):
-                t2 = time.perf_counter()
-                batch = next(loader)
-                t3 = time.perf_counter()
-                metrics = learner.update(batch)
-                t_sample += t3 - t2
-                t_update += time.perf_counter() - t3
-                n_updates += 1
-            t4 = time.perf_counter()
-            metrics = {k: float(v) for k, v in metrics.items()}  # waits for the device
-            t_update += time.perf_counter() - t4
+            # Learning phase: sampling and updates timed apart.
+            metrics, t_sample, t_update, n_updates = {}, 0.0, 0.0, 0
+            if collector.total_env_steps >= t.start_updates_after and replay.num_rollouts() > 0:
+                if loader is None:
+                    t1 = time.perf_counter()
+                    loader = make_loader(
+                        replay.root,
+                        batch_size=t.batch_size,
+                        max_seq_len=cfg.model.max_seq_len,
+                        action_spec=spec,
+                        seed=derive_seed(t.seed, "loader"),
+                        num_workers=t.num_workers,
+                        pin_memory=device.type == "cuda",
+                    )
+                    t_sample += time.perf_counter() - t1
+                for _ in range(t.updates_per_epoch):
+                    t2 = time.perf_counter()
+                    batch = next(loader)
+                    t3 = time.perf_counter()
+                    metrics = learner.update(batch)
+                    t_sample += t3 - t2
+                    t_update += time.perf_counter() - t3
+                    n_updates += 1
+                t4 = time.perf_counter()
+                metrics = {k: float(v) for k, v in metrics.items()}  # waits for the device
+                t_update += time.perf_counter() - t4
 
-        train_stats = summarize_episodes(episodes)
-        row = {
-            "kind": "train",
-            "epoch": epoch,
-            "env_steps": collector.total_env_steps,
-            "updates": learner.updates,
-            "wall_time": time.perf_counter() - start,
-            "train/return_mean": train_stats["return_mean"],
-            "train/success_rate": train_stats["success_rate"],
-            "train/epsilon": exploration.level(collector.total_env_steps),
-            "time/collect_s": t_collect,  # the acting loop: policy + env steps + collector bookkeeping
-            "time/policy_s": policy.seconds - policy_s0,  # of which inside AgentPolicy.act
-            "time/replay_write_s": t_write,
-            "time/sample_s": t_sample,
-            "time/update_s": t_update,
-            "time/env_steps_per_s": (collector.total_env_steps - steps0) / max(t_collect, 1e-9),
-            "time/updates_per_s": n_updates / max(t_update, 1e-9) if n_updates else 0.0,
-            **{f"train/{k}": v for k, v in metrics.items()},
-        }
-        log.write(row)
-        if epoch % t.eval_every == 0 or epoch == num_epochs:
-            t5 = time.perf_counter()
-            stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", epoch))
-            last_eval = {"kind": "eval", "epoch": epoch, "env_steps": collector.total_env_steps,
-                         "updates": learner.updates, "wall_time": time.perf_counter() - start,
-                         "time/eval_s": time.perf_counter() - t5, **stats}
-            log.write(last_eval)
-        if epoch % t.log_every == 0 or epoch == num_epochs:
-            say(progress_line(row, last_eval))
-
-    log.close()
-    venv.close()
-    eval_venv.close()
+            train_stats = summarize_episodes(episodes)
+            row = {
+                "kind": "train",
+                "epoch": epoch,
+                "env_steps": collector.total_env_steps,
+                "updates": learner.updates,
+                "wall_time": time.perf_counter() - start,
+                "train/return_mean": train_stats["return_mean"],
+                "train/success_rate": train_stats["success_rate"],
+                "train/epsilon": exploration.level(collector.total_env_steps),
+                "time/collect_s": t_collect,  # the acting loop: policy + env steps + collector bookkeeping
+                "time/policy_s": policy.seconds - policy_s0,  # of which inside AgentPolicy.act
+                "time/replay_write_s": t_write,
+                "time/sample_s": t_sample,
+                "time/update_s": t_update,
+                "time/env_steps_per_s": (collector.total_env_steps - steps0) / max(t_collect, 1e-9),
+                "time/updates_per_s": n_updates / max(t_update, 1e-9) if n_updates else 0.0,
+                **{f"train/{k}": v for k, v in metrics.items()},
+            }
+            log.write(row)
+            if epoch % t.eval_every == 0 or epoch == num_epochs:
+                t5 = time.perf_counter()
+                stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", epoch))
+                last_eval = {"kind": "eval", "epoch": epoch, "env_steps": collector.total_env_steps,
+                             "updates": learner.updates, "wall_time": time.perf_counter() - start,
+                             "time/eval_s": time.perf_counter() - t5, **stats}
+                log.write(last_eval)
+            if epoch % t.log_every == 0 or epoch == num_epochs:
+                say(progress_line(row, last_eval))
+    finally:  # also on errors and Ctrl-C: no orphaned env processes or loader workers
+        log.close()
+        venv.close()
+        eval_venv.close()
+        if loader is not None:
+            loader.close()
     save_model(agent, str(run_dir / "agent.safetensors"))
     plot = plot_learning_curves([run_dir], run_dir / "learning_curve.png", title=f"{e.env} {e.env_kwargs}")
     assert last_eval is not None
