@@ -1,19 +1,31 @@
-"""`icrl` command line: `icrl train ...`, `icrl envs`, `icrl plot RUN_DIR ...`.
+"""`icrl` command line: `icrl train ...`, `icrl eval RUN_DIR`, `icrl envs`, `icrl plot RUN_DIR ...`.
 
 Flags of `icrl train` are the fields of `ExperimentConfig` (tyro), without their group prefixes:
-`--env`, `--d-model`, `--seed`... A config or env error prints one line and exits with code 2.
+`--env`, `--d-model`, `--seed`... A config, env or run-dir error prints one line `icrl: error: ...` on
+stderr and exits with code 2 (no traceback), writing nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-USAGE = """usage: icrl {train,envs,plot} ...
+USAGE = """usage: icrl {train,eval,envs,plot} ...
 
   icrl train [--preset NAME] [--env NAME] [--env-kwargs JSON] ...  train an agent (icrl train --help)
+  icrl eval RUN_DIR [--checkpoint PATH] [--rollouts N] [--seed S]   greedy evaluation of a run's weights
+            [--parallel-envs N] [--device D]                        (table on screen, RUN_DIR/eval.json)
   icrl envs                                                         list the built-in tasks
-  icrl plot RUN_DIR [RUN_DIR ...] [--out FILE]                      learning curves of finished runs
+  icrl plot RUN_DIR [RUN_DIR ...] [--out FILE] [--x env_steps|wall_time]
+                                                                    learning curves (seeds grouped)
 """
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors go through `_fail` (one line, exit code 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        _fail(f"{self.prog}: {message}")
 
 
 def _fail(message: str) -> None:
@@ -79,21 +91,62 @@ def _envs() -> None:
         print(f"{name:<24} {doc[0] if doc else ''}")
 
 
+def _eval(argv: list[str]) -> None:
+    parser = _ArgumentParser(
+        prog="icrl eval",
+        description="Evaluate a run's weights greedily; prints a table and writes RUN_DIR/eval.json.",
+    )
+    parser.add_argument("run_dir")
+    parser.add_argument(
+        "--checkpoint", default=None,
+        help="checkpoint folder (or .safetensors file, or a folder name in RUN_DIR/checkpoints); "
+        "default: the latest checkpoint, else RUN_DIR/agent.safetensors",
+    )
+    parser.add_argument("--rollouts", type=int, default=None, help="rollouts to average over (default: the run's)")
+    parser.add_argument("--seed", type=int, default=None, help="eval seed (default: the run's seed)")
+    parser.add_argument("--parallel-envs", type=int, default=None, help="env copies (default: the run's)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, auto (default: cpu)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from icrl.evaluation import eval_table, evaluate_run, load_config, write_eval
+    from icrl.metrics import console
+
+    try:
+        threads = load_config(args.run_dir).train.threads
+        if threads > 0:
+            torch.set_num_threads(threads)
+        result = evaluate_run(
+            args.run_dir, args.checkpoint, args.rollouts, args.seed, args.parallel_envs, args.device
+        )
+    except (ValueError, RuntimeError) as e:  # RunDirError, ConfigError, env errors, a bad device
+        _fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    for table in eval_table(result):
+        console.print(table)
+    print(write_eval(args.run_dir, result))
+
+
 def _plot(argv: list[str]) -> None:
-    import argparse
     from pathlib import Path
 
-    from icrl.plot import plot_learning_curves
+    from icrl.plot import X_AXES, adaptation_path, plot_adaptation, plot_learning_curves
 
-    parser = argparse.ArgumentParser(prog="icrl plot")
+    parser = _ArgumentParser(prog="icrl plot")
     parser.add_argument("run_dirs", nargs="+")
     parser.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/learning_curve.png of the first run)")
+    parser.add_argument("--x", default="env_steps", choices=sorted(X_AXES), help="x axis (default: env_steps)")
     args = parser.parse_args(argv)
     for d in args.run_dirs:
         if not (Path(d) / "metrics.jsonl").is_file():
             _fail(f"{d} has no metrics.jsonl; pass run directories written by `icrl train`")
-    out = args.out or str(Path(args.run_dirs[0]) / "learning_curve.png")
-    print(plot_learning_curves(args.run_dirs, out))
+    out = Path(args.out or Path(args.run_dirs[0]) / "learning_curve.png")
+    if out.suffix.lower() != ".png":
+        _fail(f"--out {out} must be a .png file")
+    print(plot_learning_curves(args.run_dirs, out, x=args.x))
+    adaptation = plot_adaptation(args.run_dirs, adaptation_path(out))
+    if adaptation is not None:
+        print(adaptation)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,12 +157,14 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     if command == "train":
         _train(rest)
+    elif command == "eval":
+        _eval(rest)
     elif command == "envs":
         _envs()
     elif command == "plot":
         _plot(rest)
     else:
-        _fail(f"unknown command {command!r}; choose one of train, envs, plot")
+        _fail(f"unknown command {command!r}; choose one of train, eval, envs, plot")
 
 
 if __name__ == "__main__":

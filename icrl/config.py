@@ -171,6 +171,15 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the learner's loss computation (the encoder pass, heads and losses). Costs tens of
     seconds of compilation at start; on CPU it gained little (0-20% per update), so it is off by default."""
+    checkpoint_every: int = 10
+    """Write a checkpoint (RUN_DIR/checkpoints/ckpt-EPOCH) every this many epochs, and after the last one."""
+    keep_checkpoints: int = 3
+    """Keep only the newest this many checkpoints."""
+    resume: bool = False
+    """Continue the run in --run-dir from its newest readable checkpoint: same counters, exploration level
+    and RNG states, the replay buffer reused (rollouts in progress at the checkpoint are dropped). The
+    config must match the run's config.json except for --total-env-steps. Without it, a run dir that
+    already holds a run is refused."""
 
 
 @dataclass(frozen=True)
@@ -209,6 +218,8 @@ class ExperimentConfig:
             ),
             (t.total_env_steps >= t.steps_per_epoch, "--total-env-steps must be >= --steps-per-epoch"),
             (e.chunk_len is None or e.chunk_len >= 2, "--chunk-len must be >= 2"),
+            (t.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
+            (t.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
         ]
         for ok, message in checks:
             if not ok:

@@ -26,6 +26,18 @@ class Exploration:
         self.rng = np.random.default_rng(seed)
         self.scale = self.rng.uniform(0.0, 1.0, size=num_envs)  # [N]
 
+    def state_dict(self) -> dict:
+        """Per-env scales and the numpy generator state, JSON-compatible (the schedule itself is a function
+        of the env-step counter, which the collector's state carries)."""
+        return {"scale": self.scale.tolist(), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        scale = np.asarray(state["scale"], dtype=np.float64)
+        if scale.shape != self.scale.shape:
+            raise ValueError(f"exploration state has {scale.shape[0]} env scales, this run has {self.scale.shape[0]}")
+        self.scale = scale
+        self.rng.bit_generator.state = state["rng"]
+
     def level(self, env_steps: int) -> float:
         """The global ε (discrete) or noise std (continuous) at this point of training."""
         c = self.cfg

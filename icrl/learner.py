@@ -121,6 +121,22 @@ class Learner:
         self.autocast_enabled = t.dtype == "bf16"
         self.compute_loss = torch.compile(compute_loss) if t.compile else compute_loss
 
+    def state_dict(self) -> dict:
+        """Optimiser and scheduler state dicts (tensors, for a weights-only file), the update counter and
+        the REDQ generator state (a list of ints, for JSON)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "updates": self.updates,
+            "generator": self.generator.get_state().tolist(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = int(state["updates"])
+        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One gradient step. Metrics stay tensors (no host sync); the caller logs the ones it keeps."""
         agent, cfg = self.agent, self.cfg

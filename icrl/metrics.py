@@ -1,4 +1,11 @@
-"""Metrics: one JSON object per line in RUN_DIR/metrics.jsonl, plus a short progress line on screen."""
+"""Metrics: one JSON object per line in RUN_DIR/metrics.jsonl, plus a short progress line on screen.
+
+Optional back-ends behind one `Logger` protocol (`write(row)`, `close()`): `JsonlLogger` (always),
+`TensorBoardLogger` (needs `pip install tensorboard`) and `WandbLogger` (needs `pip install wandb`);
+`make_loggers(run_dir, backends, config_dict)` builds them as one `Logger`. Rows are the dicts train.py
+writes (`kind`, `env_steps`, `train/...`, `time/...`, eval stats); scalar back-ends log them against
+`env_steps`, with eval rows' unprefixed stats under `eval/` (`eval/return_mean`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from rich.console import Console
 
@@ -34,6 +41,147 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+@runtime_checkable
+class Logger(Protocol):
+    def write(self, row: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class BackendUnavailable(ValueError):
+    """A logging back-end whose package is not installed; the message names the pip command."""
+
+
+JsonlLogger = MetricsLog
+"""The JSONL back-end (RUN_DIR/metrics.jsonl): the run's record, always on."""
+
+
+def scalars(row: dict[str, Any]) -> dict[str, float]:
+    """Flat scalar metrics of a row for TensorBoard / W&B, named with their `train/`, `eval/`, `time/` prefix.
+
+    Keys that already carry a prefix keep it; the other numbers get the row's kind as prefix
+    (`return_mean` of an eval row -> `eval/return_mean`); lists become one scalar per index
+    (`eval/return_by_episode/1`, counted from 1); None, strings, `kind` and `env_steps` are skipped.
+    """
+    kind = str(row.get("kind", "train"))
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        if key in ("kind", "env_steps"):
+            continue
+        name = key if "/" in key else f"{kind}/{key}"
+        if isinstance(value, (list, tuple)):
+            for i, v in enumerate(value, start=1):
+                v = _clean(v)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None:
+                    out[f"{name}/{i}"] = float(v)
+            continue
+        value = _clean(value)
+        if isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, (int, float)):
+            out[name] = float(value)
+    return out
+
+
+class TensorBoardLogger:
+    """Scalars to a TensorBoard event file in `log_dir` (torch.utils.tensorboard), stepped by env steps."""
+
+    def __init__(self, log_dir: str | Path, config_dict: dict[str, Any] | None = None) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise BackendUnavailable("the tensorboard logger needs the tensorboard package: pip install tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+        if config_dict is not None:
+            self.writer.add_text("config", "```\n" + json.dumps(config_dict, indent=2) + "\n```", 0)
+
+    def write(self, row: dict[str, Any]) -> None:
+        step = int(row.get("env_steps") or 0)
+        for name, value in scalars(row).items():
+            self.writer.add_scalar(name, value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    """Scalars to Weights & Biases (one run per icrl run), with `env_steps` as the x axis."""
+
+    def __init__(self, run_dir: str | Path, config_dict: dict[str, Any] | None = None, **init_kwargs: Any) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise BackendUnavailable("the wandb logger needs the wandb package: pip install wandb")
+        import wandb
+
+        init_kwargs.setdefault("project", "icrl")
+        init_kwargs.setdefault("name", Path(run_dir).name)
+        self.run = wandb.init(dir=str(run_dir), config=config_dict, **init_kwargs)
+        self.run.define_metric("env_steps")
+        self.run.define_metric("*", step_metric="env_steps")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.run.log({"env_steps": int(row.get("env_steps") or 0), **scalars(row)})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MultiLogger:
+    """Several loggers as one: `write` and `close` go to each, in order."""
+
+    def __init__(self, loggers: list[Logger]) -> None:
+        self.loggers = list(loggers)
+
+    def write(self, row: dict[str, Any]) -> None:
+        for logger in self.loggers:
+            logger.write(row)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()
+
+
+BACKENDS = ("jsonl", "tensorboard", "wandb")
+
+
+def make_loggers(
+    run_dir: str | Path, backends: tuple[str, ...] = ("jsonl",), config_dict: dict[str, Any] | None = None
+) -> MultiLogger:
+    """One Logger writing to every named back-end: `jsonl` (RUN_DIR/metrics.jsonl), `tensorboard`
+    (RUN_DIR/tensorboard/) and `wandb`. The JSONL log is always included (plots and `icrl eval` read it).
+
+    Raises BackendUnavailable (a ValueError) naming `pip install ...` for a back-end that is not
+    installed, and ValueError for an unknown name; checks every name before creating any file.
+    """
+    import importlib.util
+
+    run_dir = Path(run_dir)
+    names = ["jsonl", *[b for b in backends if b != "jsonl"]]
+    for name in names:
+        if name not in BACKENDS:
+            raise ValueError(f"unknown logging back-end {name!r}; choose from {', '.join(BACKENDS)}")
+        if name != "jsonl" and importlib.util.find_spec(name) is None:
+            raise BackendUnavailable(f"the {name} logger needs the {name} package: pip install {name}")
+    loggers: list[Logger] = []
+    try:
+        for name in dict.fromkeys(names):
+            if name == "jsonl":
+                loggers.append(JsonlLogger(run_dir / "metrics.jsonl"))
+            elif name == "tensorboard":
+                loggers.append(TensorBoardLogger(run_dir / "tensorboard", config_dict))
+            else:
+                loggers.append(WandbLogger(run_dir, config_dict))
+    except BaseException:
+        for logger in loggers:
+            logger.close()
+        raise
+    return MultiLogger(loggers)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

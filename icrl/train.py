@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -11,7 +14,14 @@ import torch
 from safetensors.torch import save_model
 
 from icrl.agent import Agent, AgentPolicy
-from icrl.config import ExperimentConfig
+from icrl.checkpoint import (
+    find_latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    write_text_atomic,
+)
+from icrl.config import ConfigError, ExperimentConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env
 from icrl.exploration import Exploration
@@ -61,6 +71,73 @@ def summarize_episodes(episodes: list[EpisodeStats]) -> dict[str, float | None |
     return out
 
 
+# Fields that may change when a run is resumed: the flag itself and how far to train.
+RESUMABLE_CHANGES = ("train.resume", "train.total_env_steps")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def holds_run(run_dir: Path) -> bool:
+    """True when `run_dir` already holds a run: checkpoints or a non-empty metrics.jsonl."""
+    metrics = run_dir / "metrics.jsonl"
+    return bool(list_checkpoints(run_dir)) or (metrics.is_file() and metrics.stat().st_size > 0)
+
+
+def check_run_dir(cfg: ExperimentConfig) -> None:
+    """Refuse to overwrite an existing run without --resume, and to resume one with a different config."""
+    run_dir = Path(cfg.train.run_dir)
+    if not cfg.train.resume:
+        if holds_run(run_dir):
+            raise ConfigError(
+                f"--run-dir {run_dir} already holds a run (checkpoints or metrics.jsonl): pass --resume to "
+                "continue it, or choose another --run-dir"
+            )
+        return
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(ExperimentConfig.from_json(path.read_text(encoding="utf-8")).to_json())
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"--resume: cannot read the run's config {path} ({e}); choose another --run-dir") from e
+    new = json.loads(cfg.to_json())
+    a, b = _flatten(old), _flatten(new)
+    diffs = [k for k in sorted(set(a) | set(b)) if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
+    if diffs:
+        listed = ", ".join(f"{k} ({a.get(k)!r} in the run, {b.get(k)!r} now)" for k in diffs)
+        raise ConfigError(
+            f"--resume: the config differs from {path} in {listed}; resume with the run's values (only "
+            "--total-env-steps may change), or start a new run in another --run-dir"
+        )
+
+
+def truncate_metrics(path: Path, epoch: int) -> int:
+    """Drop rows of epochs after `epoch` (written after the checkpoint, before a crash) and torn lines,
+    by writing a temp file and renaming it over the log. Returns the number of rows dropped."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and int(row.get("epoch", 0)) <= epoch:
+            kept.append(line)
+    if len(kept) != len(lines):
+        write_text_atomic(path, "".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
+
+
 def evaluate(agent: Agent, collector: Collector, num_rollouts: int, device: torch.device, seed: int) -> dict:
     policy = AgentPolicy(agent, collector.num_envs, greedy=True, device=device)
     _, episodes = collector.collect_rollouts(policy, num_rollouts, seed=seed)
@@ -71,6 +148,7 @@ def train(cfg: ExperimentConfig) -> dict:
     """Train an agent as `cfg` says; returns the final evaluation. Writes everything under run_dir."""
     cfg.validate()
     e, t = cfg.env, cfg.train
+    check_run_dir(cfg)  # before anything is created or written
     seed_everything(t.seed)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
@@ -81,7 +159,6 @@ def train(cfg: ExperimentConfig) -> dict:
     spec = ActionSpec.from_space(venv.single_action_space)
     run_dir = Path(t.run_dir)  # created only once the envs exist, so a bad env name leaves nothing behind
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(cfg.to_json())
     collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(t.seed, "train-envs"))
     eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs"))
 
@@ -94,6 +171,24 @@ def train(cfg: ExperimentConfig) -> dict:
     policy = AgentPolicy(
         agent, e.parallel_envs, greedy=False, exploration=exploration, env_steps=lambda: collector.total_env_steps, device=device
     )
+    start_epoch, wall_offset = 0, 0.0
+    if t.resume:
+        ckpt = find_latest_checkpoint(run_dir, log=say)
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, agent=agent, learner=learner, collector=collector, exploration=exploration)
+            start_epoch, wall_offset = int(state["epoch"]), float(state["extra"].get("wall_time", 0.0))
+            # The rollouts in progress at the checkpoint are lost: the collector starts from a hard reset,
+            # seeded apart from the run's first reset so the tasks do not repeat.
+            collector.seed = derive_seed(t.seed, "train-envs", "resume", start_epoch)
+            say(f"icrl: resuming from {ckpt} (epoch {start_epoch}, {collector.total_env_steps:,} env steps, "
+                f"{learner.updates:,} updates)")
+        elif holds_run(run_dir):
+            say(f"icrl: no readable checkpoint in {run_dir}; starting the run over (the replay is reused)")
+        for path in list_checkpoints(run_dir):  # unreadable ones newer than the one resumed from
+            if int(path.name.split("-")[-1]) > start_epoch:
+                shutil.rmtree(path, ignore_errors=True)
+        truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
+    write_text_atomic(run_dir / "config.json", cfg.to_json())
     log = MetricsLog(run_dir / "metrics.jsonl")
     say(
         f"icrl: training on [bold]{e.env}[/bold] {e.kwargs or ''} with a {cfg.model.traj_encoder} "
@@ -103,8 +198,8 @@ def train(cfg: ExperimentConfig) -> dict:
     loader = None
     try:
         num_epochs = max(1, t.total_env_steps // t.steps_per_epoch)
-        start, last_eval = time.perf_counter(), None
-        for epoch in range(1, num_epochs + 1):
+        start, last_eval = time.perf_counter() - wall_offset, None
+        for epoch in range(start_epoch + 1, num_epochs + 1):
             # Acting phase. Eval mode once for the whole phase (AgentPolicy.act would switch too, once);
             # Learner.update switches back to train mode.
             agent.eval()
@@ -114,6 +209,8 @@ def train(cfg: ExperimentConfig) -> dict:
             t_collect = time.perf_counter() - t0
             for rollout in rollouts:
                 replay.write(rollout)
+            if loader is not None:  # new files become visible now, not at a timing-dependent moment
+                loader.refresh()
             t_write = time.perf_counter() - t0 - t_collect
 
             # Learning phase: sampling and updates timed apart.
@@ -126,7 +223,8 @@ def train(cfg: ExperimentConfig) -> dict:
                         batch_size=t.batch_size,
                         max_seq_len=cfg.model.max_seq_len,
                         action_spec=spec,
-                        seed=derive_seed(t.seed, "loader"),
+                        # a resumed run draws a fresh sample stream rather than replaying the first one's
+                        seed=derive_seed(t.seed, "loader", *(("resume", start_epoch) if start_epoch else ())),
                         num_workers=t.num_workers,
                         pin_memory=device.type == "cuda",
                     )
@@ -172,13 +270,30 @@ def train(cfg: ExperimentConfig) -> dict:
                 log.write(last_eval)
             if epoch % t.log_every == 0 or epoch == num_epochs:
                 say(progress_line(row, last_eval))
+            if epoch % t.checkpoint_every == 0 or epoch == num_epochs:
+                save_checkpoint(
+                    run_dir,
+                    agent=agent,
+                    learner=learner,
+                    collector=collector,
+                    exploration=exploration,
+                    epoch=epoch,
+                    extra={"wall_time": time.perf_counter() - start, "config": json.loads(cfg.to_json())},
+                    keep=t.keep_checkpoints,
+                )
+        if last_eval is None:  # resumed a run that had already reached its last epoch
+            stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", num_epochs))
+            last_eval = {"kind": "eval", "epoch": max(start_epoch, num_epochs), "env_steps": collector.total_env_steps,
+                         "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
     finally:  # also on errors and Ctrl-C: no orphaned env processes or loader workers
         log.close()
         venv.close()
         eval_venv.close()
         if loader is not None:
             loader.close()
-    save_model(agent, str(run_dir / "agent.safetensors"))
+    tmp = run_dir / f".agent.safetensors.tmp-{os.getpid()}"
+    save_model(agent, str(tmp))
+    os.replace(tmp, run_dir / "agent.safetensors")
     plot = plot_learning_curves([run_dir], run_dir / "learning_curve.png", title=f"{e.env} {e.env_kwargs}")
     assert last_eval is not None
     success = last_eval.get("success_rate")

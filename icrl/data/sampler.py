@@ -114,6 +114,7 @@ class ReplayDataset(IterableDataset):
         refresh_every: int = 1024,
         refresh_time_fraction: float = 0.05,
         empty_timeout_s: float = 30.0,
+        auto_refresh: bool = True,
     ):
         if batch_size < 1 or max_seq_len < 1:
             raise ValueError(f"batch_size and max_seq_len must be positive, got {batch_size}, {max_seq_len}")
@@ -130,6 +131,7 @@ class ReplayDataset(IterableDataset):
         self.refresh_every = refresh_every
         self.refresh_time_fraction = refresh_time_fraction
         self.empty_timeout_s = empty_timeout_s
+        self.auto_refresh = auto_refresh
         # Per-worker state, (re)built lazily in the worker process by `_setup`. A file is a key
         # (folder number, name): 0 = fifo, 1 = protected.
         self._rng: np.random.Generator | None = None
@@ -156,6 +158,14 @@ class ReplayDataset(IterableDataset):
         self._refresh_cost = 0.0
         self._since_refresh = 0
 
+    def refresh(self) -> None:
+        """List the buffer now (in this process). With `auto_refresh=False` this is the only way new
+        files become visible, so the batches are a function of the seed and of when the owner refreshed,
+        never of timing: icrl.train refreshes after each epoch's writes."""
+        if self._rng is None:
+            self._setup()
+        self._refresh()
+
     def _refresh(self) -> None:
         self._last_refresh = time.monotonic()  # refreshes start >= cost / refresh_time_fraction apart
         t0 = time.perf_counter()
@@ -176,6 +186,8 @@ class ReplayDataset(IterableDataset):
         live = listed - len(self._excluded)
         if live <= 0:
             return True
+        if not self.auto_refresh:  # the owner calls `refresh()` when it has written new files
+            return False
         elapsed = time.monotonic() - self._last_refresh
         if elapsed < self._refresh_cost / self.refresh_time_fraction:
             return False
@@ -374,6 +386,12 @@ class ReplayLoader:
         self.loader = loader
         self._it: Iterator[Batch] | None = iter(loader)
 
+    def refresh(self) -> None:
+        """Make files written since the last refresh visible to in-process loading (num_workers=0).
+        Worker processes refresh on their own, time-based schedule instead."""
+        if self.loader.num_workers == 0:
+            self.loader.dataset.refresh()
+
     def __iter__(self) -> ReplayLoader:
         return self
 
@@ -405,10 +423,13 @@ def make_loader(
     num_workers: int = 0,
     transform: Transform | None = None,
     pin_memory: bool = False,
+    auto_refresh: bool | None = None,
     **dataset_kwargs,
 ) -> ReplayLoader:
     """Endless Batches of random windows from the replay at `replay_root`, loaded in `num_workers`
     processes (0: in this process). Same seed and num_workers and the same files -> same batches.
+    `auto_refresh` (default: only with workers) re-lists the buffer on a time-based schedule; without it,
+    call `loader.refresh()` after writing new files, which keeps in-process training reproducible.
     `dataset_kwargs` go to ReplayDataset (cache_bytes, refresh_seconds, empty_timeout_s, ...)."""
     dataset = ReplayDataset(
         replay_root,
@@ -417,6 +438,7 @@ def make_loader(
         action_spec=action_spec,
         seed=seed,
         transform=transform,
+        auto_refresh=num_workers > 0 if auto_refresh is None else auto_refresh,
         **dataset_kwargs,
     )
     loader = DataLoader(
