@@ -162,6 +162,8 @@ class TrainConfig:
     """torch CPU threads (0: torch's default). 1 is fastest for small models on shared cores: with env
     processes or other jobs on the machine, OpenMP threads oversubscribe the cores and an update gets
     several times slower. Raise it for large models on a CPU of your own."""
+    log_backends: tuple[Literal["tensorboard", "wandb"], ...] = ()
+    """Extra logging back-ends beside RUN_DIR/metrics.jsonl (each needs its package installed)."""
     log_every: int = 1
     """Print a progress line every this many epochs."""
     dtype: Literal["fp32", "bf16"] = "fp32"

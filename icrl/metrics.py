@@ -219,3 +219,23 @@ def progress_line(row: dict[str, Any], last_eval: dict[str, Any] | None) -> str:
             text += f" success {last_eval['success_rate']:.2f}"
         parts.append(f"[cyan]{text}[/cyan]")
     return " | ".join(parts)
+
+
+def progress_bar(total_env_steps: int):
+    """A live bar of env steps (rich) under the printed epoch lines; invisible when stdout is not a
+    terminal (CI logs keep just the lines). Call `.update(task, completed=..., description=...)`."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("env steps"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    task = bar.add_task("training", total=total_env_steps)
+    return bar, task
+

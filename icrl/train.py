@@ -26,7 +26,7 @@ from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env
 from icrl.exploration import Exploration
 from icrl.learner import Learner
-from icrl.metrics import MetricsLog, progress_line, say
+from icrl.metrics import make_loggers, progress_bar, progress_line, say
 from icrl.plot import plot_learning_curves
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec, EpisodeStats
@@ -189,13 +189,15 @@ def train(cfg: ExperimentConfig) -> dict:
                 shutil.rmtree(path, ignore_errors=True)
         truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
     write_text_atomic(run_dir / "config.json", cfg.to_json())
-    log = MetricsLog(run_dir / "metrics.jsonl")
+    log = make_loggers(run_dir, ("jsonl", *t.log_backends), json.loads(cfg.to_json()))
     say(
         f"icrl: training on [bold]{e.env}[/bold] {e.kwargs or ''} with a {cfg.model.traj_encoder} "
         f"({sum(p.numel() for p in agent.online_parameters()):,} parameters) on {device}; run dir {run_dir}"
     )
 
     loader = None
+    bar, bar_task = progress_bar(t.total_env_steps)
+    bar.start()
     try:
         num_epochs = max(1, t.total_env_steps // t.steps_per_epoch)
         start, last_eval = time.perf_counter() - wall_offset, None
@@ -268,6 +270,7 @@ def train(cfg: ExperimentConfig) -> dict:
                              "updates": learner.updates, "wall_time": time.perf_counter() - start,
                              "time/eval_s": time.perf_counter() - t5, **stats}
                 log.write(last_eval)
+            bar.update(bar_task, completed=collector.total_env_steps, description=progress_line(row, last_eval))
             if epoch % t.log_every == 0 or epoch == num_epochs:
                 say(progress_line(row, last_eval))
             if epoch % t.checkpoint_every == 0 or epoch == num_epochs:
@@ -286,6 +289,7 @@ def train(cfg: ExperimentConfig) -> dict:
             last_eval = {"kind": "eval", "epoch": max(start_epoch, num_epochs), "env_steps": collector.total_env_steps,
                          "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
     finally:  # also on errors and Ctrl-C: no orphaned env processes or loader workers
+        bar.stop()
         log.close()
         venv.close()
         eval_venv.close()
