@@ -239,7 +239,6 @@ class ExperimentConfig:
         kwargs = {}
         for name in parts:
             values = dict(raw.get(name, {}))
-            if name == "loss" and "gammas" in values:
-                values["gammas"] = tuple(values["gammas"])
+            values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}  # JSON has no tuples
             kwargs[name] = sub[name](**values)
         return cls(**kwargs)
