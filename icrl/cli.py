@@ -106,6 +106,10 @@ def _eval(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=None, help="eval seed (default: the run's seed)")
     parser.add_argument("--parallel-envs", type=int, default=None, help="env copies (default: the run's)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, auto (default: cpu)")
+    parser.add_argument(
+        "--video", type=int, default=0, metavar="N",
+        help="also record N greedy rollouts to RUN_DIR/eval_video.gif (envs that render rgb_array frames)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -125,6 +129,13 @@ def _eval(argv: list[str]) -> None:
     for table in eval_table(result):
         console.print(table)
     print(write_eval(args.run_dir, result))
+    if args.video:
+        from icrl.video import record_video
+
+        try:
+            print(record_video(args.run_dir, args.video, checkpoint=args.checkpoint))
+        except ValueError as e:
+            _fail(str(e).strip().splitlines()[0])
 
 
 def _plot(argv: list[str]) -> None:

@@ -27,7 +27,7 @@ class TMaze(gym.Env):
     The goal is a hidden task parameter: `reset(options={"new_task": False})` keeps it (meta-RL rollouts).
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     def __init__(self, length: int = 10, horizon: int | None = None, render_mode: str | None = None):
         if int(length) < 1:
@@ -86,9 +86,25 @@ class TMaze(gym.Env):
             info["success"] = 0.0
         return self._obs(), reward, terminated, truncated, info
 
-    def render(self) -> str | None:
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "rgb_array":
+            return self._frame()
         if self.render_mode != "ansi":
             return None
         row = ["."] * self.length + ["+"]
         row[self._pos] = "A"
         return "".join(row) + f"  goal={'up' if self.goal_up else 'down'} t={self._t}"
+
+    def _frame(self, cell: int = 12) -> np.ndarray:
+        """[3 * cell, (length + 1) * cell, 3] uint8: the corridor in the middle row, the two ends above and
+        below the junction (the cued one tinted green), the agent in blue, and the cue above (green) or
+        below (orange) the start cell only at t=0, as the agent sees it."""
+        img = np.full((3, self.length + 1, 3), 30, np.uint8)  # walls
+        img[1, :] = 170  # corridor and junction
+        img[0, self.length] = img[2, self.length] = 220  # the two ends
+        img[0 if self.goal_up else 2, self.length] = (150, 220, 150)
+        if self._t == 0:  # the cue, above or below the start cell
+            img[0 if self.goal_up else 2, 0] = (60, 200, 60) if self.goal_up else (240, 150, 40)
+        img[1, self._pos] = (40, 90, 230)
+        return np.kron(img, np.ones((cell, cell, 1), np.uint8))
+
