@@ -42,3 +42,17 @@ def test_unknown_preset_and_command_exit_2():
 def test_envs_lists_builtin_tasks():
     out = subprocess.run([sys.executable, "-m", "icrl", "envs"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "tmaze" in out.stdout and "cue_recall" in out.stdout
+
+
+def test_wandb_backend_logs_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is an optional back-end (pip install wandb)")
+    from icrl.metrics import make_loggers
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log = make_loggers(tmp_path, ("wandb",), {"seed": 0})
+    log.write({"kind": "train", "env_steps": 10, "train/loss": 1.5})
+    log.write({"kind": "eval", "env_steps": 10, "return_mean": 0.5})
+    log.close()
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
