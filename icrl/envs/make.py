@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
+from icrl.envs.frozen_lake import MetaFrozenLake
+from icrl.envs.key_door import DarkKeyToDoor
 from icrl.envs.recall import CueRecall
 from icrl.envs.tmaze import TMaze
 from icrl.envs.wrapper import TimestepWrapper
@@ -22,6 +24,8 @@ from icrl.envs.wrapper import TimestepWrapper
 BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
     "tmaze": TMaze,
     "cue_recall": CueRecall,
+    "meta_frozen_lake": MetaFrozenLake,
+    "dark_key_door": DarkKeyToDoor,
 }
 
 
