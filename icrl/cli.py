@@ -84,11 +84,17 @@ def _train(argv: list[str]) -> None:
 
 
 def _envs() -> None:
+    import functools
+
     from icrl.envs.make import BUILTIN_ENVS
 
     for name, factory in sorted(BUILTIN_ENVS.items()):
-        doc = (factory.__doc__ or "").strip().splitlines()
-        print(f"{name:<24} {doc[0] if doc else ''}")
+        if isinstance(factory, functools.partial):  # one entry of a family, e.g. popgym/<EnvClassName>
+            line = f"{factory.func.__name__}({', '.join(map(repr, factory.args))}): see that package's docs"
+        else:
+            doc = (factory.__doc__ or "").strip().splitlines()
+            line = doc[0] if doc else ""
+        print(f"{name:<28} {line}")
 
 
 def _eval(argv: list[str]) -> None:

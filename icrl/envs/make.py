@@ -17,15 +17,18 @@ import gymnasium as gym
 from icrl.envs.frozen_lake import MetaFrozenLake
 from icrl.envs.key_door import DarkKeyToDoor
 from icrl.envs.recall import CueRecall
-from icrl.envs.tmaze import TMaze
+from icrl.envs.popgym_envs import popgym_builtin_envs
+from icrl.envs.tmaze import TMaze, TMazeActive
 from icrl.envs.wrapper import TimestepWrapper
 
 # Name -> factory(**env_kwargs). Other modules may add their tasks here.
 BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
     "tmaze": TMaze,
+    "tmaze_active": TMazeActive,
     "cue_recall": CueRecall,
     "meta_frozen_lake": MetaFrozenLake,
     "dark_key_door": DarkKeyToDoor,
+    **popgym_builtin_envs(),  # "popgym/<EnvClassName>" and "popgym_multi" when popgym is installed
 }
 
 
