@@ -270,9 +270,7 @@ def bench_learner(args, cfg, spec, agent, learner, device, tmp: Path) -> tuple[d
 
 
 def count_update_flops(learner: Learner, batch, device: torch.device, dtype: str) -> dict:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from torch.utils.flop_counter import sdpa_backward_flop, sdpa_flop
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop, sdpa_flop
 
     aten = torch.ops.aten
     # torch 2.x has no formula for the CPU flash-attention ops: count them like the CUDA ones (full, not

@@ -28,6 +28,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
+from icrl.fileio import fsync_dir, write_text_atomic
+
 FILES = ("agent.safetensors", "optimizer.pt", "state.json")
 FORMAT_VERSION = 1
 PREFIX = "ckpt-"
@@ -47,31 +49,6 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temp file beside `path`, fsync it and rename it over `path`."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 # ------------------------------------------------------------------------------------------ RNG states
@@ -184,11 +161,11 @@ def save_checkpoint(
     (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
     for f in FILES:
         _fsync_file(tmp / f)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if final.exists():  # a checkpoint of this epoch from an earlier attempt (e.g. before a crash)
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     write_text_atomic(root / "latest", name + "\n")
     prune_checkpoints(run_dir, keep)
     return final

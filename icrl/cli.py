@@ -54,7 +54,6 @@ def _train(argv: list[str]) -> None:
     import tyro
 
     from icrl.config import ConfigError, ExperimentConfig
-
     from icrl.presets import PRESETS
 
     default = ExperimentConfig()

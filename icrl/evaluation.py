@@ -8,14 +8,13 @@ RUN_DIR/eval.json atomically. Used by `icrl eval RUN_DIR`.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from icrl.config import ExperimentConfig
+from icrl.fileio import write_text_atomic
 
 WEIGHTS = "agent.safetensors"
 
@@ -170,21 +169,8 @@ def evaluate_run(
 
 
 def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write JSON to a temp file in the same folder, fsync, then rename over `path`."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
+    """Write JSON atomically (temp file, fsync, rename over `path`)."""
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 def write_eval(run_dir: str | Path, result: dict[str, Any]) -> Path:
     return write_json_atomic(Path(run_dir) / "eval.json", result)

@@ -19,12 +19,12 @@ from icrl.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
-    write_text_atomic,
 )
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env
 from icrl.exploration import Exploration
+from icrl.fileio import write_text_atomic
 from icrl.learner import Learner
 from icrl.metrics import make_loggers, progress_bar, progress_line, say
 from icrl.plot import plot_learning_curves

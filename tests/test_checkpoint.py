@@ -14,8 +14,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from icrl.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, read_checkpoint, save_checkpoint
-from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
+from icrl.config import (
+    ConfigError,
+    EnvConfig,
+    ExperimentConfig,
+    ExploreConfig,
+    LossConfig,
+    ModelConfig,
+    TrainConfig,
+)
 from icrl.metrics import read_metrics
 from icrl.train import train
 

@@ -12,8 +12,8 @@ from icrl.envs import (
     BUILTIN_ENVS,
     Collector,
     RandomPolicy,
-    TMaze,
     TimestepWrapper,
+    TMaze,
     make_env,
     make_vector_env,
     make_wrapped_env,
@@ -172,7 +172,7 @@ def test_collect_rollouts_count_and_prefix():
         np.testing.assert_array_equal(r.obs["obs"], more_by_env[j // 2][j % 2].obs["obs"])
     # training collection afterwards starts from a hard reset, in chunks of 2 actions
     after, _ = col.collect(RandomPolicy(col.action_spec, 0), 30)
-    for i, rs in by_env(col, after).items():
+    for _i, rs in by_env(col, after).items():
         assert rs[0][1].time[0] == 0 and all(len(r.action) <= 2 for _, r in rs)
 
 

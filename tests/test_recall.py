@@ -13,7 +13,7 @@ def test_cue_visible_only_first_and_answer_scored(continuous):
     obs, _ = env.reset(seed=1)
     cue = obs[0]
     assert cue in (-1.0, 1.0) and obs[1] == 1.0 and obs[2] == 0.0
-    for t in range(3):
+    for _t in range(3):
         obs, r, term, trunc, info = env.step(env.action_space.sample())
         assert r == 0.0 and not term and obs[0] == 0.0 and obs[1] == 0.0
     assert obs[2] == 1.0  # answer now

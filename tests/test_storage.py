@@ -197,7 +197,7 @@ def test_eviction_tolerates_files_deleted_by_others(tmp_path: Path, monkeypatch)
     import icrl.data.storage as storage
 
     replay = DiskReplay(tmp_path, capacity_timesteps=10**6, fsync=False)
-    for i in range(4):
+    for _i in range(4):
         replay.write(make_rollout(9, SPECS[0], image=False))
     replay.capacity_timesteps = 10
     files = replay.files("fifo")
@@ -409,8 +409,8 @@ def test_sigkill_mid_write_leaves_only_complete_files(tmp_path: Path) -> None:
         fifo = root / "fifo"
         proc = _spawn_writer("forever", trial, 0, (root, 1200))
         try:
-            assert _wait_for(lambda: len(list_rollout_files(fifo)) >= 1, 60, proc), "writer never wrote"
-            mid = _wait_for(lambda: any(n.endswith(".tmp") for n in os.listdir(fifo)), 5, proc)
+            assert _wait_for(lambda: len(list_rollout_files(fifo)) >= 1, 60, proc), "writer never wrote"  # noqa: B023 - called within this iteration
+            mid = _wait_for(lambda: any(n.endswith(".tmp") for n in os.listdir(fifo)), 5, proc)  # noqa: B023
             time.sleep(0.003 * trial)
         finally:
             proc.send_signal(signal.SIGKILL)

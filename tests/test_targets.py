@@ -66,7 +66,7 @@ def test_popart_preserves_unnormalised_outputs(kind, scale):
             return popart.denormalize(c(s).transpose(-1, -2))  # [.., C, A, G]: G last for the stats
         return popart.denormalize(c(s, a))
 
-    for step in range(5):
+    for _step in range(5):
         before, before_t = unnormalised(critic), unnormalised(target_critic)
         y = scale * (torch.randn(4, 5, G) * torch.tensor([0.5, 1.0, 3.0]) + torch.tensor([1.0, -2.0, 5.0]))
         mu, sigma = popart.mu.clone(), popart.sigma.clone()

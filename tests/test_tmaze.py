@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from icrl.envs import TMaze, TimestepWrapper
+from icrl.envs import TimestepWrapper, TMaze
 from icrl.envs.tmaze import DOWN, LEFT, RIGHT, UP, TMazeActive
 
 

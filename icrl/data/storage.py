@@ -31,6 +31,7 @@ from typing import Literal
 
 import numpy as np
 
+from icrl.fileio import fsync_dir
 from icrl.types import Rollout
 
 Folder = Literal["fifo", "protected", "all"]
@@ -59,20 +60,6 @@ class CorruptRolloutError(Exception):
 # ----------------------------------------------------------------------------------------------------
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable (POSIX). Not supported everywhere (e.g. Windows): best effort."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save_rollout(path: str | os.PathLike, rollout: Rollout, *, fsync: bool = True) -> Path:
     """Write `rollout` to `path` as an uncompressed `.npz`, atomically.
 
@@ -99,7 +86,7 @@ def save_rollout(path: str | os.PathLike, rollout: Rollout, *, fsync: bool = Tru
         tmp.unlink(missing_ok=True)
         raise
     if fsync:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return path
 
 

@@ -15,9 +15,10 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from icrl.envs.frozen_lake import MetaFrozenLake
+from icrl.envs.half_cheetah_vel import HalfCheetahVel  # imports without mujoco; building one needs it
 from icrl.envs.key_door import DarkKeyToDoor
-from icrl.envs.recall import CueRecall
 from icrl.envs.popgym_envs import popgym_builtin_envs
+from icrl.envs.recall import CueRecall
 from icrl.envs.tmaze import TMaze, TMazeActive
 from icrl.envs.wrapper import TimestepWrapper
 
@@ -28,6 +29,7 @@ BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
     "cue_recall": CueRecall,
     "meta_frozen_lake": MetaFrozenLake,
     "dark_key_door": DarkKeyToDoor,
+    "half_cheetah_vel": HalfCheetahVel,
     **popgym_builtin_envs(),  # "popgym/<EnvClassName>" and "popgym_multi" when popgym is installed
 }
 
