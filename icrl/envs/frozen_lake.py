@@ -20,9 +20,10 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from icrl.envs.grid import move, position_obs, position_space, wants_new_task
+
 LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
 _MOVES = {LEFT: (0, -1), DOWN: (1, 0), RIGHT: (0, 1), UP: (-1, 0)}  # (d_row, d_col)
-OBS_MODES = ("xy", "onehot")
 
 
 def lake_is_solvable(holes: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> bool:
@@ -83,8 +84,6 @@ class MetaFrozenLake(gym.Env):
             raise ValueError(f"MetaFrozenLake size must be >= 2, got {size}")
         if not 0.0 <= float(hole_prob) < 1.0:
             raise ValueError(f"MetaFrozenLake hole_prob must be in [0, 1), got {hole_prob}")
-        if obs_mode not in OBS_MODES:
-            raise ValueError(f"MetaFrozenLake obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
         self.size = int(size)
         self.hard = bool(hard)
         self.hole_prob = float(hole_prob)
@@ -94,10 +93,7 @@ class MetaFrozenLake(gym.Env):
         self.random_corners = bool(random_corners)
         self.obs_mode = obs_mode
         self.render_mode = render_mode
-        if obs_mode == "xy":
-            self.observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
-        else:
-            self.observation_space = gym.spaces.Box(0.0, 1.0, (self.size**2,), np.float32)
+        self.observation_space = position_space(self.size, obs_mode, "MetaFrozenLake")
         self.action_space = gym.spaces.Discrete(4)
         # Task (hidden): holes [size, size] bool, start, goal, action permutation (agent action -> move).
         self.holes = np.zeros((self.size, self.size), dtype=bool)
@@ -126,18 +122,12 @@ class MetaFrozenLake(gym.Env):
         self._has_task = True
 
     def _obs(self) -> np.ndarray:
-        r, c = self._pos
-        if self.obs_mode == "xy":
-            return np.array([r, c], dtype=np.float32) / np.float32(self.size - 1)
-        obs = np.zeros(self.size**2, dtype=np.float32)
-        obs[r * self.size + c] = 1.0
-        return obs
+        return position_obs(self._pos, self.size, self.obs_mode)
 
     # ---------------------------------------------------------------------------------------------- API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
-        new_task = True if options is None else bool(options.get("new_task", True))
-        if new_task or seed is not None or not self._has_task:
+        if wants_new_task(options, seed, self._has_task):
             self._sample_task()
         self._pos, self._t = self.start, 0
         return self._obs(), {}
@@ -147,10 +137,7 @@ class MetaFrozenLake(gym.Env):
         if not 0 <= action < 4:
             raise ValueError(f"MetaFrozenLake action must be in [0, 4), got {action}")
         self._t += 1
-        dr, dc = _MOVES[int(self.action_map[action])]
-        r = min(max(self._pos[0] + dr, 0), self.size - 1)
-        c = min(max(self._pos[1] + dc, 0), self.size - 1)
-        self._pos = (r, c)
+        self._pos = move(self._pos, _MOVES[int(self.action_map[action])], self.size)
         reward, terminated, info = 0.0, False, {}
         if self._pos == self.goal:
             reward, terminated, info["success"] = 1.0, True, 1.0

@@ -28,6 +28,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from icrl.envs.grid import wants_new_task
+
 MUJOCO_HINT = 'HalfCheetahVel needs MuJoCo: pip install "gymnasium[mujoco]"  (or: pip install "icrl[mujoco]")'
 
 
@@ -93,8 +95,7 @@ class HalfCheetahVel(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
-        new_task = True if options is None else bool(options.get("new_task", True))
-        if new_task or seed is not None or not self._has_task:
+        if wants_new_task(options, seed, self._has_task):
             self._sample_task()
         # The inner env gets a seed drawn from ours: one reset seed fixes both the task and the physics noise.
         inner_seed = int(self.np_random.integers(2**31 - 1)) if seed is not None else None

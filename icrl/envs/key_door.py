@@ -15,9 +15,10 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from icrl.envs.grid import move, position_obs, position_space, wants_new_task
+
 UP, DOWN, LEFT, RIGHT, STAY = 0, 1, 2, 3, 4
 _MOVES = {UP: (-1, 0), DOWN: (1, 0), LEFT: (0, -1), RIGHT: (0, 1), STAY: (0, 0)}  # (d_row, d_col)
-OBS_MODES = ("xy", "onehot")
 
 
 class DarkKeyToDoor(gym.Env):
@@ -56,17 +57,12 @@ class DarkKeyToDoor(gym.Env):
             raise ValueError(f"DarkKeyToDoor size must be >= 2, got {size}")
         if int(episode_length) < 1:
             raise ValueError(f"DarkKeyToDoor episode_length must be >= 1, got {episode_length}")
-        if obs_mode not in OBS_MODES:
-            raise ValueError(f"DarkKeyToDoor obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
         self.size = int(size)
         self.episode_length = int(episode_length)
         self.random_start = bool(random_start)
         self.obs_mode = obs_mode
         self.render_mode = render_mode
-        if obs_mode == "xy":
-            self.observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
-        else:
-            self.observation_space = gym.spaces.Box(0.0, 1.0, (self.size**2,), np.float32)
+        self.observation_space = position_space(self.size, obs_mode, "DarkKeyToDoor")
         self.action_space = gym.spaces.Discrete(5)
         # Task (hidden)
         self.key = (0, 0)
@@ -97,17 +93,11 @@ class DarkKeyToDoor(gym.Env):
         return self._cell(free[int(np.argmin(dist))])
 
     def _obs(self) -> np.ndarray:
-        r, c = self._pos
-        if self.obs_mode == "xy":
-            return np.array([r, c], dtype=np.float32) / np.float32(self.size - 1)
-        obs = np.zeros(self.size**2, dtype=np.float32)
-        obs[r * self.size + c] = 1.0
-        return obs
+        return position_obs(self._pos, self.size, self.obs_mode)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
-        new_task = True if options is None else bool(options.get("new_task", True))
-        if new_task or seed is not None or not self._has_task:
+        if wants_new_task(options, seed, self._has_task):
             self._sample_task()
         self._pos = self._sample_start()
         self.has_key, self._t = False, 0
@@ -118,10 +108,7 @@ class DarkKeyToDoor(gym.Env):
         if not 0 <= action < 5:
             raise ValueError(f"DarkKeyToDoor action must be in [0, 5), got {action}")
         self._t += 1
-        dr, dc = _MOVES[action]
-        r = min(max(self._pos[0] + dr, 0), self.size - 1)
-        c = min(max(self._pos[1] + dc, 0), self.size - 1)
-        self._pos = (r, c)
+        self._pos = move(self._pos, _MOVES[action], self.size)
         reward, terminated, info = 0.0, False, {}
         if self._pos == self.key and not self.has_key:
             self.has_key, reward = True, 1.0
