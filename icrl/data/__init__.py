@@ -1,11 +1,11 @@
 """Replay on disk (DESIGN §6): atomic rollout files, a FIFO/protected buffer, and a windowed sampler."""
 
+from icrl.data.collate import collate_windows
 from icrl.data.sampler import (
     EmptyReplayError,
     ReplayDataset,
     ReplayLoader,
     RolloutCache,
-    collate_windows,
     make_loader,
     worker_seed,
 )
