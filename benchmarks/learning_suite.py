@@ -38,7 +38,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import (
+    EnvConfig,
+    ExperimentConfig,
+    ExploreConfig,
+    LossConfig,
+    ModelConfig,
+    TrainConfig,
+    apply_overrides,
+)
 
 SUITES = ("tmaze_lengths", "popgym_easy", "meta_frozen_lake", "dark_key_door")
 DEFAULT_LENGTHS = (10, 20, 50, 100, 200, 500, 1000)
@@ -138,26 +146,6 @@ def suite_runs(suite: str, args: argparse.Namespace) -> list[tuple[str, dict[str
     if suite == "dark_key_door":
         return [("dark_key_door", {}, dark_key_door_config())]
     raise SystemExit(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
-
-
-def parse_value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def apply_overrides(cfg: ExperimentConfig, sets: list[str]) -> ExperimentConfig:
-    for item in sets:
-        key, _, value = item.partition("=")
-        group, _, name = key.partition(".")
-        if not name or not hasattr(cfg, group) or not hasattr(getattr(cfg, group), name):
-            raise SystemExit(f"--set {item!r}: expected group.field=value with a field of ExperimentConfig")
-        v = parse_value(value)
-        if isinstance(v, list):
-            v = tuple(v)
-        cfg = dataclasses.replace(cfg, **{group: dataclasses.replace(getattr(cfg, group), **{name: v})})
-    return cfg
 
 
 def with_budget(

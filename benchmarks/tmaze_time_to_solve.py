@@ -23,28 +23,8 @@ import statistics
 import time
 from pathlib import Path
 
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig
+from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig, apply_overrides
 from icrl.metrics import read_metrics
-
-
-def parse_value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def apply_overrides(cfg: ExperimentConfig, sets: list[str]) -> ExperimentConfig:
-    for item in sets:
-        key, _, value = item.partition("=")
-        group, _, name = key.partition(".")
-        if not name or not hasattr(cfg, group) or not hasattr(getattr(cfg, group), name):
-            raise SystemExit(f"--set {item!r}: expected group.field=value with a field of ExperimentConfig")
-        v = parse_value(value)
-        if isinstance(v, list):
-            v = tuple(v)
-        cfg = dataclasses.replace(cfg, **{group: dataclasses.replace(getattr(cfg, group), **{name: v})})
-    return cfg
 
 
 def first_solve(rows: list[dict], threshold: float) -> dict | None:

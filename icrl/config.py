@@ -242,3 +242,21 @@ class ExperimentConfig:
             values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}  # JSON has no tuples
             kwargs[name] = sub[name](**values)
         return cls(**kwargs)
+
+
+def apply_overrides(cfg: ExperimentConfig, sets: list[str]) -> ExperimentConfig:
+    """`["group.field=value", ...]` applied to a config (value parsed as JSON, else kept as a string;
+    JSON lists become tuples). Used by the benchmark scripts' `--set`; raises ConfigError naming a bad key."""
+    for item in sets:
+        key, _, text = item.partition("=")
+        group, _, name = key.partition(".")
+        if not name or not hasattr(cfg, group) or not hasattr(getattr(cfg, group), name):
+            raise ConfigError(f"--set {item!r}: expected group.field=value naming a field of ExperimentConfig")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        value = tuple(value) if isinstance(value, list) else value
+        cfg = dataclasses.replace(cfg, **{group: dataclasses.replace(getattr(cfg, group), **{name: value})})
+    return cfg
+

@@ -16,7 +16,7 @@ from torch import nn
 
 from icrl.agent import Agent
 from icrl.config import ExperimentConfig, LossConfig
-from icrl.losses import actor_loss, align_next, critic_loss, frozen_critic, td_targets
+from icrl.losses import actor_loss, align_next, critic_loss, frozen_critic, redq_members, td_targets
 from icrl.nets.heads import q_at_action
 from icrl.nets.transformer import invalidate_weight_caches
 from icrl.targets import ema_update_
@@ -76,14 +76,6 @@ def compute_loss(
         m = valid.unsqueeze(-1)
         metrics["target_mean"] = (y * m).sum() / (m.sum() * G).clamp_min(1)
     return cfg.critic_weight * loss_c + loss_a, metrics, y, valid
-
-
-def redq_members(num_critics: int, subset: int, generator: torch.Generator | None) -> torch.Tensor:
-    """REDQ's random subset of `subset` of the `num_critics` target critics, drawn once per update.
-
-    The same draw as `icrl.losses.redq_target_value` (randperm on the CPU generator), so evaluating only
-    these members and taking their min gives exactly what that function gives on the full ensemble."""
-    return torch.randperm(num_critics, generator=generator)[:subset]
 
 
 def is_weight_matrix(name: str, p: torch.Tensor) -> bool:

@@ -79,6 +79,12 @@ def td_targets(
     return y
 
 
+def redq_members(num_critics: int, subset: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """REDQ's random subset of `subset` of the `num_critics` target critics, drawn once per update on the
+    CPU generator. The learner evaluates only these members; `redq_target_value` reduces over them."""
+    return torch.randperm(num_critics, generator=generator)[:subset]
+
+
 def redq_target_value(
     q_next: torch.Tensor,
     num_sample: int = 2,
@@ -90,8 +96,7 @@ def redq_target_value(
     One subset per call (per update), shared by all timesteps and discounts. `generator` must live on
     the CPU; the indices are moved to q_next's device.
     """
-    C = q_next.shape[-2]
-    idx = torch.randperm(C, generator=generator)[:num_sample].to(q_next.device)
+    idx = redq_members(q_next.shape[-2], num_sample, generator).to(q_next.device)
     q = q_next.index_select(-2, idx)  # [..., num_sample, G]
     return q.amin(-2) if reduce == "min" else q.mean(-2)
 

@@ -81,3 +81,12 @@ def test_bilevel_decays_within_rollout_and_noise_for_continuous():
     out = cont(np.zeros((500, 2), np.float32), env_steps=0, time=np.zeros(500))
     assert out.dtype == np.float32 and np.abs(out).max() <= 1.0
     assert np.std(out) == pytest.approx(0.3, rel=0.1)
+
+
+def test_apply_overrides_parses_json_and_names_bad_keys():
+    from icrl.config import apply_overrides
+
+    cfg = apply_overrides(ExperimentConfig(), ["train.lr=0.001", "loss.gammas=[0.9, 0.99]", "env.env=tmaze_active"])
+    assert cfg.train.lr == 0.001 and cfg.loss.gammas == (0.9, 0.99) and cfg.env.env == "tmaze_active"
+    with pytest.raises(ConfigError, match="train.nope"):
+        apply_overrides(cfg, ["train.nope=1"])
