@@ -16,11 +16,26 @@ import torch
 from torch import nn
 
 from icrl.config import LossConfig, ModelConfig
+from icrl.nets.goals import GoalEmbedder
 from icrl.nets.heads import Actor, Critic
 from icrl.nets.traj import make_traj_encoder
-from icrl.nets.tstep import TimestepEncoder
+from icrl.nets.tstep import GOAL_KEY, TimestepEncoder
 from icrl.targets import PopArt
 from icrl.types import ActionSpec, Timesteps
+
+
+def goal_embedder(obs_space: gym.spaces.Dict, model: ModelConfig) -> GoalEmbedder | None:
+    """An instruction embedder when the task shows one (obs key "goal": int tokens 0..V, docs/CONTRACTS.md)."""
+    space = obs_space.spaces.get(GOAL_KEY)
+    if space is None:
+        return None
+    if not (isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.integer) and len(space.shape) == 1):
+        raise ValueError(
+            f"obs['goal'] is {space!r}; goal-conditioned tasks give a 1-D integer Box of goal tokens "
+            "(docs/CONTRACTS.md). Rename the key if it is an ordinary observation."
+        )
+    vocab = int(np.max(space.high))
+    return GoalEmbedder(vocab, space.shape[0], d_out=model.goal_dim, d_token=model.goal_dim, view=model.goal_view)
 
 
 class Agent(nn.Module):
@@ -28,7 +43,9 @@ class Agent(nn.Module):
         super().__init__()
         self.spec = spec
         d = model.d_model
-        self.tstep_encoder = TimestepEncoder(obs_space, spec.dim, d_out=d, max_time=model.max_time, cnn=model.cnn)
+        self.tstep_encoder = TimestepEncoder(
+            obs_space, spec.dim, d_out=d, max_time=model.max_time, cnn=model.cnn, goal_embedder=goal_embedder(obs_space, model)
+        )
         encoder_kwargs: dict = {"d_model": d, "layers": model.layers}
         if model.traj_encoder == "transformer":
             encoder_kwargs.update(

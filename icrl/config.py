@@ -72,6 +72,10 @@ class ModelConfig:
     """Hidden layers of the actor and critic MLP heads."""
     cnn: Literal["impala", "nature"] = "impala"
     """CNN for image observations."""
+    goal_dim: int = 32
+    """Width of the instruction embedding (tasks with a "goal" observation, docs/CONTRACTS.md)."""
+    goal_view: Literal["full", "current"] = "full"
+    """Instruction the agent sees: every remaining sub-goal, or only the current one (the paper's ablation)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,11 @@ class TrainConfig:
     and RNG states, the replay buffer reused (rollouts in progress at the checkpoint are dropped). The
     config must match the run's config.json except for --total-env-steps. Without it, a run dir that
     already holds a run is refused."""
+    relabel: Literal["none", "some", "all"] = "none"
+    """Hindsight instruction relabeling of sampled rollouts (goal-conditioned tasks, DESIGN §7): "some"
+    adds a random number of goals the rollout achieved, "all" turns every rollout into a success."""
+    relabel_rare_goals: bool = False
+    """Pick hindsight goals by inverse achievement frequency, so rarely reached goals are replayed more."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,13 @@ class ExperimentConfig:
             ),
             (t.total_env_steps >= t.steps_per_epoch, "--total-env-steps must be >= --steps-per-epoch"),
             (e.chunk_len is None or e.chunk_len >= 2, "--chunk-len must be >= 2"),
+            (
+                t.relabel == "none"
+                or (e.chunk_len is None and e.episodes_per_rollout == 1 and e.rollout_horizon is None),
+                f"--relabel {t.relabel} needs whole single-episode rollouts: unset --chunk-len, "
+                "--episodes-per-rollout and --rollout-horizon",
+            ),
+            (m.goal_dim >= 1, "--goal-dim must be >= 1"),
             (t.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
             (t.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
         ]

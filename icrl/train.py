@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 from safetensors.torch import save_model
@@ -20,8 +21,9 @@ from icrl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from icrl.config import ConfigError, ExperimentConfig
+from icrl.config import ConfigError, ExperimentConfig, TrainConfig
 from icrl.data import DiskReplay, make_loader
+from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
 from icrl.exploration import Exploration
 from icrl.fileio import write_text_atomic
@@ -144,6 +146,18 @@ def evaluate(agent: Agent, collector: Collector, num_rollouts: int, device: torc
     return summarize_episodes(episodes)
 
 
+def make_relabeler(t: TrainConfig, venv: gym.vector.VectorEnv) -> HindsightRelabeler | None:
+    """The sample-time hindsight relabeler `--relabel` asks for; the env must report achieved goals."""
+    if t.relabel == "none":
+        return None
+    if "achieved" not in venv.single_observation_space.spaces:
+        raise ConfigError(
+            f"--relabel {t.relabel}: this env does not report the goals it achieved (docs/CONTRACTS.md, "
+            "goal-conditioned tasks such as mazerunner or package_delivery); use --relabel none"
+        )
+    return HindsightRelabeler(t.relabel, rare_goals=t.relabel_rare_goals)
+
+
 def train(cfg: ExperimentConfig) -> dict:
     """Train an agent as `cfg` says; returns the final evaluation. Writes everything under run_dir."""
     cfg.validate()
@@ -157,6 +171,7 @@ def train(cfg: ExperimentConfig) -> dict:
     venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
     eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
     spec = ActionSpec.from_space(venv.single_action_space)
+    relabeler = make_relabeler(t, venv)  # before the run dir exists: a wrong --relabel leaves nothing behind
     run_dir = Path(t.run_dir)  # created only once the envs exist, so a bad env name leaves nothing behind
     run_dir.mkdir(parents=True, exist_ok=True)
     collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(t.seed, "train-envs"))
@@ -228,6 +243,7 @@ def train(cfg: ExperimentConfig) -> dict:
                         # a resumed run draws a fresh sample stream rather than replaying the first one's
                         seed=derive_seed(t.seed, "loader", *(("resume", start_epoch) if start_epoch else ())),
                         num_workers=t.num_workers,
+                        transform=relabeler,
                         pin_memory=device.type == "cuda",
                     )
                     t_sample += time.perf_counter() - t1

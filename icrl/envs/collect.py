@@ -79,6 +79,8 @@ class _Buffer:
             reward=np.asarray(self.rewards, dtype=np.float32),  # [T]
             terminated=np.asarray(self.terminated, dtype=bool),  # [T]
             truncated=np.asarray(self.truncated, dtype=bool),  # [T]
+            # goal-conditioned envs only (docs/CONTRACTS.md): goals achieved at each timestep, -1 padded
+            achieved=np.stack([t["achieved"] for t in ts]).astype(np.int64) if "achieved" in ts[0] else None,
         )
         rollout.validate()
         return rollout

@@ -133,6 +133,14 @@ def action_to_vector(spec: ActionSpec, action: Any) -> np.ndarray:
 
 
 # -------------------------------------------------------------------------------------------------- wrapper
+def achieved_slots(env: gym.Env) -> int:
+    """K of a goal-conditioned env (`metadata["achieved_slots"]`, docs/CONTRACTS.md), 0 for other envs."""
+    k = env.metadata.get("achieved_slots", 0) if isinstance(env.metadata, dict) else 0
+    if not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"metadata['achieved_slots'] must be a non-negative int, got {k!r}")
+    return int(k)
+
+
 class TimestepWrapper(gym.Wrapper):
     """Any Gymnasium env -> timesteps `{"obs", "prev_action", "prev_reward", "time", "reset"}`.
 
@@ -156,6 +164,9 @@ class TimestepWrapper(gym.Wrapper):
 
         self._leaves = _flatten_obs_space(env.observation_space)
         self._env_action_space = env.action_space
+        # Goal-conditioned envs (docs/CONTRACTS.md) report the goals each step achieved; kept beside the
+        # observation (never shown to the policy) so the collector can store it for hindsight relabeling.
+        self.achieved_slots = achieved_slots(env)
         self.action_space = agent_action_space(env.action_space)
         self.action_spec = ActionSpec.from_space(self.action_space)
         self.observation_space = gym.spaces.Dict(
@@ -167,6 +178,8 @@ class TimestepWrapper(gym.Wrapper):
                 "reset": gym.spaces.Box(0, 1, (), np.int8),
             }
         )
+        if self.achieved_slots:
+            self.observation_space["achieved"] = gym.spaces.Box(-1, _TIME_HIGH, (self.achieved_slots,), np.int64)
         self._t = 0  # actions taken in the current rollout
         self._episode = 0  # index of the current episode inside the rollout
         self._pending_reset = False  # last timestep was an inner episode's final obs
@@ -185,14 +198,33 @@ class TimestepWrapper(gym.Wrapper):
             out[key] = fn(value)
         return out
 
-    def _timestep(self, obs: Any, prev_action: np.ndarray, prev_reward: float, reset: bool) -> dict:
-        return {
+    def _timestep(
+        self, obs: Any, prev_action: np.ndarray, prev_reward: float, reset: bool, info: dict | None = None
+    ) -> dict:
+        ts = {
             "obs": self._convert_obs(obs),
             "prev_action": prev_action,  # [A] float32
             "prev_reward": np.asarray(prev_reward, dtype=np.float32),  # []
             "time": np.asarray(self._t, dtype=np.int64),  # []
             "reset": np.asarray(int(reset), dtype=np.int8),  # []
         }
+        if self.achieved_slots:
+            ts["achieved"] = self._achieved(info)  # [K] int64, -1 padded
+        return ts
+
+    def _achieved(self, info: dict | None) -> np.ndarray:
+        """info["achieved"] (goal tokens this transition achieved) -> [K] int64 padded with -1."""
+        out = np.full(self.achieved_slots, -1, dtype=np.int64)
+        goals = np.asarray([] if info is None else info.get("achieved", ()), dtype=np.int64).reshape(-1)
+        if len(goals) > self.achieved_slots:
+            raise ValueError(
+                f"the env reported {len(goals)} achieved goals in one step but declares "
+                f"metadata['achieved_slots']={self.achieved_slots}; raise achieved_slots in the env"
+            )
+        if len(goals) and goals.min() < 1:
+            raise ValueError(f"achieved goal tokens must be >= 1 (0 means 'no goal'), got {goals.tolist()}")
+        out[: len(goals)] = goals
+        return out
 
     def _zero_action(self) -> np.ndarray:
         return np.zeros(self.action_spec.dim, dtype=np.float32)
@@ -204,7 +236,7 @@ class TimestepWrapper(gym.Wrapper):
             options = {**(options or {}), "new_task": True}
         obs, info = self.env.reset(seed=seed, options=options)
         self._t, self._episode, self._pending_reset = 0, 0, False
-        return self._timestep(obs, self._zero_action(), 0.0, reset=True), dict(info)
+        return self._timestep(obs, self._zero_action(), 0.0, reset=True, info=info), dict(info)
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         if self._pending_reset:
@@ -215,6 +247,7 @@ class TimestepWrapper(gym.Wrapper):
             self._episode += 1
             self._pending_reset = False
             truncated = self.rollout_horizon is not None and self._t >= self.rollout_horizon
+            # the bridge step achieves nothing: a new episode's first observation is not an agent's doing
             ts = self._timestep(obs, self._zero_action(), 0.0, reset=True)
             return ts, 0.0, False, truncated, dict(info)
 
@@ -222,7 +255,7 @@ class TimestepWrapper(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(env_action)
         reward, terminated, truncated, info = float(reward), bool(terminated), bool(truncated), dict(info)
         self._t += 1
-        ts = self._timestep(obs, action_to_vector(self.action_spec, action), reward, reset=False)
+        ts = self._timestep(obs, action_to_vector(self.action_spec, action), reward, reset=False, info=info)
         if "success" in info:
             info["success"] = float(info["success"])
         episode_done = terminated or truncated
