@@ -7,6 +7,7 @@ it in `PRESETS`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 
@@ -58,4 +59,22 @@ def cue_recall(delay: int = 5, continuous: bool = True) -> ExperimentConfig:
     )
 
 
-PRESETS: dict[str, Callable[[], ExperimentConfig]] = {"tmaze": tmaze, "cue_recall": cue_recall}
+def goal_grid(relabel: str = "all", size: int = 5, num_goals: int = 3) -> ExperimentConfig:
+    """GoalGrid with hindsight relabeling: the sparse multi-goal sanity task (~1 min on a laptop).
+
+    The relabeling learning test runs this preset with `relabel="all"` and `"none"` on the same budget.
+    """
+    return ExperimentConfig(
+        env=EnvConfig(
+            env="goal_grid", env_kwargs=json.dumps({"size": size, "num_goals": num_goals}), parallel_envs=8, eval_rollouts=32
+        ),
+        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=64, head_hidden=64, goal_dim=32),
+        loss=LossConfig(entropy_coeff=0.02),
+        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=4000),
+        train=dataclasses.replace(
+            _small_run(f"runs/goal_grid_{relabel}", total_env_steps=8000, eval_every=10), relabel=relabel
+        ),
+    )
+
+
+PRESETS: dict[str, Callable[[], ExperimentConfig]] = {"tmaze": tmaze, "cue_recall": cue_recall, "goal_grid": goal_grid}

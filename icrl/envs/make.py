@@ -15,8 +15,11 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from icrl.envs.frozen_lake import MetaFrozenLake
+from icrl.envs.goal_grid import GoalGrid
 from icrl.envs.half_cheetah_vel import HalfCheetahVel  # imports without mujoco; building one needs it
 from icrl.envs.key_door import DarkKeyToDoor
+from icrl.envs.mazerunner import MazeRunner
+from icrl.envs.package_delivery import PackageDelivery
 from icrl.envs.popgym_envs import popgym_builtin_envs
 from icrl.envs.recall import CueRecall
 from icrl.envs.tmaze import TMaze, TMazeActive
@@ -30,6 +33,9 @@ BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
     "meta_frozen_lake": MetaFrozenLake,
     "dark_key_door": DarkKeyToDoor,
     "half_cheetah_vel": HalfCheetahVel,
+    "goal_grid": GoalGrid,
+    "mazerunner": MazeRunner,
+    "package_delivery": PackageDelivery,
     **popgym_builtin_envs(),  # "popgym/<EnvClassName>" and "popgym_multi" when popgym is installed
 }
 
