@@ -72,7 +72,7 @@ def goal_grid(relabel: str = "all", size: int = 5, num_goals: int = 3) -> Experi
         loss=LossConfig(entropy_coeff=0.02),
         explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=4000),
         train=dataclasses.replace(
-            _small_run(f"runs/goal_grid_{relabel}", total_env_steps=8000, eval_every=10), relabel=relabel
+            _small_run(f"runs/goal_grid_{relabel}", total_env_steps=10_000, eval_every=10), relabel=relabel
         ),
     )
 
