@@ -35,7 +35,8 @@ PUBLISHED = {
 
 
 def task_config(task: str) -> ExperimentConfig:
-    """A small Transformer agent sized for CPU budgets; the context holds a whole episode."""
+    """The `goal_grid` preset's small Transformer (CPU budgets) for every task; the context holds a whole
+    episode."""
     kwargs: dict = {
         "goal_grid": {"size": 5, "num_goals": 3},
         "mazerunner": {"size": 7, "num_goals": 2},
@@ -49,10 +50,10 @@ def task_config(task: str) -> ExperimentConfig:
     env.close()
     return ExperimentConfig(
         env=EnvConfig(env=task, env_kwargs=json.dumps(kwargs), parallel_envs=8, eval_rollouts=32),
-        model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=min(horizon + 1, 512), head_hidden=128),
+        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=min(horizon + 1, 512), head_hidden=64),
         loss=LossConfig(entropy_coeff=0.02),
-        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=10_000),
-        train=TrainConfig(steps_per_epoch=1000, updates_per_epoch=200, batch_size=24),
+        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=4000),
+        train=TrainConfig(steps_per_epoch=200, updates_per_epoch=40, batch_size=32, warmup_updates=50),
     )
 
 
