@@ -15,7 +15,7 @@ USAGE = """usage: icrl {train,eval,envs,plot} ...
   icrl train [--preset NAME] [--env NAME] [--env-kwargs JSON] ...  train an agent (icrl train --help)
   icrl eval RUN_DIR [--checkpoint PATH] [--rollouts N] [--seed S]   greedy evaluation of a run's weights
             [--parallel-envs N] [--device D]                        (table on screen, RUN_DIR/eval.json)
-  icrl envs                                                         list the built-in tasks
+  icrl envs [FAMILY]                                                list the built-in tasks (or a family's)
   icrl plot RUN_DIR [RUN_DIR ...] [--out FILE] [--x env_steps|wall_time]
                                                                     learning curves (seeds grouped)
 """
@@ -78,14 +78,25 @@ def _train(argv: list[str]) -> None:
 
     try:
         train(cfg)
-    except (ConfigError, ValueError) as e:  # bad env names / kwargs / spaces surface as ValueError
+    except (ConfigError, ValueError, ImportError) as e:  # bad env names / kwargs / spaces; a missing extra
         _fail(str(e))
 
 
-def _envs() -> None:
+def _envs(argv: list[str]) -> None:
     import functools
 
-    from icrl.envs.make import BUILTIN_ENVS
+    from icrl.envs.make import BUILTIN_ENVS, ENV_FAMILIES
+
+    if argv:  # `icrl envs FAMILY`: the members of one family (needs its optional package)
+        prefix = argv[0].rstrip("/") + "/"
+        if len(argv) > 1 or prefix not in ENV_FAMILIES:
+            _fail(f"usage: icrl envs [FAMILY]; families: {', '.join(p.rstrip('/') for p in ENV_FAMILIES)}")
+        try:
+            members = ENV_FAMILIES[prefix].members()
+        except ImportError as e:
+            _fail(str(e).strip().splitlines()[0])
+        print("\n".join(prefix + m for m in members))
+        return
 
     for name, factory in sorted(BUILTIN_ENVS.items()):
         if isinstance(factory, functools.partial):  # one entry of a family, e.g. popgym/<EnvClassName>
@@ -94,6 +105,8 @@ def _envs() -> None:
             doc = (factory.__doc__ or "").strip().splitlines()
             line = doc[0] if doc else ""
         print(f"{name:<28} {line}")
+    for prefix, family in sorted(ENV_FAMILIES.items()):
+        print(f"{prefix + '<name>':<28} {family.help}")
 
 
 def _eval(argv: list[str]) -> None:
@@ -176,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "eval":
         _eval(rest)
     elif command == "envs":
-        _envs()
+        _envs(rest)
     elif command == "plot":
         _plot(rest)
     else:

@@ -1,6 +1,7 @@
 """Build envs by name, so configs and CLIs can name any task with one string.
 
-Three forms, tried in this order: a built-in icrl task (`BUILTIN_ENVS`), a registered Gymnasium id
+Three forms, tried in this order: a built-in icrl task (`BUILTIN_ENVS`, or a member of a family of
+`ENV_FAMILIES` such as "babyai/GoToLocal", resolved by its prefix), a registered Gymnasium id
 (`gym.make`), or `"package.module:factory"` (imported and called). Vector envs use picklable thunks so the
 asynchronous (subprocess) vector env works with every form.
 """
@@ -10,15 +11,18 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import gymnasium as gym
 
+from icrl.envs.babyai import babyai_env_names, make_babyai  # imports without minigrid; building one needs it
+from icrl.envs.crafter_env import CrafterEnv  # imports without crafter; building one needs it
 from icrl.envs.frozen_lake import MetaFrozenLake
 from icrl.envs.goal_grid import GoalGrid
 from icrl.envs.half_cheetah_vel import HalfCheetahVel  # imports without mujoco; building one needs it
 from icrl.envs.key_door import DarkKeyToDoor
 from icrl.envs.mazerunner import MazeRunner
+from icrl.envs.metaworld_envs import make_metaworld, metaworld_env_names  # imports without metaworld
 from icrl.envs.package_delivery import PackageDelivery
 from icrl.envs.popgym_envs import popgym_builtin_envs
 from icrl.envs.recall import CueRecall
@@ -33,16 +37,40 @@ BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
     "meta_frozen_lake": MetaFrozenLake,
     "dark_key_door": DarkKeyToDoor,
     "half_cheetah_vel": HalfCheetahVel,
+    "crafter": CrafterEnv,
     "goal_grid": GoalGrid,
     "mazerunner": MazeRunner,
     "package_delivery": PackageDelivery,
     **popgym_builtin_envs(),  # "popgym/<EnvClassName>" and "popgym_multi" when popgym is installed
 }
 
+class EnvFamily(NamedTuple):
+    """Tasks named "<prefix><member>", resolved when built: `make(member, **env_kwargs)`; `members()` lists
+    them (it may need the family's optional package, so `icrl envs` shows only `help` by default)."""
+
+    make: Callable[..., gym.Env]
+    members: Callable[[], list[str]]
+    help: str
+
+
+# Prefix -> family. Listed by `icrl envs` without importing the optional packages; `icrl envs metaworld` lists
+# the members. "babyai/GoToLocal" calls make_babyai("GoToLocal", **env_kwargs).
+ENV_FAMILIES: dict[str, EnvFamily] = {
+    "metaworld/": EnvFamily(
+        make_metaworld,
+        metaworld_env_names,
+        "Meta-World ML1/<task>, ML10 (kwarg split='test'); extra icrl[metaworld]; icrl envs metaworld",
+    ),
+    "babyai/": EnvFamily(
+        make_babyai, babyai_env_names, "BabyAI levels, language missions; extra icrl[minigrid]; icrl envs babyai"
+    ),
+}
+
 
 def _forms_help() -> str:
     return (
-        "Use (1) a built-in name " + f"({', '.join(sorted(BUILTIN_ENVS))}), "
+        "Use (1) a built-in name " + f"({', '.join(sorted(BUILTIN_ENVS))}) or family member "
+        f"({', '.join(p + '<name>' for p in ENV_FAMILIES)}; `icrl envs FAMILY` lists them), "
         "(2) a registered gymnasium id such as 'CartPole-v1' (import the package that registers it, or write "
         "'module:EnvId'), or (3) 'package.module:factory' naming a callable that returns a gymnasium.Env."
     )
@@ -81,6 +109,9 @@ def make_env(name: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     kwargs = dict(env_kwargs or {})
     if name in BUILTIN_ENVS:
         return _call(BUILTIN_ENVS[name], name, kwargs)
+    for prefix, family in ENV_FAMILIES.items():
+        if name.startswith(prefix):
+            return _call(functools.partial(family.make, name[len(prefix) :]), name, kwargs)
     if name in gym.registry:
         return _call(functools.partial(gym.make, name), name, kwargs)
     factory = _resolve_factory(name)
