@@ -1,4 +1,5 @@
-"""`icrl` command line: `icrl train ...`, `icrl eval RUN_DIR`, `icrl envs`, `icrl plot RUN_DIR ...`.
+"""`icrl` command line: `icrl train ...`, `icrl eval RUN_DIR`, `icrl envs`, `icrl plot RUN_DIR ...`, and the
+asynchronous pair `icrl learn RUN_DIR ...` / `icrl collect RUN_DIR ...` (icrl.async_mode).
 
 Flags of `icrl train` are the fields of `ExperimentConfig` (tyro), without their group prefixes:
 `--env`, `--d-model`, `--seed`... A config, env or run-dir error prints one line `icrl: error: ...` on
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-USAGE = """usage: icrl {train,eval,envs,plot} ...
+USAGE = """usage: icrl {train,eval,envs,plot,learn,collect,export-minari} ...
 
   icrl train [--preset NAME] [--env NAME] [--env-kwargs JSON] ...  train an agent (icrl train --help)
   icrl eval RUN_DIR [--checkpoint PATH] [--rollouts N] [--seed S]   greedy evaluation of a run's weights
@@ -18,6 +19,11 @@ USAGE = """usage: icrl {train,eval,envs,plot} ...
   icrl envs [FAMILY]                                                list the built-in tasks (or a family's)
   icrl plot RUN_DIR [RUN_DIR ...] [--out FILE] [--x env_steps|wall_time]
                                                                     learning curves (seeds grouped)
+  icrl learn RUN_DIR [--utd R] [--publish-every N] [train flags]    asynchronous learner (writes config.json)
+  icrl collect RUN_DIR [--collector-id K] [--device D]              asynchronous collector (any number)
+            [--max-env-steps N] [--max-lead STEPS] [--wait S]
+  icrl export-minari RUN_DIR DATASET_ID [--folder fifo|protected|all] [--overwrite]
+                                                                    a run's rollouts as a local Minari dataset
 """
 
 
@@ -50,7 +56,8 @@ def _pop_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
     return value, rest
 
 
-def _train(argv: list[str]) -> None:
+def _parse_config(argv: list[str], prog: str, description: str):
+    """An ExperimentConfig from `[--preset NAME] [flags]` (tyro), validated; usage errors exit 2."""
     import tyro
 
     from icrl.config import ConfigError, ExperimentConfig
@@ -66,20 +73,108 @@ def _train(argv: list[str]) -> None:
         ExperimentConfig,
         args=argv,
         default=default,
-        prog="icrl train",
-        description="Train an agent. `--preset NAME` starts from a preset (" + ", ".join(sorted(PRESETS)) + ").",
+        prog=prog,
+        description=description + " `--preset NAME` starts from a preset (" + ", ".join(sorted(PRESETS)) + ").",
         config=(tyro.conf.OmitArgPrefixes,),
     )
     try:
         cfg.validate()
     except ConfigError as e:
         _fail(str(e))
+    return cfg
+
+
+def _train(argv: list[str]) -> None:
+    from icrl.config import ConfigError
+
+    cfg = _parse_config(argv, "icrl train", "Train an agent.")
     from icrl.train import train
 
     try:
         train(cfg)
     except (ConfigError, ValueError, ImportError) as e:  # bad env names / kwargs / spaces; a missing extra
         _fail(str(e))
+
+
+def _learn(argv: list[str]) -> None:
+    if argv and argv[0] in ("-h", "--help"):
+        argv = ["RUN_DIR", *argv]  # tyro prints the flags
+    if not argv or argv[0].startswith("-"):
+        _fail("usage: icrl learn RUN_DIR [--utd R] [--publish-every N] [--preset NAME] [train flags]")
+    run_dir, rest = argv[0], argv[1:]
+    if any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest):
+        _fail("icrl learn: the run dir is the first argument; drop --run-dir")
+    utd, rest = _pop_option(rest, "--utd")
+    publish, rest = _pop_option(rest, "--publish-every")
+    try:
+        utd_value = None if utd is None else float(utd)
+        publish_value = None if publish is None else int(publish)
+    except ValueError:
+        _fail(f"icrl learn: --utd takes a number, --publish-every an integer (got {utd!r}, {publish!r})")
+    cfg = _parse_config([*rest, "--run-dir", run_dir], "icrl learn RUN_DIR",
+                        "Asynchronous learner: trains on the rollouts `icrl collect` processes store in RUN_DIR. "
+                        "--utd R: at most R updates per env step stored (default: updates-per-epoch / "
+                        "steps-per-epoch); --publish-every N: publish weights every N updates.")
+    from icrl.async_learner import learn
+    from icrl.async_mode import StopFlag
+    from icrl.config import ConfigError
+
+    try:
+        learn(cfg, utd=utd_value, publish_every=publish_value, stop=StopFlag())
+    except (ConfigError, ValueError, ImportError) as e:
+        _fail(str(e))
+
+
+def _collect(argv: list[str]) -> None:
+    parser = _ArgumentParser(
+        prog="icrl collect",
+        description="Asynchronous collector: acts with the weights `icrl learn` publishes in RUN_DIR and stores "
+        "its rollouts in RUN_DIR/replay, until the run's total env steps are taken or the learner finishes.",
+    )
+    parser.add_argument("run_dir")
+    parser.add_argument("--collector-id", type=int, default=0, help="distinct per collector: seeds and counters")
+    parser.add_argument("--device", default="cpu", help="device for acting (default: cpu)")
+    parser.add_argument("--max-env-steps", type=int, default=None, help="stop after this many env steps")
+    parser.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the learner's files")
+    parser.add_argument(
+        "--max-lead", type=int, default=None, metavar="STEPS",
+        help="pause while the run's env steps exceed the learner's updates / utd by more than STEPS "
+        "(default: never pause)",
+    )
+    args = parser.parse_args(argv)
+    from icrl.async_mode import StopFlag, collect
+    from icrl.config import ConfigError
+
+    try:
+        collect(args.run_dir, args.collector_id, device=args.device, wait_s=args.wait,
+                max_env_steps=args.max_env_steps, max_lead=args.max_lead, stop=StopFlag())
+    except (ConfigError, ValueError, ImportError) as e:
+        _fail(str(e))
+
+
+def _export_minari(argv: list[str]) -> None:
+    parser = _ArgumentParser(
+        prog="icrl export-minari",
+        description="Write a run's stored rollouts as a local Minari dataset (under $MINARI_DATASETS_PATH, "
+        "default ~/.minari/datasets), in the spaces the agent sees. Multi-episode rollouts become one Minari "
+        "episode per inner episode; `icrl train --offline-data DATASET_ID` reads them back as the original "
+        "rollouts. Needs `pip install 'icrl[offline]'`.",
+    )
+    parser.add_argument("run_dir")
+    parser.add_argument("dataset_id", help="e.g. icrl/tmaze-expert-v0 ((namespace/)name-vN)")
+    parser.add_argument(
+        "--folder", default="fifo", choices=("fifo", "protected", "all"),
+        help="replay folder to export: fifo (collected rollouts, default), protected (offline data) or all",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset with this id")
+    args = parser.parse_args(argv)
+    from icrl.offline import export_run
+
+    try:
+        path, episodes, steps = export_run(args.run_dir, args.dataset_id, folder=args.folder, overwrite=args.overwrite)
+    except (ValueError, ImportError, OSError) as e:  # bad id, existing id, no rollouts, missing extra
+        _fail(str(e).strip().splitlines()[0])
+    print(f"{args.dataset_id}: {episodes:,} episodes, {steps:,} steps in {path}")
 
 
 def _envs(argv: list[str]) -> None:
@@ -97,7 +192,6 @@ def _envs(argv: list[str]) -> None:
             _fail(str(e).strip().splitlines()[0])
         print("\n".join(prefix + m for m in members))
         return
-
     for name, factory in sorted(BUILTIN_ENVS.items()):
         if isinstance(factory, functools.partial):  # one entry of a family, e.g. popgym/<EnvClassName>
             line = f"{factory.func.__name__}({', '.join(map(repr, factory.args))}): see that package's docs"
@@ -192,8 +286,14 @@ def main(argv: list[str] | None = None) -> None:
         _envs(rest)
     elif command == "plot":
         _plot(rest)
+    elif command == "learn":
+        _learn(rest)
+    elif command == "collect":
+        _collect(rest)
+    elif command == "export-minari":
+        _export_minari(rest)
     else:
-        _fail(f"unknown command {command!r}; choose one of train, eval, envs, plot")
+        _fail(f"unknown command {command!r}; choose one of train, eval, envs, plot, learn, collect, export-minari")
 
 
 if __name__ == "__main__":

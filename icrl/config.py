@@ -191,6 +191,18 @@ class TrainConfig:
     adds a random number of goals the rollout achieved, "all" turns every rollout into a success."""
     relabel_rare_goals: bool = False
     """Pick hindsight goals by inverse achievement frequency, so rarely reached goals are replayed more."""
+    offline_data: str | None = None
+    """Offline data loaded once into RUN_DIR/replay/protected (never evicted): a local Minari dataset id
+    (in $MINARI_DATASETS_PATH, default ~/.minari/datasets; never downloaded; needs icrl[offline]) or its
+    folder, or icrl rollout files (a run dir, its replay/, or a folder of .npz files). Spaces must match --env."""
+    offline_fraction: float | None = None
+    """Probability that a sampled training window comes from the offline (protected) data; the others come
+    from collected rollouts (when one side is still empty, windows come from the other). Unset: every stored
+    rollout file is equally likely."""
+    offline_updates: int = 0
+    """Gradient updates on the stored data before the first env step, in epochs of --updates-per-epoch
+    (rounded up) that collect nothing; evaluation still runs every --eval-every epochs. With
+    --total-env-steps 0 the run is purely offline."""
 
 
 @dataclass(frozen=True)
@@ -227,7 +239,24 @@ class ExperimentConfig:
                 f"--steps-per-epoch {t.steps_per_epoch} is below --parallel-envs {e.parallel_envs}: "
                 "each epoch steps every env at least once",
             ),
-            (t.total_env_steps >= t.steps_per_epoch, "--total-env-steps must be >= --steps-per-epoch"),
+            (
+                t.total_env_steps >= t.steps_per_epoch or (t.total_env_steps == 0 and t.offline_updates > 0),
+                "--total-env-steps must be >= --steps-per-epoch (or 0 with --offline-updates: offline training)",
+            ),
+            (t.offline_updates >= 0, "--offline-updates must be >= 0"),
+            (
+                t.offline_fraction is None or 0.0 <= t.offline_fraction <= 1.0,
+                f"--offline-fraction {t.offline_fraction} must lie in [0, 1]",
+            ),
+            (
+                t.offline_data is not None or (t.offline_updates == 0 and t.offline_fraction is None),
+                "--offline-updates and --offline-fraction need --offline-data PATH_OR_MINARI_ID",
+            ),
+            (
+                t.offline_updates == 0 or (t.updates_per_epoch >= 1 and t.start_updates_after == 0),
+                "--offline-updates trains before any env step: it needs --updates-per-epoch >= 1 and "
+                "--start-updates-after 0",
+            ),
             (e.chunk_len is None or e.chunk_len >= 2, "--chunk-len must be >= 2"),
             (
                 t.relabel == "none"

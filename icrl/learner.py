@@ -16,6 +16,7 @@ from torch import nn
 
 from icrl.agent import Agent
 from icrl.config import ExperimentConfig, LossConfig
+from icrl.distributed import Replicas
 from icrl.losses import actor_loss, align_next, critic_loss, frozen_critic, redq_members, td_targets
 from icrl.nets.heads import q_at_action
 from icrl.nets.transformer import invalidate_weight_caches
@@ -94,17 +95,37 @@ def param_groups(agent: Agent, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+class LossModule(nn.Module):
+    """`compute_loss` as a module's forward, so DistributedDataParallel can wrap it: DDP averages the
+    gradients of the parameters used in its own forward call, and the loss reaches the agent's parts
+    (encoder, heads, targets) directly rather than through `Agent.forward`."""
+
+    def __init__(self, agent: Agent, loss_fn, cfg: LossConfig) -> None:
+        super().__init__()
+        self.agent, self.loss_fn, self.cfg = agent, loss_fn, cfg
+
+    def forward(self, batch: Batch, generator: torch.Generator | None):
+        return self.loss_fn(self.agent, batch, self.cfg, generator)
+
+
 class Learner:
     """Owns the optimiser, the warm-up schedule and the REDQ generator of one agent.
 
     `TrainConfig.dtype == "bf16"` runs the forward pass and the losses under torch.autocast(bfloat16); the
     backward pass follows the forward's dtypes, and parameters, gradients and AdamW stay float32.
     `TrainConfig.compile` wraps `compute_loss` in torch.compile.
+
+    Data parallel (`replicas` of world size > 1, see icrl.distributed): the loss runs inside DDP, which
+    averages gradients over the ranks, and the batch statistics (observation RunningNorm, PopArt) are
+    updated from every rank's rows, so all ranks keep identical weights and buffers.
     """
 
-    def __init__(self, agent: Agent, cfg: ExperimentConfig, device: torch.device) -> None:
+    def __init__(
+        self, agent: Agent, cfg: ExperimentConfig, device: torch.device, replicas: Replicas | None = None
+    ) -> None:
         self.agent, self.cfg, self.device = agent, cfg, device
         t = cfg.train
+        self.replicas = replicas if replicas is not None and replicas.world_size > 1 else None
         self.optimizer = torch.optim.AdamW(param_groups(agent, t.weight_decay), lr=t.lr, fused=True)
         warmup = max(t.warmup_updates, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
@@ -112,6 +133,12 @@ class Learner:
         self.updates = 0
         self.autocast_enabled = t.dtype == "bf16"
         self.compute_loss = torch.compile(compute_loss) if t.compile else compute_loss
+        self.ddp = None
+        if self.replicas is not None:
+            # Rank 0's initial weights and buffers on every rank (in place: the optimiser's parameters stay
+            # the same objects), then DDP for the gradients.
+            self.replicas.broadcast_(agent)
+            self.ddp = self.replicas.wrap(LossModule(agent, self.compute_loss, cfg.loss))
 
     def state_dict(self) -> dict:
         """Optimiser and scheduler state dicts (tensors, for a weights-only file), the update counter and
@@ -134,9 +161,15 @@ class Learner:
         agent, cfg = self.agent, self.cfg
         agent.train()  # acting (AgentPolicy) leaves the agent in eval mode
         batch = batch.to(self.device, non_blocking=True)
-        agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
-            loss, metrics, y, valid = self.compute_loss(agent, batch, cfg.loss, self.generator)
+        if self.ddp is None:
+            agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
+                loss, metrics, y, valid = self.compute_loss(agent, batch, cfg.loss, self.generator)
+        else:
+            length = self._update_normalization_all_ranks(batch)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
+                loss, metrics, y, valid = self.ddp(batch, self.generator)
+            y, valid = self.replicas.gather_padded(y.float(), valid, length)  # [N*B, L, G]: every rank's targets
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.train.grad_clip)
@@ -152,3 +185,14 @@ class Learner:
         metrics["popart_mu"] = agent.popart.mu[-1]
         metrics["popart_sigma"] = agent.popart.sigma[-1]
         return metrics
+
+    @torch.no_grad()
+    def _update_normalization_all_ranks(self, batch: Batch) -> int:
+        """`TimestepEncoder.update_normalization` fed with the real timesteps of every rank's batch; returns
+        the longest batch length over the ranks (for gathering PopArt's targets after the step)."""
+        enc = self.agent.tstep_encoder
+        rows = enc.vector_obs(batch.inputs)[batch.mask.bool()] if enc.obs_norm is not None else None  # [N, D]
+        max_rows, length = self.replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
+        if rows is not None:
+            enc.obs_norm.update(self.replicas.gather_rows(rows, max_rows))
+        return length

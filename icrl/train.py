@@ -22,13 +22,15 @@ from icrl.checkpoint import (
     save_checkpoint,
 )
 from icrl.config import ConfigError, ExperimentConfig, TrainConfig
-from icrl.data import DiskReplay, make_loader
+from icrl.data import DiskReplay, ReplayLoader, make_loader
 from icrl.data.relabel import HindsightRelabeler
+from icrl.distributed import Replicas, init_replicas
 from icrl.envs import Collector, make_vector_env
 from icrl.exploration import Exploration
 from icrl.fileio import write_text_atomic
 from icrl.learner import Learner
-from icrl.metrics import make_loggers, progress_bar, progress_line, say
+from icrl.metrics import MultiLogger, make_loggers, progress_bar, progress_line, say
+from icrl.offline import prepare_offline
 from icrl.plot import plot_learning_curves
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec, EpisodeStats
@@ -46,12 +48,9 @@ def summarize_episodes(episodes: list[EpisodeStats]) -> dict[str, float | None |
     A rollout's return sums its episodes; its success is that of its last episode (after adapting).
     The `*_by_episode` lists give the adaptation curve of multi-episode tasks.
     """
-    rollouts: dict[tuple[int, int], list[EpisodeStats]] = defaultdict(list)
-    for ep in episodes:
-        rollouts[(ep.env_index, ep.rollout_id)].append(ep)
-    if not rollouts:
+    eps = _group_rollouts(episodes)
+    if not eps:
         return {"return_mean": None, "success_rate": None, "rollouts": 0}
-    eps = [sorted(r, key=lambda e: e.episode_index) for r in rollouts.values()]
     returns = [sum(e.ret for e in r) for r in eps]
     successes = [r[-1].success for r in eps if r[-1].success is not None]
     by_index: dict[int, list[EpisodeStats]] = defaultdict(list)
@@ -71,6 +70,22 @@ def summarize_episodes(episodes: list[EpisodeStats]) -> dict[str, float | None |
         if all(succ):
             out["success_by_episode"] = [float(np.mean(s)) for s in succ]
     return out
+
+
+def _group_rollouts(episodes: list[EpisodeStats]) -> list[list[EpisodeStats]]:
+    """Episodes grouped by rollout, each group in episode order."""
+    rollouts: dict[tuple[int, int], list[EpisodeStats]] = defaultdict(list)
+    for ep in episodes:
+        rollouts[(ep.env_index, ep.rollout_id)].append(ep)
+    return [sorted(r, key=lambda e: e.episode_index) for r in rollouts.values()]
+
+
+def train_stats_all_ranks(episodes: list[EpisodeStats], replicas: Replicas) -> dict[str, float | None]:
+    """`summarize_episodes`' return and success rate over the rollouts every rank finished."""
+    eps = _group_rollouts(episodes)
+    succ = [r[-1].success for r in eps if r[-1].success is not None]
+    n, ret, n_succ, succ_sum = replicas.sum([len(eps), sum(sum(e.ret for e in r) for r in eps), len(succ), sum(succ)])
+    return {"return_mean": ret / n if n else None, "success_rate": succ_sum / n_succ if n_succ else None}
 
 
 # Fields that may change when a run is resumed: the flag itself and how far to train.
@@ -158,169 +173,258 @@ def make_relabeler(t: TrainConfig, venv: gym.vector.VectorEnv) -> HindsightRelab
     return HindsightRelabeler(t.relabel, rare_goals=t.relabel_rare_goals)
 
 
+def make_train_loader(
+    cfg: ExperimentConfig, replay_root: Path, spec: ActionSpec, device: torch.device, seed: int, **kwargs
+) -> ReplayLoader:
+    """The learner's endless batches from the replay (`train` and the asynchronous learner share it);
+    `kwargs` go to `make_loader` (e.g. `auto_refresh`)."""
+    t = cfg.train
+    return make_loader(
+        replay_root,
+        batch_size=t.batch_size,
+        max_seq_len=cfg.model.max_seq_len,
+        action_spec=spec,
+        seed=seed,
+        num_workers=t.num_workers,
+        pin_memory=device.type == "cuda",
+        offline_fraction=t.offline_fraction,
+        **kwargs,
+    )
+
+
+def run_updates(learner: Learner, loader: ReplayLoader, num_updates: int) -> tuple[dict[str, float], float, float]:
+    """`num_updates` gradient steps on fresh batches. Returns the last update's metrics as floats and the
+    seconds spent sampling and updating (reading the metrics waits for the device: it counts as updating)."""
+    metrics, t_sample, t_update = {}, 0.0, 0.0
+    for _ in range(num_updates):
+        t2 = time.perf_counter()
+        batch = next(loader)
+        t3 = time.perf_counter()
+        metrics = learner.update(batch)
+        t_sample += t3 - t2
+        t_update += time.perf_counter() - t3
+    t4 = time.perf_counter()
+    metrics = {k: float(v) for k, v in metrics.items()}
+    t_update += time.perf_counter() - t4
+    return metrics, t_sample, t_update
+
+
+def eval_row(agent: Agent, collector: Collector, cfg: ExperimentConfig, device: torch.device, *, epoch: int,
+             env_steps: int, updates: int, start: float) -> dict:
+    """The metrics row of one greedy evaluation (seeded by the epoch, so every run meets the same tasks)."""
+    t5 = time.perf_counter()
+    stats = evaluate(agent, collector, cfg.env.eval_rollouts, device, seed=derive_seed(cfg.train.seed, "eval", epoch))
+    return {"kind": "eval", "epoch": epoch, "env_steps": env_steps, "updates": updates,
+            "wall_time": time.perf_counter() - start, "time/eval_s": time.perf_counter() - t5, **stats}
+
+
+def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = None) -> Path:
+    """Write the agent's weights (safetensors) to a temp file and rename it over `path`: readers (icrl eval,
+    asynchronous collectors) see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_model(agent, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+    return path
+
+
+def finish_run(run_dir: Path, agent: Agent, cfg: ExperimentConfig, last_eval: dict, env_steps: int, updates: int) -> None:
+    """Final weights (RUN_DIR/agent.safetensors), the learning-curve plot and the result line."""
+    save_weights(agent, run_dir / "agent.safetensors")
+    plot = plot_learning_curves([run_dir], run_dir / "learning_curve.png", title=f"{cfg.env.env} {cfg.env.env_kwargs}")
+    success = last_eval.get("success_rate")
+    say(
+        f"[bold green]result[/bold green]: eval return {last_eval['return_mean']:+.3f}"
+        + (f", success rate {success:.2f}" if success is not None else "")
+        + f" over {last_eval['rollouts']} rollouts after {env_steps:,} env steps and "
+        f"{updates:,} updates in {last_eval['wall_time']:.0f} s; plot: {plot}"
+    )
+
+
 def train(cfg: ExperimentConfig) -> dict:
-    """Train an agent as `cfg` says; returns the final evaluation. Writes everything under run_dir."""
+    """Train an agent as `cfg` says; returns the final evaluation. Writes everything under run_dir.
+
+    Started N times by a launcher (`torchrun --nproc_per_node N -m icrl train ...`), the processes train one
+    agent data-parallel (icrl.distributed): per epoch each collects steps_per_epoch / N env steps with its own
+    envs into the shared replay, and each update averages the gradients of N batches of batch_size windows.
+    Rank 0 alone writes the run directory and evaluates; the other ranks return {}.
+    """
     cfg.validate()
     e, t = cfg.env, cfg.train
+    replicas = init_replicas(t.device)  # one process, or this rank of a data-parallel run
+    world, main = replicas.world_size, replicas.is_main
+    steps_per_rank = t.steps_per_epoch // world
+    if steps_per_rank < e.parallel_envs:
+        raise ConfigError(
+            f"--steps-per-epoch {t.steps_per_epoch} split over {world} processes is below --parallel-envs "
+            f"{e.parallel_envs}: raise --steps-per-epoch to at least {world * e.parallel_envs}"
+        )
     check_run_dir(cfg)  # before anything is created or written
-    seed_everything(t.seed)
+    replicas.barrier()  # every rank has checked the run dir before any of them writes to it
+    seed_everything(t.seed, replicas.rank)
+    seed = replicas.rank_seed(t.seed)  # this rank's envs, exploration and sampler (the run's seed on rank 0)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
-    device = resolve_device(t.device)
+    device = replicas.device
     venv_kwargs = dict(episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
     venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
-    eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
+    eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs) if main else None
     spec = ActionSpec.from_space(venv.single_action_space)
     relabeler = make_relabeler(t, venv)  # before the run dir exists: a wrong --relabel leaves nothing behind
     run_dir = Path(t.run_dir)  # created only once the envs exist, so a bad env name leaves nothing behind
     run_dir.mkdir(parents=True, exist_ok=True)
-    collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(t.seed, "train-envs"))
-    eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs"))
+    collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(seed, "train-envs"))
+    eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs")) if main else None
 
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
-    learner = Learner(agent, cfg, device)
+    learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
     # The FIFO part skips fsync: the atomic rename already keeps readers from torn files after a crash;
     # fsync would only add power-loss durability for data that is cheap to collect again.
     replay = DiskReplay(run_dir / "replay", capacity_timesteps=t.replay_capacity, fsync=False)
-    exploration = Exploration(cfg.explore, spec, e.parallel_envs, seed=derive_seed(t.seed, "explore"))
+    # --offline-data: loaded once into replay/protected (rank 0); --offline-updates: epochs without env steps
+    offline_epochs = prepare_offline(cfg, replay.root, log=say, import_data=main)
+    replicas.barrier()  # the offline data is on disk before any rank samples
+    exploration = Exploration(cfg.explore, spec, e.parallel_envs, seed=derive_seed(seed, "explore"))
+
+    def env_steps() -> int:  # the run's env steps: every rank takes the same number
+        return world * collector.total_env_steps
+
     policy = AgentPolicy(
-        agent, e.parallel_envs, greedy=False, exploration=exploration, env_steps=lambda: collector.total_env_steps, device=device
+        agent, e.parallel_envs, greedy=False, exploration=exploration, env_steps=env_steps, device=device
     )
     start_epoch, wall_offset = 0, 0.0
     if t.resume:
-        ckpt = find_latest_checkpoint(run_dir, log=say)
+        ckpt = find_latest_checkpoint(run_dir, log=say if main else None)
         if ckpt is not None:
-            state = load_checkpoint(ckpt, agent=agent, learner=learner, collector=collector, exploration=exploration)
+            # The checkpoint holds rank 0's exploration and RNG states; the other ranks keep their own.
+            state = load_checkpoint(ckpt, agent=agent, learner=learner, collector=collector,
+                                    exploration=exploration if main else None, restore_rng=main)
             start_epoch, wall_offset = int(state["epoch"]), float(state["extra"].get("wall_time", 0.0))
+            saved_world = int(state["extra"].get("world_size", 1))
+            if saved_world != world:  # the counter is per rank: rescale it to this run's process count
+                collector.total_env_steps = collector.total_env_steps * saved_world // world
             # The rollouts in progress at the checkpoint are lost: the collector starts from a hard reset,
             # seeded apart from the run's first reset so the tasks do not repeat.
-            collector.seed = derive_seed(t.seed, "train-envs", "resume", start_epoch)
-            say(f"icrl: resuming from {ckpt} (epoch {start_epoch}, {collector.total_env_steps:,} env steps, "
-                f"{learner.updates:,} updates)")
-        elif holds_run(run_dir):
+            collector.seed = derive_seed(seed, "train-envs", "resume", start_epoch)
+            if main:
+                say(f"icrl: resuming from {ckpt} (epoch {start_epoch}, {env_steps():,} env steps, "
+                    f"{learner.updates:,} updates)")
+        elif main and holds_run(run_dir):
             say(f"icrl: no readable checkpoint in {run_dir}; starting the run over (the replay is reused)")
-        for path in list_checkpoints(run_dir):  # unreadable ones newer than the one resumed from
-            if int(path.name.split("-")[-1]) > start_epoch:
-                shutil.rmtree(path, ignore_errors=True)
-        truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
-    write_text_atomic(run_dir / "config.json", cfg.to_json())
-    log = make_loggers(run_dir, ("jsonl", *t.log_backends), json.loads(cfg.to_json()))
-    say(
-        f"icrl: training on [bold]{e.env}[/bold] {e.kwargs or ''} with a {cfg.model.traj_encoder} "
-        f"({sum(p.numel() for p in agent.online_parameters()):,} parameters) on {device}; run dir {run_dir}"
-    )
+        replicas.barrier()  # every rank has read the checkpoint before rank 0 prunes newer, unreadable ones
+        if main:
+            for path in list_checkpoints(run_dir):  # unreadable ones newer than the one resumed from
+                if int(path.name.split("-")[-1]) > start_epoch:
+                    shutil.rmtree(path, ignore_errors=True)
+            truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
+    if main:  # one writer of the run directory
+        write_text_atomic(run_dir / "config.json", cfg.to_json())
+        log = make_loggers(run_dir, ("jsonl", *t.log_backends), json.loads(cfg.to_json()))
+        say(
+            f"icrl: training on [bold]{e.env}[/bold] {e.kwargs or ''} with a {cfg.model.traj_encoder} "
+            f"({sum(p.numel() for p in agent.online_parameters()):,} parameters) on {device}"
+            + (f" x {world} processes" if world > 1 else "") + f"; run dir {run_dir}"
+        )
+    else:
+        log = MultiLogger([])
 
     loader = None
     bar, bar_task = progress_bar(t.total_env_steps)
+    bar.disable = bar.disable or not main
     bar.start()
     try:
-        num_epochs = max(1, t.total_env_steps // t.steps_per_epoch)
+        num_epochs = max(1, offline_epochs + t.total_env_steps // t.steps_per_epoch)
         start, last_eval = time.perf_counter() - wall_offset, None
         for epoch in range(start_epoch + 1, num_epochs + 1):
             # Acting phase. Eval mode once for the whole phase (AgentPolicy.act would switch too, once);
             # Learner.update switches back to train mode.
             agent.eval()
-            steps0, policy_s0 = collector.total_env_steps, policy.seconds
+            steps0, policy_s0 = env_steps(), policy.seconds
             t0 = time.perf_counter()
-            rollouts, episodes = collector.collect(policy, t.steps_per_epoch)
+            rollouts, episodes = collector.collect(policy, steps_per_rank if epoch > offline_epochs else 0)
             t_collect = time.perf_counter() - t0
             for rollout in rollouts:
                 replay.write(rollout)
+            replicas.barrier()  # every rank's rollouts are on disk before any rank lists the replay
             if loader is not None:  # new files become visible now, not at a timing-dependent moment
                 loader.refresh()
             t_write = time.perf_counter() - t0 - t_collect
 
             # Learning phase: sampling and updates timed apart.
             metrics, t_sample, t_update, n_updates = {}, 0.0, 0.0, 0
-            if collector.total_env_steps >= t.start_updates_after and replay.num_rollouts() > 0:
+            ready = env_steps() >= t.start_updates_after and replay.num_rollouts() > 0
+            if replicas.sum([float(ready)])[0] == world:  # all ranks update or none: DDP steps in lockstep
                 if loader is None:
                     t1 = time.perf_counter()
-                    loader = make_loader(
-                        replay.root,
-                        batch_size=t.batch_size,
-                        max_seq_len=cfg.model.max_seq_len,
-                        action_spec=spec,
+                    loader = make_train_loader(
+                        cfg, replay.root, spec, device,
                         # a resumed run draws a fresh sample stream rather than replaying the first one's
-                        seed=derive_seed(t.seed, "loader", *(("resume", start_epoch) if start_epoch else ())),
-                        num_workers=t.num_workers,
+                        seed=derive_seed(seed, "loader", *(("resume", start_epoch) if start_epoch else ())),
                         transform=relabeler,
-                        pin_memory=device.type == "cuda",
                     )
                     t_sample += time.perf_counter() - t1
-                for _ in range(t.updates_per_epoch):
-                    t2 = time.perf_counter()
-                    batch = next(loader)
-                    t3 = time.perf_counter()
-                    metrics = learner.update(batch)
-                    t_sample += t3 - t2
-                    t_update += time.perf_counter() - t3
-                    n_updates += 1
-                t4 = time.perf_counter()
-                metrics = {k: float(v) for k, v in metrics.items()}  # waits for the device
-                t_update += time.perf_counter() - t4
+                metrics, t_sample_u, t_update = run_updates(learner, loader, t.updates_per_epoch)
+                t_sample, n_updates = t_sample + t_sample_u, t.updates_per_epoch
+                if world > 1:  # the logged losses average over the ranks' batches
+                    metrics = dict(zip(metrics, (v / world for v in replicas.sum(list(metrics.values())))))
 
-            train_stats = summarize_episodes(episodes)
+            train_stats = summarize_episodes(episodes) if world == 1 else train_stats_all_ranks(episodes, replicas)
             row = {
                 "kind": "train",
                 "epoch": epoch,
-                "env_steps": collector.total_env_steps,
+                "env_steps": env_steps(),
                 "updates": learner.updates,
                 "wall_time": time.perf_counter() - start,
                 "train/return_mean": train_stats["return_mean"],
                 "train/success_rate": train_stats["success_rate"],
-                "train/epsilon": exploration.level(collector.total_env_steps),
+                "train/epsilon": exploration.level(env_steps()),
                 "time/collect_s": t_collect,  # the acting loop: policy + env steps + collector bookkeeping
                 "time/policy_s": policy.seconds - policy_s0,  # of which inside AgentPolicy.act
                 "time/replay_write_s": t_write,
                 "time/sample_s": t_sample,
                 "time/update_s": t_update,
-                "time/env_steps_per_s": (collector.total_env_steps - steps0) / max(t_collect, 1e-9),
+                "time/env_steps_per_s": (env_steps() - steps0) / max(t_collect, 1e-9),
                 "time/updates_per_s": n_updates / max(t_update, 1e-9) if n_updates else 0.0,
                 **{f"train/{k}": v for k, v in metrics.items()},
             }
             log.write(row)
-            if epoch % t.eval_every == 0 or epoch == num_epochs:
-                t5 = time.perf_counter()
-                stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", epoch))
-                last_eval = {"kind": "eval", "epoch": epoch, "env_steps": collector.total_env_steps,
-                             "updates": learner.updates, "wall_time": time.perf_counter() - start,
-                             "time/eval_s": time.perf_counter() - t5, **stats}
+            if main and (epoch % t.eval_every == 0 or epoch == num_epochs):
+                last_eval = eval_row(agent, eval_collector, cfg, device, epoch=epoch, env_steps=env_steps(),
+                                     updates=learner.updates, start=start)
                 log.write(last_eval)
-            bar.update(bar_task, completed=collector.total_env_steps, description=progress_line(row, last_eval))
-            if epoch % t.log_every == 0 or epoch == num_epochs:
+            if main:
+                bar.update(bar_task, completed=env_steps(), description=progress_line(row, last_eval))
+            if main and (epoch % t.log_every == 0 or epoch == num_epochs):
                 say(progress_line(row, last_eval))
             if epoch % t.checkpoint_every == 0 or epoch == num_epochs:
-                save_checkpoint(
-                    run_dir,
-                    agent=agent,
-                    learner=learner,
-                    collector=collector,
-                    exploration=exploration,
-                    epoch=epoch,
-                    extra={"wall_time": time.perf_counter() - start, "config": json.loads(cfg.to_json())},
-                    keep=t.keep_checkpoints,
-                )
-        if last_eval is None:  # resumed a run that had already reached its last epoch
+                extra = {"wall_time": time.perf_counter() - start, "config": json.loads(cfg.to_json())}
+                if world > 1:  # every rank hashes its state (raising if they differ); rank 0 records them
+                    extra.update(world_size=world, replica_sha256=replicas.fingerprints(agent))
+                if main:
+                    save_checkpoint(
+                        run_dir,
+                        agent=agent,
+                        learner=learner,
+                        collector=collector,
+                        exploration=exploration,
+                        epoch=epoch,
+                        extra=extra,
+                        keep=t.keep_checkpoints,
+                    )
+        if main and last_eval is None:  # resumed a run that had already reached its last epoch
             stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", num_epochs))
-            last_eval = {"kind": "eval", "epoch": max(start_epoch, num_epochs), "env_steps": collector.total_env_steps,
+            last_eval = {"kind": "eval", "epoch": max(start_epoch, num_epochs), "env_steps": env_steps(),
                          "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
     finally:  # also on errors and Ctrl-C: no orphaned env processes or loader workers
         bar.stop()
         log.close()
         venv.close()
-        eval_venv.close()
+        if eval_venv is not None:
+            eval_venv.close()
         if loader is not None:
             loader.close()
-    tmp = run_dir / f".agent.safetensors.tmp-{os.getpid()}"
-    save_model(agent, str(tmp))
-    os.replace(tmp, run_dir / "agent.safetensors")
-    plot = plot_learning_curves([run_dir], run_dir / "learning_curve.png", title=f"{e.env} {e.env_kwargs}")
+        replicas.close()
+    if not main:
+        return {}
     assert last_eval is not None
-    success = last_eval.get("success_rate")
-    say(
-        f"[bold green]result[/bold green]: eval return {last_eval['return_mean']:+.3f}"
-        + (f", success rate {success:.2f}" if success is not None else "")
-        + f" over {last_eval['rollouts']} rollouts after {collector.total_env_steps:,} env steps and "
-        f"{learner.updates:,} updates in {last_eval['wall_time']:.0f} s; plot: {plot}"
-    )
+    finish_run(run_dir, agent, cfg, last_eval, env_steps(), learner.updates)
     return last_eval

@@ -1,10 +1,11 @@
 """Random windows of stored rollouts, collated into `Batch`es, in DataLoader workers (DESIGN §6).
 
-Each sample: pick one rollout file uniformly among `root/fifo` and `root/protected`, load it (through a
-per-worker LRU cache: files are immutable), apply the optional `transform` (hindsight relabeling plugs in
-here), cut a uniformly random window of at most `max_seq_len` timesteps, and copy it into a padded batch.
-The dataset yields whole batches, so the DataLoader runs with `batch_size=None` and the collation cost is
-paid in the workers, not in the learner.
+Each sample: pick one rollout file uniformly among `root/fifo` and `root/protected` (or, with
+`offline_fraction=p`, uniformly inside `protected` with probability p and inside `fifo` otherwise), load
+it (through a per-worker LRU cache: files are immutable), apply the optional `transform` (hindsight
+relabeling plugs in here), cut a uniformly random window of at most `max_seq_len` timesteps, and copy it
+into a padded batch. The dataset yields whole batches, so the DataLoader runs with `batch_size=None` and
+the collation cost is paid in the workers, not in the learner.
 
 Reproducibility: every worker draws from its own numpy Generator seeded by (seed, worker id); the
 DataLoader hands out batches round-robin over workers, so a fixed seed and a fixed `num_workers` give the
@@ -116,11 +117,14 @@ class ReplayDataset(IterableDataset):
         refresh_time_fraction: float = 0.05,
         empty_timeout_s: float = 30.0,
         auto_refresh: bool = True,
+        offline_fraction: float | None = None,
     ):
         if batch_size < 1 or max_seq_len < 1:
             raise ValueError(f"batch_size and max_seq_len must be positive, got {batch_size}, {max_seq_len}")
         if not 0.0 < refresh_time_fraction <= 1.0:
             raise ValueError(f"refresh_time_fraction must be in (0, 1], got {refresh_time_fraction}")
+        if offline_fraction is not None and not 0.0 <= offline_fraction <= 1.0:
+            raise ValueError(f"offline_fraction must be in [0, 1] or None, got {offline_fraction}")
         self.root = Path(replay_root)
         self.batch_size = batch_size
         self.max_seq_len = max_seq_len
@@ -133,6 +137,7 @@ class ReplayDataset(IterableDataset):
         self.refresh_time_fraction = refresh_time_fraction
         self.empty_timeout_s = empty_timeout_s
         self.auto_refresh = auto_refresh
+        self.offline_fraction = offline_fraction
         # Per-worker state, (re)built lazily in the worker process by `_setup`. A file is a key
         # (folder number, name): 0 = fifo, 1 = protected.
         self._rng: np.random.Generator | None = None
@@ -200,6 +205,8 @@ class ReplayDataset(IterableDataset):
 
     def _draw(self) -> tuple[int, str] | None:
         """A uniformly random listed file that is not excluded (None if there is none)."""
+        if self.offline_fraction is not None:
+            return self._draw_by_fraction(self.offline_fraction)
         fifo, protected = self._lists
         n_fifo, listed = len(fifo), len(fifo) + len(protected)
         if listed - len(self._excluded) <= 0:
@@ -213,6 +220,26 @@ class ReplayDataset(IterableDataset):
         live = [(0, n) for n in fifo] + [(1, n) for n in protected]  # rare: mostly excluded files
         live = [key for key in live if key not in self._excluded]
         return live[int(rng.integers(len(live)))]
+
+    def _draw_by_fraction(self, p: float) -> tuple[int, str] | None:
+        """`protected` with probability p, else `fifo`; then a uniformly random live file inside it. For
+        0 < p < 1 an empty side gives way to the other; p = 0 or 1 never draws from the other side."""
+        rng: np.random.Generator = self._rng  # type: ignore[assignment]
+        live = [len(names) for names in self._lists]
+        for folder, _ in self._excluded:
+            live[folder] -= 1
+        folder = int(rng.random() < p)
+        if live[folder] <= 0 and 0.0 < p < 1.0:
+            folder = 1 - folder
+        if live[folder] <= 0:
+            return None
+        names = self._lists[folder]
+        for _ in range(64):  # rejection sampling: uniform over the folder's files not excluded
+            key = (folder, names[int(rng.integers(len(names)))])
+            if key not in self._excluded:
+                return key
+        keys = [(folder, n) for n in names if (folder, n) not in self._excluded]
+        return keys[int(rng.integers(len(keys)))]
 
     def _load(self, key: tuple[int, str]) -> Rollout | None:
         path = self._dirs[key[0]] + key[1]
@@ -256,6 +283,9 @@ class ReplayDataset(IterableDataset):
                     f"no readable rollout file in {self.root}/fifo or {self.root}/protected after waiting "
                     f"{self.empty_timeout_s:.1f}s ({len(self._bad)} corrupt file(s) skipped). Write rollouts "
                     "with DiskReplay.write before sampling, or check replay_root."
+                    + (f" With offline_fraction={self.offline_fraction} windows come only from "
+                       f"{'protected' if self.offline_fraction == 1 else 'fifo'}."
+                       if self.offline_fraction in (0.0, 1.0) else "")
                 )
             time.sleep(min(0.1, max(0.0, deadline - now)))
 
@@ -334,12 +364,15 @@ def make_loader(
     transform: Transform | None = None,
     pin_memory: bool = False,
     auto_refresh: bool | None = None,
+    offline_fraction: float | None = None,
     **dataset_kwargs,
 ) -> ReplayLoader:
     """Endless Batches of random windows from the replay at `replay_root`, loaded in `num_workers`
     processes (0: in this process). Same seed and num_workers and the same files -> same batches.
     `auto_refresh` (default: only with workers) re-lists the buffer on a time-based schedule; without it,
     call `loader.refresh()` after writing new files, which keeps in-process training reproducible.
+    `offline_fraction` (None: uniform over all files) is the probability that a window comes from
+    `root/protected` (offline data) rather than `root/fifo` (collected rollouts).
     `dataset_kwargs` go to ReplayDataset (cache_bytes, refresh_seconds, empty_timeout_s, ...)."""
     dataset = ReplayDataset(
         replay_root,
@@ -349,6 +382,7 @@ def make_loader(
         seed=seed,
         transform=transform,
         auto_refresh=num_workers > 0 if auto_refresh is None else auto_refresh,
+        offline_fraction=offline_fraction,
         **dataset_kwargs,
     )
     loader = DataLoader(
