@@ -21,11 +21,11 @@ from icrl.envs.crafter_env import (
     GOAL_VOCAB,
     TOKENS,
     CrafterEnv,
-    InstructionProgress,
     achieved_tokens,
     goal_names,
     goal_tokens,
 )
+from icrl.envs.instruction import InstructionProgress
 
 requires_crafter = pytest.mark.skipif(
     importlib.util.find_spec("crafter") is None,

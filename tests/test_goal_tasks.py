@@ -365,13 +365,13 @@ class Oracle:
 
     def _action(self, env) -> int:
         if isinstance(env, MazeRunner):
-            if env._next >= env.num_goals:
+            if env._progress.current >= env.num_goals:
                 return STAY
-            move = bfs_moves(env.walls, env._pos, env.goals[env._next])[0]
+            move = bfs_moves(env.walls, env._pos, env.goals[env._progress.current])[0]
             return int(np.flatnonzero(env.action_map == move)[0])
         if env._pos in env.forks:
             return env.forks[env._pos]
-        if env._next < len(env.addresses) and env._pos == env.addresses[env._next]:
+        if env._progress.current < len(env.addresses) and env._pos == env.addresses[env._progress.current]:
             return env.drop_action
         return FORWARD
 

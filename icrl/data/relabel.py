@@ -24,6 +24,7 @@ from typing import Literal
 
 import numpy as np
 
+from icrl.envs.instruction import InstructionProgress
 from icrl.types import Rollout
 
 GOAL_KEY = "goal"
@@ -38,33 +39,35 @@ class GoalContractError(ValueError):
 def replay_instruction(
     instruction: np.ndarray, achieved: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]], int | None]:
-    """Play an achievement record against an instruction, as a goal-conditioned env scores it.
+    """Play an achievement record against an instruction, scored by the envs' own rule (InstructionProgress).
 
-    instruction: [k] int64 goal tokens, 0 = empty slot. achieved: [T+1, K] int64, -1 padded; row t lists
-    the goals the transition into timestep t achieved (row 0, the reset, never completes a goal).
-    Returns (reward [T] float32, goal observation [T+1, k] int64 with completed slots zeroed,
-    completions [(t, slot)], t_done: the timestep at which the last goal was completed, or None).
+    instruction: [k] int64 goal tokens in its first slots, 0 in the unused tail. achieved: [T+1, K] int64,
+    -1 padded; row t lists the goals the transition into timestep t achieved (row 0, the reset, never
+    completes a goal). Returns (reward [T] float32, goal observation [T+1, k] int64 with completed slots
+    zeroed, completions [(t, slot)], t_done: the timestep at which the last goal was completed, or None).
     """
-    goal_obs = np.repeat(instruction[None].astype(np.int64), len(achieved), axis=0)  # [T+1, k]
+    instruction = np.asarray(instruction, dtype=np.int64)
+    goal_obs = np.repeat(instruction[None], len(achieved), axis=0)  # [T+1, k]
     reward = np.zeros(len(achieved) - 1, dtype=np.float32)  # [T]
-    slots = [i for i in range(len(instruction)) if instruction[i] != 0]
     completions: list[tuple[int, int]] = []
-    c, t_done = 0, None
-    if not slots:
-        return reward, goal_obs, completions, t_done
+    length = int((instruction != 0).sum())
+    if length == 0:
+        return reward, goal_obs, completions, None
+    if not (instruction[:length] != 0).all():
+        raise GoalContractError(
+            f"instruction {instruction.tolist()} has empty slots before goals: goal tokens fill the first slots "
+            "and 0 pads the tail (docs/CONTRACTS.md)"
+        )
+    progress = InstructionProgress(instruction[:length], len(instruction))
     for t in range(1, len(achieved)):
-        events = [int(g) for g in achieved[t] if g >= 1]
-        # one achievement completes at most one slot; several in one step may complete several slots
-        while c < len(slots) and int(instruction[slots[c]]) in events:
-            events.remove(int(instruction[slots[c]]))
-            completions.append((t, slots[c]))
-            reward[t - 1] += 1.0
-            c += 1
-        goal_obs[t:, [s for _, s in completions]] = 0
-        if c == len(slots):
-            t_done = t
-            break
-    return reward, goal_obs, completions, t_done
+        before = progress.current
+        reward[t - 1] = progress.update(g for g in achieved[t] if g >= 1)
+        if progress.current > before:
+            completions += [(t, slot) for slot in range(before, progress.current)]
+            goal_obs[t:] = progress.goal()
+        if progress.done:
+            return reward, goal_obs, completions, t
+    return reward, goal_obs, completions, None
 
 
 class HindsightRelabeler:
@@ -128,10 +131,9 @@ class HindsightRelabeler:
             picks = rng.choice(len(candidates), size=h, replace=False)
         chosen = [candidates[i] for i in picks] + [(t, int(instruction[s])) for t, s in completions]
         chosen.sort(key=lambda e: e[0])  # stable: events of one timestep keep their recorded order
-        originals_left = [int(instruction[s]) for s in np.flatnonzero(instruction)[n:]]
-        sequence = ([g for _, g in chosen] + originals_left)[:length]
+        originals_left = instruction[n:length].tolist()
         new_instruction = np.zeros_like(instruction)
-        new_instruction[np.flatnonzero(instruction)[: len(sequence)]] = sequence  # same slots as before
+        new_instruction[:length] = ([g for _, g in chosen] + originals_left)[:length]  # same slots as before
         return relabel_rollout(rollout, new_instruction)
 
     def _check(self, rollout: Rollout, reward: np.ndarray, goal_obs: np.ndarray) -> None:

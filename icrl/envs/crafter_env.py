@@ -38,6 +38,7 @@ import gymnasium as gym
 import numpy as np
 
 from icrl.envs.grid import wants_new_task
+from icrl.envs.instruction import InstructionProgress
 
 CRAFTER_HINT = (
     "The crafter env needs the crafter package: pip install 'icrl[crafter]'  (or: pip install crafter)"
@@ -100,45 +101,6 @@ def achieved_tokens(before: Mapping[str, int], after: Mapping[str, int]) -> tupl
     for name in ACHIEVEMENTS:
         out.extend([TOKENS[name]] * max(0, int(after.get(name, 0)) - int(before.get(name, 0))))
     return tuple(out)
-
-
-class InstructionProgress:
-    """The contract's progress rule for one instruction: zero the current slot and advance while the current
-    goal is among the step's achieved tokens, each achieved token completing one slot at most; +1 reward per
-    slot completed; done when none is left.
-
-    `tokens`: the instruction (1..V each), `slots`: the goal observation's length k >= len(tokens)
-    (the unused tail is padded with 0).
-    """
-
-    def __init__(self, tokens: Sequence[int], slots: int):
-        self.tokens = tuple(int(t) for t in tokens)
-        if not self.tokens or min(self.tokens) < 1:
-            raise ValueError(f"an instruction needs at least one goal token >= 1, got {self.tokens}")
-        if len(self.tokens) > slots:
-            raise ValueError(f"instruction of {len(self.tokens)} goals does not fit {slots} slots")
-        self.slots = int(slots)
-        self.current = 0  # index of the current sub-goal
-
-    @property
-    def done(self) -> bool:
-        return self.current >= len(self.tokens)
-
-    def goal(self) -> np.ndarray:
-        """[slots] int64: the instruction with completed and unused slots zeroed."""
-        g = np.zeros(self.slots, dtype=np.int64)
-        g[self.current : len(self.tokens)] = self.tokens[self.current :]
-        return g
-
-    def update(self, achieved: Iterable[int]) -> int:
-        """Advance on one step's achieved tokens; returns how many sub-goals this step completed (the reward)."""
-        got = [int(t) for t in achieved]
-        completed = 0
-        while not self.done and self.tokens[self.current] in got:
-            got.remove(self.tokens[self.current])  # one unlock completes one slot
-            self.current += 1
-            completed += 1
-        return completed
 
 
 def _crafter_module() -> Any:

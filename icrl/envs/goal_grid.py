@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from icrl.envs.grid import move, position_obs, position_space
+from icrl.envs.instruction import InstructionProgress
 
 MOVES = ((0, -1), (-1, 0), (0, 1), (1, 0))  # left, up, right, down
 
@@ -50,32 +51,29 @@ class GoalGrid(gym.Env):
             }
         )
         self.action_space = gym.spaces.Discrete(4)
-        self.pos, self.goal, self.t = (0, 0), np.zeros(self.num_goals, np.int64), 0
+        self.pos, self.t = (0, 0), 0
+        self.progress = InstructionProgress([1] * self.num_goals, self.num_goals)  # replaced at reset
 
     def token(self, pos: tuple[int, int]) -> int:
         return pos[0] * self.size + pos[1] + 1
 
     def _obs(self) -> dict:
-        return {"pos": position_obs(self.pos, self.size, self.obs_mode), "goal": self.goal.copy()}
+        return {"pos": position_obs(self.pos, self.size, self.obs_mode), "goal": self.progress.goal()}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
         cells = self.np_random.choice(self.size**2, size=self.num_goals + 1, replace=False)
         self.pos = divmod(int(cells[0]), self.size)
-        self.goal = (cells[1:] + 1).astype(np.int64)  # [k] tokens
+        self.progress = InstructionProgress(cells[1:] + 1, self.num_goals)  # tokens: cell + 1
         self.t = 0
         return self._obs(), {"achieved": []}
 
     def step(self, action: int) -> tuple[dict, float, bool, bool, dict]:
         self.pos = move(self.pos, MOVES[int(action)], self.size)
         self.t += 1
-        reward = 0.0
-        remaining = np.flatnonzero(self.goal)
-        if len(remaining) and self.goal[remaining[0]] == self.token(self.pos):
-            self.goal[remaining[0]] = 0
-            reward = 1.0
-        terminated = not self.goal.any()
         info: dict = {"achieved": [self.token(self.pos)]}
+        reward = float(self.progress.update(info["achieved"]))
+        terminated = self.progress.done
         if terminated:
             info["success"] = 1.0
         truncated = not terminated and self.t >= self.time_limit
@@ -85,7 +83,7 @@ class GoalGrid(gym.Env):
 
     def render(self) -> str:
         rows = [["." for _ in range(self.size)] for _ in range(self.size)]
-        for i, g in enumerate(self.goal):
+        for i, g in enumerate(self.progress.goal()):
             if g:
                 r, c = divmod(int(g) - 1, self.size)
                 rows[r][c] = str(i + 1)

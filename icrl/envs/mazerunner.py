@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from icrl.envs.grid import wants_new_task
+from icrl.envs.instruction import InstructionProgress
 
 LEFT, UP, RIGHT, DOWN, STAY = 0, 1, 2, 3, 4  # the official env's order: west, north, east, south, no-op
 MOVES = {LEFT: (0, -1), UP: (-1, 0), RIGHT: (0, 1), DOWN: (1, 0), STAY: (0, 0)}  # (d_row, d_col)
@@ -150,8 +151,7 @@ class MazeRunner(gym.Env):
         # Episode state
         self._pos = self.start
         self._t = 0
-        self._next = 0  # index of the current sub-goal
-        self._goal_tokens = np.zeros(self.num_goals, dtype=np.int64)  # [k], reached slots zeroed
+        self._progress = InstructionProgress([1] * self.num_goals, self.num_goals)  # the real one at reset
 
     # --------------------------------------------------------------------------------------------- task
     def token(self, cell: tuple[int, int]) -> int:
@@ -172,15 +172,15 @@ class MazeRunner(gym.Env):
         runs = [free_run(self.walls, self._pos, MOVES[m]) for m in (LEFT, UP, RIGHT, DOWN)]
         vec = [self._pos[0] / (n - 1), self._pos[1] / (n - 1), *(x / (n - 2) for x in runs)]
         vec.append(self._t / self.time_limit)
-        return {"goal": self._goal_tokens.copy(), "obs": np.asarray(vec, dtype=np.float32)}
+        return {"goal": self._progress.goal(), "obs": np.asarray(vec, dtype=np.float32)}
 
     # ---------------------------------------------------------------------------------------------- API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
         if wants_new_task(options, seed, self._has_task):
             self._sample_task()
-        self._pos, self._t, self._next = self.start, 0, 0
-        self._goal_tokens = np.array([self.token(g) for g in self.goals], dtype=np.int64)
+        self._pos, self._t = self.start, 0
+        self._progress = InstructionProgress([self.token(g) for g in self.goals], self.num_goals)
         return self._obs(), {"achieved": []}
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
@@ -192,13 +192,9 @@ class MazeRunner(gym.Env):
         target = (self._pos[0] + dr, self._pos[1] + dc)
         if not self.walls[target]:  # the border is wall, so target stays inside the grid
             self._pos = target
-        token = self.token(self._pos)
-        reward, info = 0.0, {"achieved": [token]}
-        if self._next < self.num_goals and token == self._goal_tokens[self._next]:
-            reward = 1.0
-            self._goal_tokens[self._next] = 0
-            self._next += 1
-        terminated = self._next == self.num_goals
+        info: dict = {"achieved": [self.token(self._pos)]}
+        reward = float(self._progress.update(info["achieved"]))
+        terminated = self._progress.done
         truncated = not terminated and self._t >= self.time_limit
         if terminated:
             info["success"] = 1.0
@@ -215,11 +211,14 @@ class MazeRunner(gym.Env):
         grid = np.where(self.walls, "#", ".").astype("<U1")
         grid[self.start] = "S"
         for i, g in enumerate(self.goals):
-            if i >= self._next:
+            if i >= self._progress.current:
                 grid[g] = str(i + 1) if i < 9 else "G"
         grid[self._pos] = "A"
         perm = f" actions={self.action_map.tolist()}" if self.randomized_actions else ""
-        return "\n".join("".join(row) for row in grid) + f"\nt={self._t} next_goal={self._next + 1}{perm}"
+        return (
+            "\n".join("".join(row) for row in grid)
+            + f"\nt={self._t} next_goal={self._progress.current + 1}{perm}"
+        )
 
     def _frame(self, cell: int = 16) -> np.ndarray:
         """[size * cell, size * cell, 3] uint8: walls dark, corridors light, start grey, goals still to
@@ -228,7 +227,7 @@ class MazeRunner(gym.Env):
         img[self.walls] = (40, 40, 50)
         img[self.start] = (170, 170, 170)
         for i, g in enumerate(self.goals):
-            if i >= self._next:
+            if i >= self._progress.current:
                 img[g] = _GOAL_COLOURS[i % len(_GOAL_COLOURS)]
         img[self._pos] = (40, 90, 230)
         return np.kron(img, np.ones((cell, cell, 1), np.uint8))

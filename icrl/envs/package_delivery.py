@@ -30,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from icrl.envs.grid import wants_new_task
+from icrl.envs.instruction import InstructionProgress
 
 FORWARD, TURN_LEFT, TURN_RIGHT = 0, 1, 2
 DROP_ACTIONS = (3, 4, 5, 6)  # exactly one of them delivers (hidden per task)
@@ -106,8 +107,7 @@ class PackageDelivery(gym.Env):
         self._pos = 0
         self._t = 0
         self._packages = 0
-        self._next = 0  # index of the current address
-        self._goal_tokens = np.zeros(hi, dtype=np.int64)  # [max_packages], delivered / unused slots 0
+        self._progress = InstructionProgress([1], hi)  # the instruction's progress; the real one at reset
 
     # --------------------------------------------------------------------------------------------- task
     def _sample_task(self) -> None:
@@ -127,17 +127,16 @@ class PackageDelivery(gym.Env):
             self._packages / (PACKAGES_PER_ADDRESS * self.max_packages),
             float(self._pos in self.forks),
         ]
-        return {"goal": self._goal_tokens.copy(), "obs": np.asarray(vec, dtype=np.float32)}
+        return {"goal": self._progress.goal(), "obs": np.asarray(vec, dtype=np.float32)}
 
     # ---------------------------------------------------------------------------------------------- API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
         if wants_new_task(options, seed, self._has_task):
             self._sample_task()
-        self._pos, self._t, self._next = 0, 0, 0
+        self._pos, self._t = 0, 0
         self._packages = PACKAGES_PER_ADDRESS * len(self.addresses)
-        self._goal_tokens = np.zeros(self.max_packages, dtype=np.int64)
-        self._goal_tokens[: len(self.addresses)] = self.addresses
+        self._progress = InstructionProgress(self.addresses, self.max_packages)  # unused slots padded with 0
         return self._obs(), {"achieved": []}
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
@@ -158,15 +157,12 @@ class PackageDelivery(gym.Env):
                 if action == self.drop_action and self._packages > 0 and self._pos > 0:
                     self._packages -= 1
                     achieved = [self._pos]
-                    if self._next < len(self.addresses) and self._pos == self._goal_tokens[self._next]:
-                        reward = 1.0
-                        self._goal_tokens[self._next] = 0
-                        self._next += 1
+                    reward = float(self._progress.update(achieved))
                 else:
                     self._pos = 0
         self._pos %= self.length  # the end of the road wraps to the depot
         info: dict[str, Any] = {"achieved": achieved}
-        terminated = self._next == len(self.addresses)
+        terminated = self._progress.done
         truncated = not terminated and self._t >= self.time_limit
         if terminated:
             info["success"] = 1.0
@@ -183,7 +179,7 @@ class PackageDelivery(gym.Env):
         turns = {TURN_LEFT: "<", TURN_RIGHT: ">"}  # forks show their correct side
         road = ["D"] + [turns.get(self.forks.get(c, -1), ".") for c in range(1, self.length)]
         for i, a in enumerate(self.addresses):
-            if i >= self._next:
+            if i >= self._progress.current:
                 road[a] = str(i + 1) if i < 9 else "G"
         marker = [" "] * self.length
         marker[self._pos] = "A"
@@ -198,7 +194,7 @@ class PackageDelivery(gym.Env):
         for c in self.forks:
             img[0, c] = (240, 150, 40)
         for i, a in enumerate(self.addresses):
-            if i >= self._next:
+            if i >= self._progress.current:
                 img[0, a] = (60, 180, 80)
         img[1, self._pos] = (40, 90, 230)
         return np.kron(img, np.ones((cell, cell, 1), np.uint8))
