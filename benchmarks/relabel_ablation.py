@@ -41,19 +41,22 @@ def task_config(task: str) -> ExperimentConfig:
         "goal_grid": {"size": 5, "num_goals": 3},
         "mazerunner": {"size": 7, "num_goals": 2},
         "package_delivery": {"length": 15, "min_packages": 1, "max_packages": 2, "time_limit": 80},
-        "crafter": {"size": 32, "instruction_length": 2},
+        "crafter": {"size": 32, "area": 32, "episode_length": 300, "instruction_length": [1, 2]},
     }.get(task, {})
     from icrl.envs.make import make_env
 
     env = make_env(task, kwargs)
     horizon = int(getattr(env, "time_limit", 0) or getattr(env.spec, "max_episode_steps", 0) or 256)
     env.close()
+    # Crafter's 32x32 images make whole-episode windows too slow for a CPU budget: a 64-step context there
+    # (the instruction is in every observation, so the agent needs no memory to follow it).
+    seq_len, batch = (64, 16) if task == "crafter" else (min(horizon + 1, 512), 32)
     return ExperimentConfig(
         env=EnvConfig(env=task, env_kwargs=json.dumps(kwargs), parallel_envs=8, eval_rollouts=32),
-        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=min(horizon + 1, 512), head_hidden=64),
+        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=seq_len, head_hidden=64),
         loss=LossConfig(entropy_coeff=0.02),
         explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=4000),
-        train=TrainConfig(steps_per_epoch=200, updates_per_epoch=40, batch_size=32, warmup_updates=50),
+        train=TrainConfig(steps_per_epoch=200, updates_per_epoch=40, batch_size=batch, warmup_updates=50),
     )
 
 
