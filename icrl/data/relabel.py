@@ -130,7 +130,7 @@ class HindsightRelabeler:
         else:
             picks = rng.choice(len(candidates), size=h, replace=False)
         chosen = [candidates[i] for i in picks] + [(t, int(instruction[s])) for t, s in completions]
-        chosen.sort(key=lambda e: e[0])  # stable: events of one timestep keep their recorded order
+        chosen.sort(key=lambda e: e[0])  # in time order; goals of one timestep complete together in any order
         originals_left = instruction[n:length].tolist()
         new_instruction = np.zeros_like(instruction)
         new_instruction[:length] = ([g for _, g in chosen] + originals_left)[:length]  # same slots as before
