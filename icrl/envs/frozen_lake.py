@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.grid import move, position_obs, position_space, wants_new_task
+from icrl.envs.grid import RenderModes, move, position_obs, position_space, time_limit_reached, wants_new_task
 
 LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
 _MOVES = {LEFT: (0, -1), DOWN: (1, 0), RIGHT: (0, 1), UP: (-1, 0)}  # (d_row, d_col)
@@ -48,7 +48,7 @@ def lake_is_solvable(holes: np.ndarray, start: tuple[int, int], goal: tuple[int,
     return False
 
 
-class MetaFrozenLake(gym.Env):
+class MetaFrozenLake(RenderModes, gym.Env):
     """A hidden random lake per task; observation = the agent's position only (not the map).
 
     kwargs:
@@ -143,16 +143,10 @@ class MetaFrozenLake(gym.Env):
             reward, terminated, info["success"] = 1.0, True, 1.0
         elif self.holes[self._pos]:
             terminated, info["success"] = True, 0.0
-        truncated = not terminated and self._t >= self.max_episode_steps
-        if truncated:
-            info["success"] = 0.0
+        truncated = time_limit_reached(terminated, self._t, self.max_episode_steps, info)
         return self._obs(), reward, terminated, truncated, info
 
-    def render(self) -> str | np.ndarray | None:
-        if self.render_mode == "rgb_array":
-            return self._frame()
-        if self.render_mode != "ansi":
-            return None
+    def _ansi(self) -> str:
         rows = []
         for r in range(self.size):
             row = ["H" if self.holes[r, c] else "." for c in range(self.size)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.grid import move, position_obs, position_space
+from icrl.envs.grid import move, position_obs, position_space, time_limit_reached
 from icrl.envs.instruction import InstructionProgress
 
 MOVES = ((0, -1), (-1, 0), (0, 1), (1, 0))  # left, up, right, down
@@ -76,9 +76,7 @@ class GoalGrid(gym.Env):
         terminated = self.progress.done
         if terminated:
             info["success"] = 1.0
-        truncated = not terminated and self.t >= self.time_limit
-        if truncated:
-            info["success"] = 0.0
+        truncated = time_limit_reached(terminated, self.t, self.time_limit, info)
         return self._obs(), reward, terminated, truncated, info
 
     def render(self) -> str:

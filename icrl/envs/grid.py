@@ -34,3 +34,25 @@ def position_obs(pos: tuple[int, int], size: int, obs_mode: str) -> np.ndarray:
 def move(pos: tuple[int, int], delta: tuple[int, int], size: int) -> tuple[int, int]:
     """One step on a size x size grid; walls stop the agent."""
     return min(max(pos[0] + delta[0], 0), size - 1), min(max(pos[1] + delta[1], 0), size - 1)
+
+
+def time_limit_reached(terminated: bool, t: int, limit: int, info: dict) -> bool:
+    """`truncated` for a step that did not terminate: the episode hit its time limit (an unfinished task, so
+    `info["success"] = 0.0`)."""
+    truncated = not terminated and t >= limit
+    if truncated:
+        info["success"] = 0.0
+    return truncated
+
+
+class RenderModes:
+    """`render()` of the built-in tasks: `_frame()` for render_mode "rgb_array", `_ansi()` for "ansi", else None."""
+
+    render_mode: str | None = None
+
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "rgb_array":
+            return self._frame()  # type: ignore[attr-defined]
+        if self.render_mode == "ansi":
+            return self._ansi()  # type: ignore[attr-defined]
+        return None

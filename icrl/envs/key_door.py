@@ -15,13 +15,13 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.grid import move, position_obs, position_space, wants_new_task
+from icrl.envs.grid import RenderModes, move, position_obs, position_space, time_limit_reached, wants_new_task
 
 UP, DOWN, LEFT, RIGHT, STAY = 0, 1, 2, 3, 4
 _MOVES = {UP: (-1, 0), DOWN: (1, 0), LEFT: (0, -1), RIGHT: (0, 1), STAY: (0, 0)}  # (d_row, d_col)
 
 
-class DarkKeyToDoor(gym.Env):
+class DarkKeyToDoor(RenderModes, gym.Env):
     """Hidden key and door per task; observation = the agent's position only (the room is dark).
 
     kwargs:
@@ -114,16 +114,10 @@ class DarkKeyToDoor(gym.Env):
             self.has_key, reward = True, 1.0
         elif self._pos == self.door and self.has_key:
             reward, terminated, info["success"] = 1.0, True, 1.0
-        truncated = not terminated and self._t >= self.episode_length
-        if truncated:
-            info["success"] = 0.0
+        truncated = time_limit_reached(terminated, self._t, self.episode_length, info)
         return self._obs(), reward, terminated, truncated, info
 
-    def render(self) -> str | np.ndarray | None:
-        if self.render_mode == "rgb_array":
-            return self._frame()
-        if self.render_mode != "ansi":
-            return None
+    def _ansi(self) -> str:
         rows = []
         for r in range(self.size):
             row = ["."] * self.size

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.grid import wants_new_task
+from icrl.envs.grid import RenderModes, time_limit_reached, wants_new_task
 from icrl.envs.instruction import InstructionProgress
 
 LEFT, UP, RIGHT, DOWN, STAY = 0, 1, 2, 3, 4  # the official env's order: west, north, east, south, no-op
@@ -80,7 +80,7 @@ def free_run(walls: np.ndarray, pos: tuple[int, int], delta: tuple[int, int]) ->
     return n
 
 
-class MazeRunner(gym.Env):
+class MazeRunner(RenderModes, gym.Env):
     """Visit `num_goals` cells of a hidden random maze in the instructed order, sensing only locally.
 
     kwargs:
@@ -195,19 +195,13 @@ class MazeRunner(gym.Env):
         info: dict = {"achieved": [self.token(self._pos)]}
         reward = float(self._progress.update(info["achieved"]))
         terminated = self._progress.done
-        truncated = not terminated and self._t >= self.time_limit
         if terminated:
             info["success"] = 1.0
-        elif truncated:
-            info["success"] = 0.0
+        truncated = time_limit_reached(terminated, self._t, self.time_limit, info)
         return self._obs(), reward, terminated, truncated, info
 
     # ------------------------------------------------------------------------------------------- render
-    def render(self) -> str | np.ndarray | None:
-        if self.render_mode == "rgb_array":
-            return self._frame()
-        if self.render_mode != "ansi":
-            return None
+    def _ansi(self) -> str:
         grid = np.where(self.walls, "#", ".").astype("<U1")
         grid[self.start] = "S"
         for i, g in enumerate(self.goals):

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.grid import wants_new_task
+from icrl.envs.grid import RenderModes, time_limit_reached, wants_new_task
 from icrl.envs.instruction import InstructionProgress
 
 FORWARD, TURN_LEFT, TURN_RIGHT = 0, 1, 2
@@ -38,7 +38,7 @@ NO_OP = 7
 PACKAGES_PER_ADDRESS = 3
 
 
-class PackageDelivery(gym.Env):
+class PackageDelivery(RenderModes, gym.Env):
     """Drive down a road with hidden fork sides and deliver packages to the instructed addresses in order.
 
     kwargs:
@@ -163,19 +163,13 @@ class PackageDelivery(gym.Env):
         self._pos %= self.length  # the end of the road wraps to the depot
         info: dict[str, Any] = {"achieved": achieved}
         terminated = self._progress.done
-        truncated = not terminated and self._t >= self.time_limit
         if terminated:
             info["success"] = 1.0
-        elif truncated:
-            info["success"] = 0.0
+        truncated = time_limit_reached(terminated, self._t, self.time_limit, info)
         return self._obs(), reward, terminated, truncated, info
 
     # ------------------------------------------------------------------------------------------- render
-    def render(self) -> str | np.ndarray | None:
-        if self.render_mode == "rgb_array":
-            return self._frame()
-        if self.render_mode != "ansi":
-            return None
+    def _ansi(self) -> str:
         turns = {TURN_LEFT: "<", TURN_RIGHT: ">"}  # forks show their correct side
         road = ["D"] + [turns.get(self.forks.get(c, -1), ".") for c in range(1, self.length)]
         for i, a in enumerate(self.addresses):

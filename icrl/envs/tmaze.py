@@ -20,10 +20,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from icrl.envs.grid import RenderModes, time_limit_reached
+
 UP, DOWN, LEFT, RIGHT = 0, 1, 2, 3
 
 
-class TMaze(gym.Env):
+class TMaze(RenderModes, gym.Env):
     """Passive T-Maze with observation `[cue_up, cue_down, in_corridor, at_junction]` (float32).
 
     Rewards: +1 for choosing the cued end at the junction, 0 for the other end, and `-1/horizon` for every
@@ -112,16 +114,10 @@ class TMaze(gym.Env):
             if self._pos - old != progress:  # walls, up/down in the corridor, wrong way, right at the end
                 reward = -self.penalty
             self._seen_cue = self._seen_cue or self._cue_visible()
-        truncated = not terminated and self._t >= self.horizon
-        if truncated:
-            info["success"] = 0.0
+        truncated = time_limit_reached(terminated, self._t, self.horizon, info)
         return self._obs(), reward, terminated, truncated, info
 
-    def render(self) -> str | np.ndarray | None:
-        if self.render_mode == "rgb_array":
-            return self._frame()
-        if self.render_mode != "ansi":
-            return None
+    def _ansi(self) -> str:
         row = ["."] * self.length + ["+"]
         if self.start_pos > 0:
             row[0] = "c"  # the cue cell of the active variant
