@@ -16,8 +16,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.grid import move, position_obs, position_space, time_limit_reached
-from icrl.envs.instruction import InstructionProgress
+from icrl.envs.grid import move, position_obs, position_space
+from icrl.envs.instruction import InstructionProgress, score_step
 
 MOVES = ((0, -1), (-1, 0), (0, 1), (1, 0))  # left, up, right, down
 
@@ -36,9 +36,13 @@ class GoalGrid(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "achieved_slots": 1}
 
-    def __init__(self, size: int = 5, num_goals: int = 3, time_limit: int | None = None, obs_mode: str = "onehot"):
+    def __init__(
+        self, size: int = 5, num_goals: int = 3, time_limit: int | None = None, obs_mode: str = "onehot"
+    ):
         if size < 2 or not 1 <= num_goals < size**2:
-            raise ValueError(f"GoalGrid needs size >= 2 and 1 <= num_goals < size**2, got {size} and {num_goals}")
+            raise ValueError(
+                f"GoalGrid needs size >= 2 and 1 <= num_goals < size**2, got {size} and {num_goals}"
+            )
         self.size, self.num_goals, self.obs_mode = int(size), int(num_goals), obs_mode
         self.time_limit = int(time_limit) if time_limit is not None else 3 * self.size * self.num_goals
         if self.time_limit < 1:
@@ -71,12 +75,9 @@ class GoalGrid(gym.Env):
     def step(self, action: int) -> tuple[dict, float, bool, bool, dict]:
         self.pos = move(self.pos, MOVES[int(action)], self.size)
         self.t += 1
-        info: dict = {"achieved": [self.token(self.pos)]}
-        reward = float(self.progress.update(info["achieved"]))
-        terminated = self.progress.done
-        if terminated:
-            info["success"] = 1.0
-        truncated = time_limit_reached(terminated, self.t, self.time_limit, info)
+        reward, terminated, truncated, info = score_step(
+            self.progress, [self.token(self.pos)], self.t, self.time_limit
+        )
         return self._obs(), reward, terminated, truncated, info
 
     def render(self) -> str:

@@ -49,3 +49,18 @@ class InstructionProgress:
             self.current += 1
             completed += 1
         return completed
+
+
+def score_step(
+    progress: InstructionProgress, achieved: list[int], t: int, time_limit: int
+) -> tuple[float, bool, bool, dict]:
+    """A goal env's step outcome under the contract: (reward, terminated, truncated, info) for a step that
+    achieved `achieved` and is the t-th of the episode. Success 1 when the instruction is complete, 0 when the
+    time limit cuts it first."""
+    info: dict = {"achieved": list(achieved)}
+    reward = float(progress.update(achieved))
+    terminated = progress.done
+    truncated = not terminated and t >= time_limit
+    if terminated or truncated:
+        info["success"] = float(terminated)
+    return reward, terminated, truncated, info

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.grid import RenderModes, time_limit_reached, wants_new_task
-from icrl.envs.instruction import InstructionProgress
+from icrl.envs.grid import RenderModes, wants_new_task
+from icrl.envs.instruction import InstructionProgress, score_step
 
 LEFT, UP, RIGHT, DOWN, STAY = 0, 1, 2, 3, 4  # the official env's order: west, north, east, south, no-op
 MOVES = {LEFT: (0, -1), UP: (-1, 0), RIGHT: (0, 1), DOWN: (1, 0), STAY: (0, 0)}  # (d_row, d_col)
@@ -192,12 +192,9 @@ class MazeRunner(RenderModes, gym.Env):
         target = (self._pos[0] + dr, self._pos[1] + dc)
         if not self.walls[target]:  # the border is wall, so target stays inside the grid
             self._pos = target
-        info: dict = {"achieved": [self.token(self._pos)]}
-        reward = float(self._progress.update(info["achieved"]))
-        terminated = self._progress.done
-        if terminated:
-            info["success"] = 1.0
-        truncated = time_limit_reached(terminated, self._t, self.time_limit, info)
+        reward, terminated, truncated, info = score_step(
+            self._progress, [self.token(self._pos)], self._t, self.time_limit
+        )
         return self._obs(), reward, terminated, truncated, info
 
     # ------------------------------------------------------------------------------------------- render

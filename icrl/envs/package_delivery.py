@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.grid import RenderModes, time_limit_reached, wants_new_task
-from icrl.envs.instruction import InstructionProgress
+from icrl.envs.grid import RenderModes, wants_new_task
+from icrl.envs.instruction import InstructionProgress, score_step
 
 FORWARD, TURN_LEFT, TURN_RIGHT = 0, 1, 2
 DROP_ACTIONS = (3, 4, 5, 6)  # exactly one of them delivers (hidden per task)
@@ -144,7 +144,7 @@ class PackageDelivery(RenderModes, gym.Env):
         if not 0 <= action < 8:
             raise ValueError(f"PackageDelivery action must be in [0, 8), got {action}")
         self._t += 1
-        reward, achieved = 0.0, []
+        achieved: list[int] = []  # a delivery achieves its address (scored below, docs/CONTRACTS.md)
         fork = self.forks.get(self._pos)  # the correct turn here, None away from forks
         if action == FORWARD:
             if fork is None:
@@ -157,15 +157,10 @@ class PackageDelivery(RenderModes, gym.Env):
                 if action == self.drop_action and self._packages > 0 and self._pos > 0:
                     self._packages -= 1
                     achieved = [self._pos]
-                    reward = float(self._progress.update(achieved))
                 else:
                     self._pos = 0
         self._pos %= self.length  # the end of the road wraps to the depot
-        info: dict[str, Any] = {"achieved": achieved}
-        terminated = self._progress.done
-        if terminated:
-            info["success"] = 1.0
-        truncated = time_limit_reached(terminated, self._t, self.time_limit, info)
+        reward, terminated, truncated, info = score_step(self._progress, achieved, self._t, self.time_limit)
         return self._obs(), reward, terminated, truncated, info
 
     # ------------------------------------------------------------------------------------------- render
