@@ -82,7 +82,8 @@ class AgentPolicy:
     """Acts in N parallel envs, one timestep at a time, keeping the encoder's KV cache / hidden state.
 
     Implements the collector's policy protocol. Greedy policies take the mode of the policy-discount
-    head; exploratory ones sample it and then apply `exploration`.
+    head; exploratory ones sample it (or take its mode, `sample=False`: `ExploreConfig.train_actions`)
+    and then apply `exploration`.
 
     Mode contract: acting needs the agent in eval mode (frozen σReparam power iteration, no dropout,
     cached effective weights). `act` switches the agent to eval mode when it finds it training and
@@ -100,8 +101,9 @@ class AgentPolicy:
         exploration=None,
         env_steps: callable = lambda: 0,
         device: torch.device | str = "cpu",
+        sample: bool = True,
     ) -> None:
-        self.agent, self.greedy, self.exploration = agent, greedy, exploration
+        self.agent, self.greedy, self.exploration, self.sample = agent, greedy, exploration, sample
         self.env_steps, self.device = env_steps, torch.device(device)
         self.state = agent.traj_encoder.init_state(num_envs, self.device)
         self.seconds = 0.0
@@ -122,7 +124,7 @@ class AgentPolicy:
         x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
         s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
         dist = agent.actor.policy(s)  # the policy's discount (the last one): batch [N]
-        a_vec = dist.mode() if self.greedy else dist.sample()  # [N, A]
+        a_vec = dist.sample() if self.sample and not self.greedy else dist.mode()  # [N, A]
         actions = vector_to_storage(agent.spec, a_vec.float().cpu().numpy())
         if self.exploration is not None and not self.greedy:
             actions = self.exploration(actions, self.env_steps(), host_time.cpu().numpy())

@@ -37,6 +37,7 @@ from icrl.train import (
     run_updates,
     save_weights,
     truncate_metrics,
+    with_task_defaults,
 )
 from icrl.types import ActionSpec
 
@@ -80,7 +81,7 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
     """Train from the collectors' rollouts in cfg.train.run_dir; returns the final evaluation (or {} when
     stopped early). `utd`: max updates per stored env step (default updates_per_epoch / steps_per_epoch);
     `publish_every`: publish weights every this many updates (default updates_per_epoch)."""
-    cfg.validate()
+    cfg = with_task_defaults(cfg).validate()
     e, t = cfg.env, cfg.train
     if t.updates_per_epoch < 1:
         raise ConfigError("icrl learn needs --updates-per-epoch >= 1 (its epochs are counted in updates)")

@@ -176,8 +176,9 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
         def run_env_steps() -> int:  # the exploration schedule follows the whole run's env steps
             return others + collector.total_env_steps
 
-        policy = AgentPolicy(agent, e.parallel_envs, greedy=False, exploration=exploration,
-                             env_steps=run_env_steps, device=dev)
+        policy = AgentPolicy(agent, e.parallel_envs, greedy=False, exploration=exploration, device=dev,
+                             env_steps=lambda: collector.total_env_steps,  # this collector's own env copies
+                             sample=cfg.explore.train_actions == "sample")
         counters.update(collector_id=collector_id, starts=starts, pid=os.getpid(), state="collecting")
         for key in ("env_steps", "stored_env_steps", "stored_rollouts", "rollouts", "return_sum", "success_n",
                     "success_sum"):

@@ -62,8 +62,9 @@ class ModelConfig:
     """Training window length and the Transformer's context while acting (sliding window beyond it)."""
     max_time: int = 4096
     """Largest time index with its own learned embedding (later steps share the last one)."""
-    pos_emb: Literal["learned", "sinusoidal", "none"] = "learned"
-    """Time-position embedding of the Transformer."""
+    pos_emb: Literal["learned", "sinusoidal", "none"] = "sinusoidal"
+    """Time-position embedding of the Transformer (as the official AMAGO's default "fixed"); `learned` is a
+    table initialised N(0, 1), at the scale of the token embedding it is added to."""
     dropout: float = 0.0
     """Dropout inside the Transformer."""
     head_hidden: int = 128
@@ -86,18 +87,18 @@ class LossConfig:
     """Critic ensemble size C."""
     redq_subset: int = 2
     """Target critics drawn at random per update; their min is the target (REDQ)."""
-    reward_scale: float = 1.0
-    """Rewards are multiplied by this before the TD target."""
+    reward_scale: float = 10.0
+    """Rewards are multiplied by this before the TD target (the official AMAGO's default). With PopArt the
+    critics' targets are normalised anyway; the scale sets how far above PopArt's σ floor small returns lie."""
     online_coeff: float = 1.0
     """Weight of the -Q(s, a~pi) actor term."""
     offline_coeff: float = 0.1
     """Weight of the filtered behaviour-cloning actor term."""
     bc_filter: Literal["binary", "exp"] = "binary"
     """Advantage filter of the BC term: 1[A>0], or clamp(exp(A / beta))."""
-    entropy_coeff: float = 0.02
-    """Entropy bonus of the actor, on PopArt-normalised values. Not in the paper's loss (0 gives it exactly):
-    it stops a discrete policy from collapsing onto one of two equally valued actions before the critic has
-    learned to tell them apart (T-Maze's junction), so that sampling keeps trying both."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus of the actor, on PopArt-normalised values. Not in the paper's loss (0, the default, gives
+    it exactly); exploration comes from `ExploreConfig`."""
     critic_weight: float = 10.0
     """Weight of the critic loss against the actor loss."""
     n_step: int = 1
@@ -107,27 +108,115 @@ class LossConfig:
     popart: bool = True
     """Normalise value targets with PopArt."""
     popart_beta: float = 5e-4
-    """PopArt statistics step size."""
+    """PopArt statistics step size (bias-corrected: the first update takes the first batch's moments)."""
+
+
+# The library's exploration defaults: the official AMAGO's ε-greedy (ε from 1.0 to 0.05, annealed over each
+# env copy's own steps, every env drawing its own scale of it per rollout, flat within a rollout). The
+# anneal is 10x shorter than the official 1M steps per env, which CPU-sized runs never reach.
+EXPLORE_DEFAULTS: dict[str, Any] = {
+    "train_actions": "sample",
+    "eps_start": 1.0,
+    "eps_end": 0.05,
+    "eps_anneal_steps": 100_000,
+    "per_env_scale": True,
+    "eps_shape": "flat",
+    "shape_horizon": None,
+    "bilevel_end_start": 0.8,
+    "bilevel_end_end": 0.01,
+    "window_start": 0,
+    "window_end": 3,
+    "window_eps": None,
+    "noise_start": 0.5,
+    "noise_end": 0.05,
+}
 
 
 @dataclass(frozen=True)
 class ExploreConfig:
-    eps_start: float = 0.5
-    """Discrete: epsilon at the start of training (each env draws its own scale of it per rollout)."""
-    eps_end: float = 0.05
-    """Discrete: epsilon after `eps_anneal_steps` env steps."""
-    eps_anneal_steps: int = 10_000
-    """Env steps over which epsilon decays linearly."""
-    bilevel: bool = False
-    """Also decay epsilon within each rollout (high at a rollout's start: explore early, exploit late)."""
-    rollout_decay_steps: int = 500
-    """Bilevel: steps over which the within-rollout factor decays from 1 to `bilevel_min`."""
-    bilevel_min: float = 0.1
-    """Bilevel: the within-rollout factor after `rollout_decay_steps`."""
-    noise_start: float = 0.5
-    """Continuous: std of the Gaussian action noise at the start of training."""
-    noise_end: float = 0.05
-    """Continuous: std of the Gaussian action noise after the anneal."""
+    """Exploration while collecting (DESIGN §5, icrl.exploration), built from composable parts: an anneal
+    over each env's own steps, a per-env random scale, a shape over the step index inside a rollout, and
+    argmax-or-sample training actions.
+
+    Every field left unset (None) takes the task's recommendation when its env class ships one (a
+    `recommended_exploration(**env_kwargs) -> dict` attribute, e.g. `icrl.envs.tmaze.TMaze`), else the
+    library default (`EXPLORE_DEFAULTS`); the run's config.json records the resolved values.
+    """
+
+    task_recommendation: bool = True
+    """Let the task's recommended exploration fill the unset fields (False: library defaults only)."""
+    train_actions: Literal["sample", "argmax"] | None = None
+    """Training actions before exploration noise: sampled from the policy, or its mode (argmax / mean).
+    Long chains of exact actions (T-Maze's corridor) need argmax: sampling at p = 0.999 per step still
+    breaks a 100-step corridor. Unset: the task's choice, else `sample`."""
+    eps_start: float | None = None
+    """Discrete: ε at the start of training (unset: 1.0)."""
+    eps_end: float | None = None
+    """Discrete: ε once annealed (unset: 0.05)."""
+    eps_anneal_steps: int | None = None
+    """Steps *of each env copy* over which ε (and continuous noise) decays linearly; per env, so the schedule
+    does not depend on the number of parallel envs (unset: 100,000)."""
+    per_env_scale: bool | None = None
+    """Each env draws its own uniform [0, 1) multiplier of ε per rollout, so a batch always mixes nearly
+    greedy and very exploratory rollouts (unset: True)."""
+    eps_shape: Literal["flat", "bilevel", "window"] | None = None
+    """ε over the step index t inside a rollout. `flat`: the same at every step. `bilevel` (the AMAGO
+    paper's two-level schedule): from the annealed ε at t = 0 linearly down to the annealed
+    `bilevel_end_*` ε at t = `shape_horizon` (explore early, exploit late). `window`: the annealed ε for
+    t <= `window_start` and t >= `shape_horizon` - `window_end`, and the small fixed `window_eps` in
+    between (T-Maze: explore at the start and at the junction, not in the corridor). Unset: `flat`."""
+    shape_horizon: int | None = None
+    """`bilevel` and `window`: the rollout length the shape is laid over (required by those shapes)."""
+    bilevel_end_start: float | None = None
+    """`bilevel`: ε at a rollout's end at the start of training (unset: 0.8)."""
+    bilevel_end_end: float | None = None
+    """`bilevel`: ε at a rollout's end once annealed (unset: 0.01)."""
+    window_start: int | None = None
+    """`window`: steps t <= this explore with the annealed ε (unset: 0)."""
+    window_end: int | None = None
+    """`window`: steps t >= shape_horizon - this explore with the annealed ε (unset: 3)."""
+    window_eps: float | None = None
+    """`window`: ε between the two windows, not scaled or annealed (unset: 0.5 / shape_horizon)."""
+    noise_start: float | None = None
+    """Continuous: std of the Gaussian action noise at the start of training (unset: 0.5)."""
+    noise_end: float | None = None
+    """Continuous: std of the Gaussian action noise once annealed (unset: 0.05)."""
+
+    def resolve(self, recommendation: dict[str, Any] | None = None) -> ExploreConfig:
+        """Unset fields filled from `recommendation` (the task's; ignored with task_recommendation=False),
+        then from EXPLORE_DEFAULTS. Idempotent."""
+        rec = dict(recommendation or {}) if self.task_recommendation else {}
+        unknown = sorted(set(rec) - set(EXPLORE_DEFAULTS))
+        if unknown:
+            raise ConfigError(f"the task's recommended exploration names unknown fields {unknown}")
+        values = {}
+        for name, default in EXPLORE_DEFAULTS.items():
+            value = getattr(self, name)
+            values[name] = value if value is not None else rec.get(name, default)
+        if values["eps_shape"] == "window" and values["window_eps"] is None and values["shape_horizon"]:
+            values["window_eps"] = 0.5 / values["shape_horizon"]
+        return dataclasses.replace(self, **values)
+
+    def validate(self) -> None:
+        r = self.resolve()
+        checks = [
+            (0.0 <= r.eps_start <= 1.0 and 0.0 <= r.eps_end <= 1.0, "--eps-start and --eps-end must lie in [0, 1]"),
+            (r.eps_anneal_steps >= 1, "--eps-anneal-steps must be >= 1"),
+            (r.noise_start >= 0.0 and r.noise_end >= 0.0, "--noise-start and --noise-end must be >= 0"),
+            (
+                r.eps_shape == "flat" or (r.shape_horizon is not None and r.shape_horizon >= 1),
+                f"--eps-shape {r.eps_shape} needs --shape-horizon >= 1 (the rollout length the shape is laid over)",
+            ),
+            (
+                0.0 <= r.bilevel_end_start <= 1.0 and 0.0 <= r.bilevel_end_end <= 1.0,
+                "--bilevel-end-start and --bilevel-end-end must lie in [0, 1]",
+            ),
+            (r.window_start >= 0 and r.window_end >= 0, "--window-start and --window-end must be >= 0"),
+            (r.window_eps is None or 0.0 <= r.window_eps <= 1.0, "--window-eps must lie in [0, 1]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
 
 
 @dataclass(frozen=True)
@@ -217,6 +306,7 @@ class ExperimentConfig:
         """Raise ConfigError naming the fields of the first impossible value or combination."""
         e, m, lo, t = self.env, self.model, self.loss, self.train
         e.kwargs  # noqa: B018 - parses the JSON, raising a clear error
+        self.explore.validate()
         checks = [
             (e.parallel_envs >= 1, "--parallel-envs must be >= 1"),
             (e.episodes_per_rollout >= 1, "--episodes-per-rollout must be >= 1"),

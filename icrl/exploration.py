@@ -1,8 +1,22 @@
-"""Exploration during collection (DESIGN §5): per-env randomised, decaying over training.
+"""Exploration during collection (DESIGN §5): per-env randomised, decaying over training, shaped in time.
 
-Each env copy draws its own scale in [0, 1] at the start of every rollout, so at any moment the
-batch mixes nearly greedy and very exploratory rollouts. The schedule is a function of the env-step
-counter alone, so restoring the counter on resume restores the schedule exactly.
+ε at env i, training step n (steps of that env copy) and rollout step t is built from three parts
+(`icrl.config.ExploreConfig` documents each field):
+
+    ε_i(n, t) = scale_i · shape(anneal(n), t)
+
+* `anneal`: linear from `eps_start` to `eps_end` over `eps_anneal_steps` steps of each env copy, so the
+  schedule is the same whatever the number of parallel envs (the official AMAGO counts per actor too).
+* `scale_i`: a uniform [0, 1) draw per env and rollout (`per_env_scale`), so every batch mixes nearly
+  greedy and very exploratory rollouts and the anneal length matters much less.
+* `shape`: `flat`; `bilevel` (the paper's two-level schedule: linear within a rollout from the annealed
+  start-of-rollout ε to the annealed end-of-rollout ε); or `window` (the annealed ε near the start and the
+  end of a fixed-horizon rollout, a small fixed ε between: T-Maze explores at the junction, where the
+  memory question is asked, and not in the corridor, where one wrong step loses the episode).
+
+Whether the action being perturbed is sampled from the policy or its mode is the acting side's choice
+(`ExploreConfig.train_actions`, read by `icrl.agent.AgentPolicy`). The schedule is a function of the
+env-step counter alone, so restoring the counter on resume restores it exactly.
 """
 
 from __future__ import annotations
@@ -13,7 +27,7 @@ from icrl.config import ExploreConfig
 from icrl.types import ActionSpec
 
 
-def linear_schedule(start: float, end: float, steps: int, t: int) -> float:
+def linear_schedule(start: float | np.ndarray, end: float | np.ndarray, steps: int, t: int) -> float | np.ndarray:
     frac = min(max(t, 0) / max(steps, 1), 1.0)
     return start + frac * (end - start)
 
@@ -22,9 +36,12 @@ class Exploration:
     """ε-greedy (discrete: uniform random action; multi-binary: random bit flips) or Gaussian noise."""
 
     def __init__(self, cfg: ExploreConfig, spec: ActionSpec, num_envs: int, seed: int) -> None:
-        self.cfg, self.spec = cfg, spec
+        self.cfg, self.spec, self.num_envs = cfg.resolve(), spec, num_envs
         self.rng = np.random.default_rng(seed)
-        self.scale = self.rng.uniform(0.0, 1.0, size=num_envs)  # [N]
+        self.scale = self._draw_scales(num_envs)  # [N]
+
+    def _draw_scales(self, n: int) -> np.ndarray:
+        return self.rng.uniform(0.0, 1.0, size=n) if self.cfg.per_env_scale else np.ones(n)
 
     def state_dict(self) -> dict:
         """Per-env scales and the numpy generator state, JSON-compatible (the schedule itself is a function
@@ -39,26 +56,35 @@ class Exploration:
         self.rng.bit_generator.state = state["rng"]
 
     def level(self, env_steps: int) -> float:
-        """The global ε (discrete) or noise std (continuous) at this point of training."""
+        """The annealed ε (discrete) or noise std (continuous) at the start of a rollout, before the per-env
+        scale, after `env_steps` steps of this collector (all its env copies together)."""
         c = self.cfg
+        n = env_steps // max(self.num_envs, 1)  # steps of each env copy (they step in lockstep)
         if self.spec.kind == "continuous":
-            return linear_schedule(c.noise_start, c.noise_end, c.eps_anneal_steps, env_steps)
-        return linear_schedule(c.eps_start, c.eps_end, c.eps_anneal_steps, env_steps)
+            return linear_schedule(c.noise_start, c.noise_end, c.eps_anneal_steps, n)
+        return linear_schedule(c.eps_start, c.eps_end, c.eps_anneal_steps, n)
 
     def per_env_level(self, env_steps: int, time: np.ndarray) -> np.ndarray:
         """[N] exploration level of every env at its current rollout step `time` [N]."""
-        level = self.level(env_steps) * self.scale
-        if self.cfg.bilevel:
-            c = self.cfg
-            frac = np.clip(np.asarray(time, dtype=np.float64) / max(c.rollout_decay_steps, 1), 0.0, 1.0)
-            level = level * (1.0 + frac * (c.bilevel_min - 1.0))
+        c = self.cfg
+        start = self.level(env_steps)
+        t = np.asarray(time, dtype=np.float64)
+        if c.eps_shape == "bilevel":
+            n = env_steps // max(self.num_envs, 1)
+            end = linear_schedule(c.bilevel_end_start, c.bilevel_end_end, c.eps_anneal_steps, n)
+            frac = np.clip(t / c.shape_horizon, 0.0, 1.0)
+            return self.scale * (start + frac * (end - start))
+        level = self.scale * start
+        if c.eps_shape == "window":
+            middle = (t > c.window_start) & (t < c.shape_horizon - c.window_end)
+            level = np.where(middle, c.window_eps, level)
         return level
 
     def new_rollouts(self, mask: np.ndarray) -> None:
         """Redraw the scale of every env starting a new rollout (mask [N] bool)."""
         n = int(mask.sum())
         if n:
-            self.scale[mask] = self.rng.uniform(0.0, 1.0, size=n)
+            self.scale[mask] = self._draw_scales(n)
 
     def __call__(self, actions: np.ndarray, env_steps: int, time: np.ndarray) -> np.ndarray:
         """Perturb storage-format actions ([N] int64 | [N, D] float32 | [N, D] int8)."""

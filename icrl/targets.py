@@ -6,6 +6,12 @@ from 0.1 to 0.999 give returns on scales that differ by orders of magnitude; nor
 learning rate and one loss weight serve all G outputs. Whenever the statistics move, the critic's output
 layer is rescaled so that its *unnormalised* predictions σ q + μ stay exactly what they were
 ("Preserving Outputs Precisely").
+
+The moments are bias-corrected EMAs (the PopArt paper's adaptive step β_t = β / (1 - (1 - β)^t), as in
+the official AMAGO code): the first update sets them to the first batch's moments, and until ~1/β
+updates they are the plain average of every batch so far. An uncorrected EMA started at ν = 1 keeps
+σ near 1 for thousands of updates, so that a short discount's targets (returns of size ~r) reach the
+critic shrunk by 1/σ_true — 30-45x on T-Maze and POPGym, where that alone kept RepeatPrevious at chance.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ class PopArt(nn.Module):
         self,
         num_gammas: int,
         beta: float = 5e-4,
-        min_std: float = 1e-4,
+        min_std: float = 1e-2,
         max_std: float = 1e6,
         enabled: bool = True,
     ) -> None:
@@ -65,6 +71,7 @@ class PopArt(nn.Module):
         self.beta, self.min_std, self.max_std, self.enabled = beta, min_std, max_std, enabled
         self.register_buffer("mu", torch.zeros(num_gammas))
         self.register_buffer("nu", torch.ones(num_gammas))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))  # updates folded in so far
 
     @property
     def sigma(self) -> torch.Tensor:
@@ -107,14 +114,24 @@ class PopArt(nn.Module):
         count = w.sum()
         batch_mean = (y * w).sum(0) / count.clamp_min(1)  # [G]
         batch_sq = (y.square() * w).sum(0) / count.clamp_min(1)  # [G]
-        # An empty batch leaves the statistics alone; a tensor weight avoids a host sync on `count`.
-        beta = (count > 0).to(self.mu) * self.beta
+        # An empty batch leaves the statistics alone; tensor arithmetic avoids host syncs on `count`.
+        nonempty = (count > 0).to(self.count)
+        self.count.add_(nonempty)
+        t = self.count.double().clamp_min(1.0)  # float64: β_1 must be exactly 1
+        beta = (nonempty.double() * self.beta / (1.0 - (1.0 - self.beta) ** t)).to(self.mu)  # bias-corrected β_t
+        first = (self.count == 1) & (nonempty > 0)  # this update initialises the moments
         mu_old, sigma_old = self.mu.clone(), self.sigma
         self.mu.lerp_(batch_mean.to(self.mu), beta)
         self.nu.lerp_(batch_sq.to(self.nu), beta)
         sigma_new = self.sigma
         if critics is None:
             return
+        # The first update replaces the arbitrary initial (μ, σ) = (0, 1) by the data's moments. There is
+        # nothing to preserve then (the critics are still random): rescaling their output layers by
+        # 1 / σ_1 would blow a short discount's random outputs up by orders of magnitude. Keeping the
+        # normalised outputs instead starts every critic at the scale of its own targets.
+        sigma_old = torch.where(first, sigma_new, sigma_old)
+        mu_old = torch.where(first, self.mu, mu_old)
         if isinstance(critics, nn.Module):
             critics = [critics]
         scale = sigma_old / sigma_new  # [G]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from icrl.data import DiskReplay, ReplayLoader, make_loader
 from icrl.data.relabel import HindsightRelabeler
 from icrl.distributed import Replicas, init_replicas
 from icrl.envs import Collector, make_vector_env
+from icrl.envs.make import task_exploration
 from icrl.exploration import Exploration
 from icrl.fileio import write_text_atomic
 from icrl.learner import Learner
@@ -34,6 +36,13 @@ from icrl.offline import prepare_offline
 from icrl.plot import plot_learning_curves
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec, EpisodeStats
+
+
+def with_task_defaults(cfg: ExperimentConfig) -> ExperimentConfig:
+    """`cfg` with its unset exploration fields filled from the task's recommendation, else the library
+    defaults (`ExploreConfig.resolve`), so config.json records exactly what ran."""
+    rec = task_exploration(cfg.env.env, cfg.env.kwargs) if cfg.explore.task_recommendation else {}
+    return dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -173,6 +182,19 @@ def make_relabeler(t: TrainConfig, venv: gym.vector.VectorEnv) -> HindsightRelab
     return HindsightRelabeler(t.relabel, rare_goals=t.relabel_rare_goals)
 
 
+def training_window(cfg: ExperimentConfig) -> int:
+    """Timesteps per training window: the acting context (`max_seq_len`) plus one.
+
+    The critic learns Q(s_t) from the TD target at s_{t+1}, so the window must hold a full context *and*
+    the step after it. With windows of only `max_seq_len` timesteps, a rollout of exactly context + 1
+    timesteps (T-Maze's corridor + junction + final observation) is cut one way or the other: either the
+    cue at t = 0 or the junction's transition to the final state falls outside every window, and the
+    junction's value can never be learned from memory. The Transformer's banded mask keeps each
+    position's receptive field at `max_seq_len`, exactly what acting sees.
+    """
+    return cfg.model.max_seq_len + 1
+
+
 def make_train_loader(
     cfg: ExperimentConfig, replay_root: Path, spec: ActionSpec, device: torch.device, seed: int, **kwargs
 ) -> ReplayLoader:
@@ -182,7 +204,7 @@ def make_train_loader(
     return make_loader(
         replay_root,
         batch_size=t.batch_size,
-        max_seq_len=cfg.model.max_seq_len,
+        max_seq_len=training_window(cfg),
         action_spec=spec,
         seed=seed,
         num_workers=t.num_workers,
@@ -248,7 +270,7 @@ def train(cfg: ExperimentConfig) -> dict:
     envs into the shared replay, and each update averages the gradients of N batches of batch_size windows.
     Rank 0 alone writes the run directory and evaluates; the other ranks return {}.
     """
-    cfg.validate()
+    cfg = with_task_defaults(cfg).validate()
     e, t = cfg.env, cfg.train
     replicas = init_replicas(t.device)  # one process, or this rank of a data-parallel run
     world, main = replicas.world_size, replicas.is_main
@@ -289,7 +311,8 @@ def train(cfg: ExperimentConfig) -> dict:
         return world * collector.total_env_steps
 
     policy = AgentPolicy(
-        agent, e.parallel_envs, greedy=False, exploration=exploration, env_steps=env_steps, device=device
+        agent, e.parallel_envs, greedy=False, exploration=exploration, device=device,
+        env_steps=lambda: collector.total_env_steps, sample=cfg.explore.train_actions == "sample",
     )
     start_epoch, wall_offset = 0, 0.0
     if t.resume:
@@ -376,7 +399,7 @@ def train(cfg: ExperimentConfig) -> dict:
                 "wall_time": time.perf_counter() - start,
                 "train/return_mean": train_stats["return_mean"],
                 "train/success_rate": train_stats["success_rate"],
-                "train/epsilon": exploration.level(env_steps()),
+                "train/epsilon": exploration.level(collector.total_env_steps),
                 "time/collect_s": t_collect,  # the acting loop: policy + env steps + collector bookkeeping
                 "time/policy_s": policy.seconds - policy_s0,  # of which inside AgentPolicy.act
                 "time/replay_write_s": t_write,

@@ -263,6 +263,7 @@ def test_learner_update_moves_online_targets_by_ema_and_popart(kind, tmp_path):
     cfg = _experiment()
     torch.manual_seed(0)
     agent = Agent(obs_space, spec, cfg.model, cfg.loss)
+    agent.popart.count.fill_(1)  # statistics already initialised: this update rescales (see test_targets)
     learner = Learner(agent, cfg, torch.device("cpu"))
     before = {n: t.detach().clone() for n, t in agent.state_dict().items()}
     mu0, sigma0 = agent.popart.mu.clone(), agent.popart.sigma.clone()
@@ -334,6 +335,7 @@ def test_popart_rescale_preserves_unnormalised_outputs(kind):
     obs_space = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3,), np.float32)})
     torch.manual_seed(0)
     agent = Agent(obs_space, spec, model_cfg(), loss_cfg(popart_beta=0.3))
+    agent.popart.count.fill_(1)  # statistics already initialised: this update rescales (see test_targets)
     G = len(GAMMAS)
     s = torch.randn(2, 5, 32)
     a = torch.rand(2, 5, G, 3) * 2 - 1
@@ -516,7 +518,7 @@ def test_exploration_through_agent_policy_is_uniform_at_eps_one():
     actions = AgentPolicy(agent, N, greedy=False, exploration=exploration).act(ts, np.ones(N, bool))
     expected_off_mode = (1 - 1 / A) * exploration.scale.mean()
     assert abs((actions != 2).mean() - expected_off_mode) < 0.04
-    late = AgentPolicy(agent, N, greedy=False, exploration=exploration, env_steps=lambda: 1000)
+    late = AgentPolicy(agent, N, greedy=False, exploration=exploration, env_steps=lambda: 100 * N)
     assert (late.act(ts, no_new) == 2).all()  # eps annealed to 0
 
 

@@ -66,9 +66,15 @@ def test_popart_preserves_unnormalised_outputs(kind, scale):
             return popart.denormalize(c(s).transpose(-1, -2))  # [.., C, A, G]: G last for the stats
         return popart.denormalize(c(s, a))
 
+    def batch():
+        return scale * (torch.randn(4, 5, G) * torch.tensor([0.5, 1.0, 3.0]) + torch.tensor([1.0, -2.0, 5.0]))
+
+    # The first update initialises the statistics from the batch and keeps the *normalised* outputs of the
+    # (random) critics: there is nothing to preserve yet (test_popart_first_update_initialises).
+    popart.update_(batch(), torch.ones(4, 5, dtype=torch.bool), [critic, target_critic])
     for _step in range(5):
         before, before_t = unnormalised(critic), unnormalised(target_critic)
-        y = scale * (torch.randn(4, 5, G) * torch.tensor([0.5, 1.0, 3.0]) + torch.tensor([1.0, -2.0, 5.0]))
+        y = batch()
         mu, sigma = popart.mu.clone(), popart.sigma.clone()
         popart.update_(y, torch.ones(4, 5, dtype=torch.bool), [critic, target_critic])
         assert not torch.allclose(popart.sigma, sigma) and not torch.allclose(popart.mu, mu)
@@ -76,6 +82,35 @@ def test_popart_preserves_unnormalised_outputs(kind, scale):
         atol = 1e-5 * scale
         torch.testing.assert_close(unnormalised(critic), before, atol=atol, rtol=1e-5)
         torch.testing.assert_close(unnormalised(target_critic), before_t, atol=atol, rtol=1e-5)
+
+
+def test_popart_first_update_initialises_from_the_batch():
+    """Bias correction: the first update takes the batch's moments exactly (no arbitrary prior), and the
+    critics' normalised outputs stay as they were (their random unnormalised outputs are not preserved)."""
+    popart = PopArt(G, beta=5e-4)
+    critic = Critic(8, ActionSpec("discrete", 3), G, num_critics=2, hidden=16)
+    s = torch.randn(4, 5, 8)
+    q_norm = critic(s).clone()
+    y = torch.randn(4, 5, G) * torch.tensor([0.01, 1.0, 30.0]) + torch.tensor([0.0, 5.0, -100.0])
+    popart.update_(y, torch.ones(4, 5, dtype=torch.bool), critic)
+    flat = y.reshape(-1, G)
+    torch.testing.assert_close(popart.mu, flat.mean(0))
+    torch.testing.assert_close(popart.sigma, flat.std(0, unbiased=False).clamp_min(popart.min_std), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(critic(s), q_norm)
+    assert int(popart.count) == 1
+
+
+def test_popart_tracks_small_targets_within_a_few_updates():
+    """The regression behind issue 11: with β = 5e-4 an uncorrected EMA from ν = 1 kept σ near 1 for
+    thousands of updates, so targets of std 0.05 reached the critic shrunk ~20x. Corrected, σ is the
+    running average of the batches: right after 10 updates and still right after 1,000."""
+    popart = PopArt(G, beta=5e-4)
+    std = torch.tensor([0.05, 0.5, 5.0])
+    mask = torch.ones(16, 8, dtype=torch.bool)
+    for step in range(1000):
+        popart.update_(torch.randn(16, 8, G) * std, mask)
+        if step in (9, 999):
+            torch.testing.assert_close(popart.sigma, std, rtol=0.1, atol=0.0)
 
 
 def test_popart_statistics_converge_and_ignore_padding():
@@ -97,7 +132,8 @@ def test_popart_empty_batch_and_disabled_and_state_dict():
     popart = PopArt(G, beta=0.5)
     popart.update_(torch.randn(2, 3, G), torch.zeros(2, 3, dtype=torch.bool))
     assert torch.equal(popart.mu, torch.zeros(G)) and torch.equal(popart.nu, torch.ones(G))
-    assert set(popart.state_dict()) == {"mu", "nu"}
+    assert int(popart.count) == 0  # an empty batch is not counted either
+    assert set(popart.state_dict()) == {"mu", "nu", "count"}
 
     off = PopArt(G, enabled=False)
     y = torch.randn(2, 3, G)

@@ -53,7 +53,8 @@ def test_dawdling_is_penalised_and_times_out():
     env = TMaze(length=4)
     ret, _, steps = play(env, [UP, RIGHT, LEFT, RIGHT, RIGHT, RIGHT, RIGHT], seed=1)
     assert len(steps) == env.horizon == 5  # time limit before reaching the junction
-    assert steps[-1][2] and not steps[-1][1] and steps[-1][3]["success"] == 0.0
+    # the horizon is part of the task: it terminates (no bootstrap), it does not truncate
+    assert steps[-1][1] and not steps[-1][2] and steps[-1][3]["success"] == 0.0
     assert [s[0] for s in steps] == pytest.approx([-0.2, 0.0, -0.2, 0.0, 0.0])
     # with a longer horizon the agent can still succeed, with a smaller return
     env = TMaze(length=3, horizon=10)
@@ -179,7 +180,7 @@ def test_active_rewards_hand_built():
     assert r == 0.0 and term and info["success"] == 0.0
     env = TMazeActive(length=2)
     ret, _, steps = play(env, [UP] * 10, seed=2)
-    assert len(steps) == env.horizon == 4 and steps[-1][2] and steps[-1][3]["success"] == 0.0
+    assert len(steps) == env.horizon == 4 and steps[-1][1] and steps[-1][3]["success"] == 0.0
     assert ret == pytest.approx(-1.0)
 
 

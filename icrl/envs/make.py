@@ -161,3 +161,20 @@ def make_vector_env(
     thunk = functools.partial(make_wrapped_env, name, kwargs, episodes_per_rollout, rollout_horizon)
     cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
     return cls([thunk] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def task_exploration(name: str, env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The exploration a task recommends for itself (`ExploreConfig` field -> value), or {}.
+
+    A task opts in with a `recommended_exploration(**env_kwargs) -> dict` attribute on its factory (for a
+    class: a staticmethod or classmethod), read without building the env. Built-in names and
+    'module:factory' forms are looked up; Gymnasium ids have none.
+    """
+    factory: Any = BUILTIN_ENVS.get(name)
+    if factory is None and ":" in name and not any(name.startswith(p) for p in ENV_FAMILIES):
+        try:
+            factory = _resolve_factory(name)
+        except ValueError:
+            factory = None
+    hook = getattr(factory, "recommended_exploration", None)
+    return dict(hook(**dict(env_kwargs or {}))) if callable(hook) else {}

@@ -14,6 +14,12 @@ Every other space (Box with finite or infinite bounds, Discrete, MultiDiscrete o
 bounded Box actions) goes through `TimestepWrapper` unchanged. The six Labyrinth envs exist only when the
 optional `mazelib` package is installed (`popgym.envs.ALL` leaves them out otherwise).
 
+Every POPGym game has a fixed length that is part of the game (a deck, a number of rounds, CartPole's
+200 steps); the few that report reaching it as `truncated` are adapted to report `terminated`
+(`FixedLengthTermination`), as the official AMAGO does (`truncated_is_done=True`): bootstrapping past a
+game's last step regresses on a state that is never trained, which cost the official code a regression
+on POPGym (DESIGN §10).
+
 POPGym envs have no hidden task to keep: `reset(options={"new_task": False})` starts a fresh episode like any
 reset (a new deck, a new bandit, ...), so in multi-episode rollouts each episode is a new instance.
 
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -149,7 +155,16 @@ class FlatDiscreteAction(gym.ActionWrapper):
         return (idx + self._start).astype(self.env.action_space.dtype)
 
 
+class FixedLengthTermination(gym.Wrapper):
+    """`truncated` reported as `terminated`: the env's step limit is part of its task definition."""
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, bool(terminated or truncated), False, info
+
+
 def _adapt_spaces(env: gym.Env) -> gym.Env:
+    env = FixedLengthTermination(env)
     if isinstance(env.observation_space, gym.spaces.Tuple):
         env = TupleToDictObs(env)
     if isinstance(env.action_space, gym.spaces.MultiDiscrete):

@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.grid import RenderModes, time_limit_reached
+from icrl.envs.grid import RenderModes
 
 UP, DOWN, LEFT, RIGHT = 0, 1, 2, 3
 
@@ -114,8 +114,34 @@ class TMaze(RenderModes, gym.Env):
             if self._pos - old != progress:  # walls, up/down in the corridor, wrong way, right at the end
                 reward = -self.penalty
             self._seen_cue = self._seen_cue or self._cue_visible()
-        truncated = time_limit_reached(terminated, self._t, self.horizon, info)
-        return self._obs(), reward, terminated, truncated, info
+        if not terminated and self._t >= self.horizon:
+            # The step limit is part of the task (the official env ends every episode at its horizon): a
+            # termination, not a truncation. Bootstrapping here would regress on a state that is never
+            # itself a regression target (DESIGN §10).
+            terminated = True
+            info["success"] = 0.0
+        return self._obs(), reward, terminated, False, info
+
+    @classmethod
+    def recommended_exploration(cls, length: int = 10, horizon: int | None = None, **_: Any) -> dict[str, Any]:
+        """The official AMAGO T-Maze recipe (`TMazeExploration` in its examples/04_tmaze.py): argmax
+        training actions plus ε-greedy shaped as a window over the rollout, the annealed ε (1.0 -> 0.01 over
+        100k steps per env, scaled per env) at the first steps and the last 4 steps up to the junction, and
+        0.5 / length in the corridor. One random step in the corridor loses the episode (the horizon leaves
+        no spare step), so plain ε-greedy almost never reaches the junction of a long corridor, and the
+        critic never sees the choices that memory would explain."""
+        env = cls(length=length, horizon=horizon)
+        return {
+            "train_actions": "argmax",
+            "eps_shape": "window",
+            "shape_horizon": env.optimal_steps - 1,  # the junction's step index
+            "window_start": env.start_pos,  # the active variant also explores its first step to the cue
+            "window_end": 3,
+            "window_eps": 0.5 / env.length,
+            "eps_start": 1.0,
+            "eps_end": 0.01,
+            "eps_anneal_steps": 100_000,
+        }
 
     def _ansi(self) -> str:
         row = ["."] * self.length + ["+"]
