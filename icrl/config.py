@@ -124,8 +124,8 @@ EXPLORE_DEFAULTS: dict[str, Any] = {
     "shape_horizon": None,
     "bilevel_end_start": 0.8,
     "bilevel_end_end": 0.01,
-    "window_start": 0,
-    "window_end": 3,
+    "window_start": 1,
+    "window_end": 4,
     "window_eps": None,
     "noise_start": 0.5,
     "noise_end": 0.05,
@@ -162,9 +162,9 @@ class ExploreConfig:
     eps_shape: Literal["flat", "bilevel", "window"] | None = None
     """ε over the step index t inside a rollout. `flat`: the same at every step. `bilevel` (the AMAGO
     paper's two-level schedule): from the annealed ε at t = 0 linearly down to the annealed
-    `bilevel_end_*` ε at t = `shape_horizon` (explore early, exploit late). `window`: the annealed ε for
-    t <= `window_start` and t >= `shape_horizon` - `window_end`, and the small fixed `window_eps` in
-    between (T-Maze: explore at the start and at the junction, not in the corridor). Unset: `flat`."""
+    `bilevel_end_*` ε at t = `shape_horizon` (explore early, exploit late). `window`: the annealed ε in
+    the first `window_start` steps and the last `window_end` steps up to `shape_horizon`, and the small
+    fixed `window_eps` elsewhere (T-Maze: explore at the start and at the junction, not in the corridor). Unset: `flat`."""
     shape_horizon: int | None = None
     """`bilevel` and `window`: the rollout length the shape is laid over (required by those shapes)."""
     bilevel_end_start: float | None = None
@@ -172,9 +172,10 @@ class ExploreConfig:
     bilevel_end_end: float | None = None
     """`bilevel`: ε at a rollout's end once annealed (unset: 0.01)."""
     window_start: int | None = None
-    """`window`: steps t <= this explore with the annealed ε (unset: 0)."""
+    """`window`: the first this many steps (t < window_start) explore with the annealed ε (unset: 1)."""
     window_end: int | None = None
-    """`window`: steps t >= shape_horizon - this explore with the annealed ε (unset: 3)."""
+    """`window`: the last this many steps up to the horizon (shape_horizon - window_end < t <= shape_horizon)
+    explore with the annealed ε (unset: 4; with 1 and 4 the shape is the official `TMazeExploration`)."""
     window_eps: float | None = None
     """`window`: ε between the two windows, not scaled or annealed (unset: 0.5 / shape_horizon)."""
     noise_start: float | None = None

@@ -76,8 +76,8 @@ class Exploration:
             return self.scale * (start + frac * (end - start))
         level = self.scale * start
         if c.eps_shape == "window":
-            middle = (t > c.window_start) & (t < c.shape_horizon - c.window_end)
-            level = np.where(middle, c.window_eps, level)
+            ends = (t < c.window_start) | ((t > c.shape_horizon - c.window_end) & (t <= c.shape_horizon))
+            level = np.where(ends, level, c.window_eps)
         return level
 
     def new_rollouts(self, mask: np.ndarray) -> None:

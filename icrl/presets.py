@@ -36,9 +36,8 @@ def tmaze(length: int = 20) -> ExperimentConfig:
     """
     return ExperimentConfig(
         env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": length}), parallel_envs=8, eval_rollouts=16),
-        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=max(256, length + 2), head_hidden=64),
-        loss=LossConfig(entropy_coeff=0.02),
-        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=4000),
+        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=length + 1, head_hidden=64),
+        # exploration: T-Maze's own recommendation (TMaze.recommended_exploration), losses: the defaults
         train=_small_run(f"runs/tmaze{length}", total_env_steps=max(10_000, 500 * length), eval_every=10),
     )
 
@@ -54,7 +53,7 @@ def cue_recall(delay: int = 5, continuous: bool = True) -> ExperimentConfig:
         ),
         model=ModelConfig(d_model=32, layers=1, heads=2, max_seq_len=delay + 3, head_hidden=64),
         loss=LossConfig(gammas=(0.9, 0.99)),
-        explore=ExploreConfig(eps_anneal_steps=1200),
+        explore=ExploreConfig(eps_anneal_steps=150),  # per env: 1,200 env steps of the 8 together
         train=_small_run(f"runs/cue_recall{delay}", total_env_steps=2400, eval_every=6),
     )
 
@@ -70,7 +69,7 @@ def goal_grid(relabel: str = "all", size: int = 5, num_goals: int = 3) -> Experi
         ),
         model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=64, head_hidden=64, goal_dim=32),
         loss=LossConfig(entropy_coeff=0.02),
-        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=4000),
+        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=500),  # per env: 4,000 env steps of the 8 together
         train=dataclasses.replace(
             _small_run(f"runs/goal_grid_{relabel}", total_env_steps=10_000, eval_every=10), relabel=relabel
         ),

@@ -94,12 +94,12 @@ def test_bilevel_decays_within_rollout_and_noise_for_continuous():
 def test_window_shape_explores_at_the_ends_of_the_horizon_only():
     """T-Maze's recipe: the annealed ε at t <= window_start and t >= H - window_end, a fixed small ε between
     (not scaled per env)."""
-    cfg = ExploreConfig(eps_start=1.0, eps_shape="window", shape_horizon=100, window_start=0, window_end=3)
+    cfg = ExploreConfig(eps_start=1.0, eps_shape="window", shape_horizon=100, window_start=1, window_end=4)
     assert cfg.resolve().window_eps == pytest.approx(0.005)  # 0.5 / H when unset
-    explore = Exploration(cfg, ActionSpec("discrete", 4), num_envs=5, seed=0)
+    explore = Exploration(cfg, ActionSpec("discrete", 4), num_envs=8, seed=0)
     explore.scale[:] = 0.5
-    level = explore.per_env_level(0, np.array([0, 1, 50, 96, 97]))
-    assert level == pytest.approx([0.5, 0.005, 0.005, 0.005, 0.5])
+    level = explore.per_env_level(0, np.array([0, 1, 50, 96, 97, 100, 101, 150]))
+    assert level == pytest.approx([0.5, 0.005, 0.005, 0.005, 0.5, 0.5, 0.005, 0.005])
 
 
 def test_unset_fields_take_the_task_recommendation_then_the_defaults():

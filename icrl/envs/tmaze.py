@@ -124,19 +124,23 @@ class TMaze(RenderModes, gym.Env):
 
     @classmethod
     def recommended_exploration(cls, length: int = 10, horizon: int | None = None, **_: Any) -> dict[str, Any]:
-        """The official AMAGO T-Maze recipe (`TMazeExploration` in its examples/04_tmaze.py): argmax
-        training actions plus ε-greedy shaped as a window over the rollout, the annealed ε (1.0 -> 0.01 over
-        100k steps per env, scaled per env) at the first steps and the last 4 steps up to the junction, and
-        0.5 / length in the corridor. One random step in the corridor loses the episode (the horizon leaves
-        no spare step), so plain ε-greedy almost never reaches the junction of a long corridor, and the
-        critic never sees the choices that memory would explain."""
+        """Argmax training actions plus ε-greedy shaped as a window over the rollout: the annealed ε (1.0 ->
+        0.01 over 100k steps per env, scaled per env) at the decision steps, and 0.5 / length elsewhere.
+
+        One random step in the corridor loses the episode (the horizon leaves no spare step), so plain
+        ε-greedy almost never reaches the junction of a long corridor and the critic never sees the choices
+        that memory would explain. This is the official AMAGO recipe (`TMazeExploration` in its
+        examples/04_tmaze.py) with its windows narrowed to the steps that decide: the junction (and, in the
+        active variant, the first step, towards the cue). The official windows (the first step and the last
+        four, `window_start=1, window_end=4`) explore at steps where any random move loses the episode:
+        in a T-Maze-100 run only 46 of 152 stored rollouts reached the junction, 17 of them made a choice."""
         env = cls(length=length, horizon=horizon)
         return {
             "train_actions": "argmax",
             "eps_shape": "window",
             "shape_horizon": env.optimal_steps - 1,  # the junction's step index
-            "window_start": env.start_pos,  # the active variant also explores its first step to the cue
-            "window_end": 3,
+            "window_start": env.start_pos,  # passive: none; active: the first step, towards the cue
+            "window_end": 1,  # the junction
             "window_eps": 0.5 / env.length,
             "eps_start": 1.0,
             "eps_end": 0.01,

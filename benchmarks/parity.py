@@ -1,0 +1,316 @@
+"""Side by side with the official AMAGO: the same task, model size, context, parallel envs and update ratio.
+
+Each run is a subprocess, one after the other (never two at once: on a small machine they would slow each
+other down): `icrl train` with icrl's own defaults for everything the table below does not fix, and the
+official AMAGO (UT-Austin-RPL/amago) running its own example script unmodified, with that script's own
+settings for everything else (reward scale, discounts, exploration, learning rate). Both evaluate after
+every epoch; a run stops once it has held the threshold for `--hold` evaluations in a row, or at its
+env-step budget.
+
+    # once: the official code into its own virtualenv, from a local checkout or a bare git mirror
+    python benchmarks/parity.py --setup-amago --amago-git-dir /path/to/amago.git
+    # the runs (results are kept per run: an interrupted sweep resumes where it stopped)
+    python benchmarks/parity.py --tasks tmaze20 tmaze100 repeat_previous --seeds 0 1 2
+    python benchmarks/parity.py --report      # table + plot from the stored runs only
+
+Writes `benchmarks/results/parity/runs/<task>_<lib>_s<seed>.json` (one learning curve each),
+`parity.json` (env steps and wall time to the threshold, best and final return, per task, library and
+seed), `parity.md` and `parity.png`.
+
+Settings per task (both libraries): T-Maze N: d_model 64, 2 layers, 4 heads, context N + 1, 8 envs,
+100 updates of batch 24 per 5 (N + 1) steps of each env (the official example's ratio). POPGym: d_model
+128, 2 layers, 4 heads, context 64, 8 envs, 100 updates of batch 24 per 102 steps of each env.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "results" / "parity"
+CACHE = Path(os.environ.get("ICRL_PARITY_CACHE", Path.home() / ".cache" / "icrl-parity"))
+TORCH = "torch==2.13.0"  # the CPU wheel of these machines; pinned on every pip call of the official venv
+GIN = """# Plain attention on CPU (no flash-attn); VanillaAttention is not gin-configurable: dynamic registration.
+from __gin__ import dynamic_registration
+import amago.nets.transformer
+import amago.nets.traj_encoders
+
+amago.nets.traj_encoders.TformerTrajEncoder.attention_type = @amago.nets.transformer.VanillaAttention
+amago.nets.traj_encoders.TformerTrajEncoder.n_heads = 4
+"""
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    icrl_env: str
+    icrl_kwargs: dict
+    d_model: int
+    context: int
+    steps_per_env: int  # env steps of each env copy per epoch; 100 updates per epoch
+    budget: int  # env steps (all envs)
+    threshold: float  # on the mean evaluation return
+    amago_script: str
+    amago_args: list[str] = field(default_factory=list)
+    eval_rollouts: int = 8  # icrl; the official evaluates as many as its val steps hold
+
+
+def tmaze(n: int, budget: int) -> Task:
+    return Task(f"tmaze{n}", "tmaze", {"length": n}, 64, n + 1, 5 * (n + 1), budget, 0.95,
+                "examples/04_tmaze.py", ["--horizon", str(n)], eval_rollouts=8)
+
+
+def popgym(name: str, threshold: float, budget: int = 10_608) -> Task:
+    return Task(name, f"popgym/{name}", {}, 128, 64, 102, budget, threshold, "examples/03_popgym_suite.py",
+                ["--env", name, "--max_seq_len", "64"], eval_rollouts=32)
+
+
+# Thresholds: T-Maze and the Repeat tasks are solved at ~1.0; for the others a fixed bar that separates
+# learning from chance (POPGym's returns lie in [-1, 1]).
+TASKS = {t.name: t for t in [
+    tmaze(20, 20_160), tmaze(100, 101_000),
+    popgym("RepeatPreviousEasy", 0.95), popgym("RepeatFirstEasy", 0.95), popgym("CountRecallEasy", 0.0, 20_400),
+    popgym("AutoencodeEasy", 0.0, 20_400), popgym("PositionOnlyCartPoleEasy", 0.9, 20_400),
+    popgym("PositionOnlyPendulumEasy", 0.5, 20_400),
+]}
+ALIASES = {"repeat_previous": "RepeatPreviousEasy", "repeat_first": "RepeatFirstEasy", "count_recall": "CountRecallEasy",
+           "autoencode": "AutoencodeEasy", "cartpole": "PositionOnlyCartPoleEasy", "pendulum": "PositionOnlyPendulumEasy"}
+ENVS = 8
+
+
+# ---------------------------------------------------------------------------------------------- set-up
+def setup_amago(args: argparse.Namespace) -> None:
+    """The official AMAGO, editable, in its own venv (CPU torch pinned first so pip never fetches CUDA)."""
+    src = args.amago_src
+    if not (src / "amago").is_dir():
+        if args.amago_git_dir is None:
+            sys.exit("--setup-amago: no checkout at --amago-src; pass --amago-git-dir (a bare mirror) to extract one")
+        src.mkdir(parents=True, exist_ok=True)
+        git = ["git", f"--git-dir={args.amago_git_dir}"]
+        tree = subprocess.run([*git, "ls-tree", "-r", "HEAD"], check=True, capture_output=True, text=True).stdout
+        for line in tree.splitlines():  # blob by blob: `git archive` aborts on a mirror with absent blobs
+            meta, path = line.split("\t", 1)
+            blob = subprocess.run([*git, "cat-file", "blob", meta.split()[2]], capture_output=True)
+            if blob.returncode == 0:
+                (src / path).parent.mkdir(parents=True, exist_ok=True)
+                (src / path).write_bytes(blob.stdout)
+        head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout
+        (src / "PARITY_COMMIT").write_text(head)
+    py = args.amago_venv / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(args.amago_venv)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, TORCH], check=True)
+    subprocess.run([*pip, "-e", str(src), TORCH, "gymnasium<=0.29.1"], check=True)
+    subprocess.run([*pip, "matplotlib", "popgym", TORCH, "gymnasium<=0.29.1"], check=True)  # tmaze.py imports matplotlib
+    subprocess.run([str(py), "-c", "import torch; assert torch.version.cuda is None, 'a CUDA torch was installed'"],
+                   check=True)
+    print(f"official AMAGO ready: {py} (source {src})")
+
+
+# ---------------------------------------------------------------------------------------------- commands
+def icrl_command(task: Task, seed: int, run_dir: Path, threads: int) -> list[str]:
+    return [sys.executable, "-m", "icrl", "train", "--env", task.icrl_env, "--env-kwargs", json.dumps(task.icrl_kwargs),
+            "--d-model", str(task.d_model), "--layers", "2", "--heads", "4", "--max-seq-len", str(task.context),
+            "--parallel-envs", str(ENVS), "--steps-per-epoch", str(ENVS * task.steps_per_env),
+            "--updates-per-epoch", "100", "--batch-size", "24", "--total-env-steps", str(task.budget),
+            "--eval-every", "1", "--eval-rollouts", str(task.eval_rollouts), "--checkpoint-every", "1000000",
+            "--seed", str(seed), "--threads", str(threads), "--device", "cpu", "--run-dir", str(run_dir)]
+
+
+def amago_command(task: Task, seed: int, args: argparse.Namespace, buffers: Path) -> list[str]:
+    epochs = task.budget // (ENVS * task.steps_per_env) + 1  # evaluation comes at the start of each epoch
+    gin = CACHE / "cpu_tformer.gin"
+    gin.parent.mkdir(parents=True, exist_ok=True)
+    gin.write_text(GIN)
+    return [str(args.amago_venv / "bin" / "python"), str(HERE / "parity_amago_run.py"), task.amago_script,
+            *task.amago_args, "--run_name", f"parity_{task.name}_s{seed}", "--buffer_dir", str(buffers),
+            "--memory_size", str(task.d_model), "--memory_layers", "2", "--parallel_actors", str(ENVS),
+            "--env_mode", "sync", "--epochs", str(epochs), "--timesteps_per_epoch", str(task.steps_per_env),
+            "--batches_per_epoch", "100", "--batch_size", "24", "--val_interval", "1", "--ckpt_interval", "1000000",
+            "--dloader_workers", "1", "--no_log", "--configs", str(gin)]
+
+
+# ---------------------------------------------------------------------------------------------- running
+def icrl_curve(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return [{"env_steps": r["env_steps"], "updates": r["updates"], "wall_s": round(r["wall_time"], 2),
+             "return": r["return_mean"], "success": r.get("success_rate")} for r in rows if r.get("kind") == "eval"]
+
+
+def amago_curve(log: Path) -> list[dict]:
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [json.loads(x[len("PARITY "):]) for x in lines if x.startswith("PARITY ")]
+
+
+def solved_at(curve: list[dict], threshold: float, hold: int) -> dict | None:
+    """The first evaluation that starts `hold` evaluations in a row at or above the threshold."""
+    for i in range(len(curve)):
+        window = curve[i:i + hold]
+        if len(window) == hold and all(r["return"] is not None and r["return"] >= threshold for r in window):
+            return curve[i]
+    return None
+
+
+def run_one(task: Task, lib: str, seed: int, args: argparse.Namespace) -> dict:
+    """One run in a subprocess, stopped once the threshold has held `args.hold` evaluations (or at the budget)."""
+    work = CACHE / "runs" / f"{task.name}_{lib}_s{seed}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    log = work / "stdout.log"
+    if lib == "icrl":
+        cmd, cwd = icrl_command(task, seed, work / "run", args.threads), None
+        curve_of = lambda: icrl_curve(work / "run")  # noqa: E731
+    else:
+        cmd, cwd = amago_command(task, seed, args, work / "buffers"), str(args.amago_src)
+        curve_of = lambda: amago_curve(log)  # noqa: E731
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "WANDB_MODE": "disabled", "TORCH_COMPILE_DISABLE": "1",
+           "PYTHONUNBUFFERED": "1"}
+    start = time.time()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        stopped_early = False
+        while proc.poll() is None:
+            time.sleep(2.0)
+            if args.hold and solved_at(curve_of(), task.threshold, args.hold) is not None:
+                proc.terminate()  # both libraries stop cleanly on SIGTERM
+                stopped_early = True
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            elif time.time() - start > args.max_wall:
+                proc.kill()
+    curve = curve_of()
+    if not curve:
+        raise RuntimeError(f"{lib} {task.name} seed {seed} logged no evaluation; see {log}:\n"
+                           + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+    solve = solved_at(curve, task.threshold, max(args.hold, 1))
+    returns = [r["return"] for r in curve if r["return"] is not None]
+    return {"task": task.name, "lib": lib, "seed": seed, "threshold": task.threshold, "hold": args.hold,
+            "solved_env_steps": solve and solve["env_steps"], "solved_wall_s": solve and solve["wall_s"],
+            "solved_updates": solve and solve["updates"], "best_return": max(returns), "final_return": returns[-1],
+            "stopped_at_threshold": stopped_early, "process_wall_s": round(time.time() - start, 1),
+            "command": cmd, "curve": curve, "loadavg": os.getloadavg()}
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    rows = []
+    for name in TASKS:
+        for lib in ("icrl", "amago"):
+            rs = [r for r in runs if r["task"] == name and r["lib"] == lib]
+            if not rs:
+                continue
+            solved = [r for r in rs if r["solved_env_steps"] is not None]
+            rows.append({"task": name, "lib": lib, "seeds": sorted(r["seed"] for r in rs),
+                         "solved": f"{len(solved)}/{len(rs)}", "threshold": rs[0]["threshold"],
+                         "env_steps_to_threshold": _mean([r["solved_env_steps"] for r in solved]),
+                         "wall_s_to_threshold": _mean([r["solved_wall_s"] for r in solved]),
+                         "best_return": _mean([r["best_return"] for r in rs]),
+                         "final_return": _mean([r["final_return"] for r in rs])})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    def f(x, d=0):
+        return "—" if x is None else f"{x:,.{d}f}"
+
+    out = ["| task | library | seeds solved | threshold | env steps to it (mean of solved) | wall s to it | best return | "
+           "final return |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['task']} | {r['lib']} | {r['solved']} | {r['threshold']} | {f(r['env_steps_to_threshold'])} | "
+                   f"{f(r['wall_s_to_threshold'])} | {f(r['best_return'], 3)} | {f(r['final_return'], 3)} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in TASKS if any(r["task"] == n for r in runs)]
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for r in (r for r in runs if r["task"] == name):
+            xs = [c["env_steps"] for c in r["curve"]]
+            ys = [c["return"] for c in r["curve"]]
+            ax.plot(xs, ys, color="tab:blue" if r["lib"] == "icrl" else "tab:orange", alpha=0.8,
+                    label=f"{r['lib']} s{r['seed']}")
+        ax.axhline(TASKS[name].threshold, color="gray", ls=":", lw=1)
+        ax.set_title(name)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("eval return")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report() -> list[dict]:
+    runs = [json.loads(p.read_text()) for p in sorted((OUT / "runs").glob("*.json"))]
+    rows = summarize(runs)
+    (OUT / "parity.json").write_text(json.dumps({"rows": rows, "runs": [
+        {k: v for k, v in r.items() if k != "curve"} for r in runs]}, indent=1))
+    (OUT / "parity.md").write_text(markdown(rows))
+    if runs:
+        plot(runs, OUT / "parity.png")
+    print(markdown(rows))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", nargs="+", default=["tmaze20", "tmaze100", "RepeatPreviousEasy"],
+                   help=f"of {sorted(TASKS)} (aliases {sorted(ALIASES)})")
+    p.add_argument("--libs", nargs="+", default=["icrl", "amago"], choices=["icrl", "amago"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--hold", type=int, default=2, help="evaluations in a row at the threshold that end a run "
+                                                      "(0: run the whole budget)")
+    p.add_argument("--max-wall", type=float, default=3600.0, help="seconds before a run is killed")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rerun", action="store_true", help="run again even where a stored result exists")
+    p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the stored runs")
+    p.add_argument("--setup-amago", action="store_true")
+    p.add_argument("--amago-src", type=Path, default=CACHE / "amago-src")
+    p.add_argument("--amago-git-dir", type=Path, default=None)
+    p.add_argument("--amago-venv", type=Path, default=CACHE / "amago-venv")
+    args = p.parse_args(argv)
+    if args.setup_amago:
+        return setup_amago(args)
+    if not args.report:
+        (OUT / "runs").mkdir(parents=True, exist_ok=True)
+        if "amago" in args.libs and not (args.amago_venv / "bin" / "python").exists():
+            sys.exit(f"no official AMAGO venv at {args.amago_venv}: run with --setup-amago first")
+        for name in args.tasks:
+            task = TASKS[ALIASES.get(name, name)]
+            for seed in args.seeds:
+                for lib in args.libs:
+                    path = OUT / "runs" / f"{task.name}_{lib}_s{seed}.json"
+                    if path.exists() and not args.rerun:
+                        continue
+                    print(f"parity: {task.name} {lib} seed {seed} ...", flush=True)
+                    result = run_one(task, lib, seed, args)
+                    path.write_text(json.dumps(result, indent=1))
+                    print(f"parity: {task.name} {lib} seed {seed}: solved at {result['solved_env_steps']} env steps, "
+                          f"{result['solved_wall_s']} s; best {result['best_return']:.3f}", flush=True)
+    report()
+
+
+if __name__ == "__main__":
+    main()
