@@ -5,9 +5,10 @@ from icrl. Usage: `python parity_amago_run.py EXAMPLE.py [example args...]`.
 
 From outside (no AMAGO source edits) it wraps `Experiment.collect_new_training_data`, `evaluate_val` and
 `train_step` with timers and prints one `PARITY {json}` line per evaluation:
-`{"env_steps": ..., "updates": ..., "wall_s": ..., "return": ...}`, where env steps count the training
-steps collected before the evaluation (all parallel actors) and `return` is the official "Average Total
-Return (Across All Env Names)". The wall clock starts when this script starts, as `icrl train`'s does.
+`{"env_steps": ..., "updates": ..., "wall_s": ..., "eval_s": ..., "return": ...}`, where env steps count the
+training steps collected before the evaluation (all parallel actors), `eval_s` the seconds spent in
+evaluations so far, and `return` is the official "Average Total Return (Across All Env Names)". The wall
+clock starts when this script starts, as `icrl train`'s does.
 """
 
 import json
@@ -19,7 +20,7 @@ T0 = time.time()
 
 from amago.experiment import Experiment  # noqa: E402  (the clock includes the import, as for icrl)
 
-STATE = {"env_steps": 0, "updates": 0}
+STATE = {"env_steps": 0, "updates": 0, "eval_s": 0.0}
 _collect, _val, _train = Experiment.collect_new_training_data, Experiment.evaluate_val, Experiment.train_step
 
 
@@ -29,6 +30,7 @@ def collect(self):
 
 
 def val(self):
+    t_val = time.time()
     captured = {}
     orig_log = self.log
 
@@ -43,8 +45,9 @@ def val(self):
     finally:
         del self.log
     ret = captured.get("Average Total Return (Across All Env Names)")
+    STATE["eval_s"] += time.time() - t_val
     row = {"env_steps": STATE["env_steps"], "updates": STATE["updates"], "wall_s": round(time.time() - T0, 2),
-           "return": None if ret is None else float(ret)}
+           "eval_s": round(STATE["eval_s"], 2), "return": None if ret is None else float(ret)}
     print("PARITY " + json.dumps(row), flush=True)
 
 

@@ -45,7 +45,7 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=1, help="epochs between evaluations (finer = sharper timing)")
     p.add_argument("--eval-rollouts", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=None, help="default: TrainConfig's")
-    p.add_argument("--max-seq-len", type=int, default=None, help="default: length + 2 (a whole rollout)")
+    p.add_argument("--max-seq-len", type=int, default=None, help="default: length + 1 (the whole rollout in context)")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
@@ -82,7 +82,7 @@ def main() -> None:
                 d_model=args.d_model,
                 layers=args.layers,
                 heads=args.heads,
-                max_seq_len=args.max_seq_len or args.length + 2,
+                max_seq_len=args.max_seq_len or args.length + 1,
             ),
             train=TrainConfig(
                 run_dir=str(run_dir),

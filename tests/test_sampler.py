@@ -328,3 +328,27 @@ def test_two_workers_valid_batches_distinct_seeds_reproducible(tmp_path: Path) -
     assert all(batches_equal(first[2 * i], serial[i]) for i in range(3))
     draw = lambda b: b.inputs.prev_reward[0, 0].item()  # noqa: E731
     assert {draw(b) for b in first[0::2]}.isdisjoint({draw(b) for b in first[1::2]})
+
+
+def test_training_windows_hold_a_full_context_and_the_step_after_it(tmp_path: Path) -> None:
+    """A rollout of exactly context + 1 timesteps (T-Maze: corridor, junction, final observation) is one
+    training window: the cue at t = 0 and the junction's transition to the final state are learned together.
+    With windows of only `max_seq_len` timesteps, one of the two fell outside every window."""
+    from icrl.config import ExperimentConfig, ModelConfig
+    from icrl.train import make_train_loader, training_window
+
+    spec = ActionSpec("discrete", 4)
+    context = 11
+    cfg = ExperimentConfig(model=ModelConfig(max_seq_len=context), train=dataclasses.replace(
+        ExperimentConfig().train, batch_size=4))
+    assert training_window(cfg) == context + 1
+    fill(tmp_path / "replay", [context], spec)  # `context` actions: context + 1 timesteps
+    loader = make_train_loader(cfg, tmp_path / "replay", spec, torch.device("cpu"), seed=0)
+    try:
+        batch = next(loader)
+    finally:
+        loader.close()
+    assert batch.shape == (4, context + 1)
+    assert (batch.inputs.time[:, 0] == 0).all()  # the window starts at the cue
+    valid = batch.has_action & torch.cat([batch.mask[:, 1:], torch.zeros_like(batch.mask[:, :1])], 1)
+    assert valid[:, context - 1].all()  # ... and still trains the last in-context step's transition
