@@ -198,6 +198,17 @@ class InContextPolicy:
         return np.asarray(tree)[i]
 
 
+def _checkpoint_extra(folder: Path) -> tuple[ExperimentConfig, tuple[gym.Space, gym.Space] | None]:
+    """(config, spaces or None) that `icrl train` stores in a checkpoint's state.json."""
+    state_file = folder / "state.json"
+    try:
+        extra = json.loads(state_file.read_text(encoding="utf-8")).get("extra", {})
+        cfg = ExperimentConfig.from_json(json.dumps(extra["config"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RunDirError(f"{state_file} holds no readable run config ({e})") from e
+    return cfg, read_spaces_record(extra["spaces"], str(state_file)) if "spaces" in extra else None
+
+
 def _find_run(path: Path) -> tuple[ExperimentConfig, Path, tuple[gym.Space, gym.Space] | None]:
     """(config, weights file, spaces or None) of a run dir, a checkpoint folder or a weights file in one."""
     if path.is_file():
@@ -206,17 +217,14 @@ def _find_run(path: Path) -> tuple[ExperimentConfig, Path, tuple[gym.Space, gym.
     else:
         folder, weights = path, None
     if (folder / "config.json").is_file():  # a run directory
+        weights = weights or resolve_weights(folder)
         spaces = read_spaces(folder)
-        return load_config(folder), weights or resolve_weights(folder), spaces
-    state_file = folder / "state.json"
-    if state_file.is_file():  # a checkpoint folder: RUN_DIR/checkpoints/ckpt-N
-        try:
-            extra = json.loads(state_file.read_text(encoding="utf-8")).get("extra", {})
-            cfg = ExperimentConfig.from_json(json.dumps(extra["config"]))
-        except (ValueError, KeyError, TypeError) as e:
-            raise RunDirError(f"{state_file} holds no readable run config ({e})") from e
-        spaces = read_spaces_record(extra["spaces"], str(state_file)) if "spaces" in extra else None
-        if spaces is None and (folder.parent.parent / SPACES_FILE).is_file():
+        if spaces is None and (weights.parent / "state.json").is_file():  # its checkpoint has them too
+            spaces = _checkpoint_extra(weights.parent)[1]
+        return load_config(folder), weights, spaces
+    if (folder / "state.json").is_file():  # a checkpoint folder: RUN_DIR/checkpoints/ckpt-N
+        cfg, spaces = _checkpoint_extra(folder)
+        if spaces is None:
             spaces = read_spaces(folder.parent.parent)
         return cfg, weights or resolve_weights(folder.parent.parent, folder), spaces
     raise RunDirError(f"{path} is neither a run directory (config.json), a checkpoint folder (state.json) nor a "
