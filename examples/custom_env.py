@@ -13,6 +13,7 @@ needs none of the training code.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import gymnasium as gym
 import numpy as np
@@ -62,16 +63,17 @@ def play(run_dir: str, episodes: int = 5, seed: int = 0) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", default="runs/signpost")
-    parser.add_argument("--steps", type=int, default=6000, help="env steps to train for")
+    parser.add_argument("--steps", type=int, default=6000, help="env steps to train for (default: 6 epochs)")
     parser.add_argument("--quick", action="store_true", help="a tiny model and few updates (smoke test)")
     args = parser.parse_args()
-    model = ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=16) if args.quick else ModelConfig()
-    cfg = ExperimentConfig(
-        env=EnvConfig(parallel_envs=4, eval_rollouts=8),
-        model=model,
-        train=TrainConfig(run_dir=args.run_dir, total_env_steps=args.steps, steps_per_epoch=min(400, args.steps),
-                          updates_per_epoch=4 if args.quick else 80, eval_every=5, device="cpu"),
-    )
+    cfg = ExperimentConfig(train=TrainConfig(run_dir=args.run_dir, total_env_steps=args.steps))
+    if args.quick:
+        cfg = dataclasses.replace(
+            cfg,
+            env=EnvConfig(parallel_envs=4, eval_rollouts=8),
+            model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=16),
+            train=dataclasses.replace(cfg.train, steps_per_epoch=min(400, args.steps), updates_per_epoch=4, device="cpu"),
+        )
     result = icrl.train(cfg, env=Signpost)
     print(f"trained: eval return {result['return_mean']:.2f}; greedy returns of 5 fresh episodes: "
           f"{play(args.run_dir)}")

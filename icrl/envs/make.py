@@ -173,8 +173,10 @@ def make_env(name: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     if ":" not in name and re.fullmatch(r"[\w.-]+(/[\w.-]+)?-v\d+", name):
         try:  # keeps gymnasium's own advice ("use Taxi-v4", "Did you mean: `CartPole`?")
             gym.spec(name)
+        except (gym.error.DeprecatedEnv, gym.error.VersionNotFound) as e:  # the family exists: its text says it
+            raise ValueError(f"Unknown env {name!r}: {e}") from e
         except gym.error.Error as e:
-            raise ValueError(f"Unknown env {name!r}: {e} (gymnasium). {_forms_help()}") from e
+            raise ValueError(f"Unknown env {name!r}: {e} {_forms_help()}") from e
     factory = _resolve_factory(name)
     if factory is not None:
         env = _call(factory, name, kwargs)
