@@ -106,6 +106,10 @@ class InContextPolicy:
             Multi-episode agents were trained seeing each episode's final observation (with its last reward)
             before the next episode's first one: call `predict` on the final observation too (ignore its
             action), then on the first observation of the next episode with `episode_start=True`.
+            A Gymnasium vector env in its default NEXT_STEP autoreset mode does exactly that: it returns the
+            final observation with `terminated`/`truncated`, and the reset one at the next step, so pass
+            `episode_start=` the done flags of the step before the last one (SAME_STEP mode returns the reset
+            observation at once: pass that step's done flags, which skips the final observation).
         reward: the reward the env returned for the previous action (float or [N]); ignored where a rollout
             or episode starts. Required everywhere else: an agent fed a fake 0 would act on a wrong history.
         deterministic: the greedy action (the mode of the policy's discount head, as `icrl eval`), else a
@@ -233,7 +237,8 @@ def _find_run(path: Path) -> tuple[ExperimentConfig, Path, tuple[gym.Space, gym.
 
 def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = None) -> InContextPolicy:
     """The policy of a run directory, a checkpoint folder (RUN_DIR/checkpoints/ckpt-N) or a weights file in
-    either, ready to `predict`. The latest checkpoint of a run directory is used (else its final weights).
+    either, ready to `predict`. The latest checkpoint of a run directory is used (else its final weights), as
+    `icrl eval` does. `device`: "cpu", "cuda", "auto", ...
 
     Nothing of the env is imported or built: the spaces come from RUN_DIR/spaces.json (or the checkpoint).
     A run from an icrl that did not write them needs `env=`: the env (or its class, a factory, a vector env,
@@ -252,7 +257,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
         from icrl.envs.user import env_spaces
 
         spaces = env_spaces(env, cfg.env.kwargs)
-    dev = torch.device(device)
+    from icrl.train import resolve_device
+
+    dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
     agent, _ = build_agent(cfg, dev, spaces)
     load_weights(agent, weights, dev)
     return InContextPolicy(agent, cfg, spaces[0], spaces[1], dev)
