@@ -23,6 +23,8 @@ USAGE = """usage: icrl {train,eval,envs,plot,learn,collect,export-minari} ...
   icrl learn RUN_DIR [--utd R] [--publish-every N] [train flags]    asynchronous learner (writes config.json)
   icrl collect RUN_DIR [--collector-id K] [--device D]              asynchronous collector (any number)
             [--max-env-steps N] [--max-lead STEPS] [--wait S]
+            [--env NAME] [--env-kwargs JSON] [--trust-run-env]      (eval, collect, export-minari: a run's
+                                                                    module:factory env runs only if asked)
   icrl export-minari RUN_DIR DATASET_ID [--folder fifo|protected|all] [--overwrite]
                                                                     a run's rollouts as a local Minari dataset
 """

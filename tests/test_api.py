@@ -17,6 +17,7 @@ from icrl.agent import AgentPolicy
 from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig
 from icrl.envs import Collector, make_env, make_vector_env
 from icrl.envs.user import apply_env, resolve_env
+from icrl.envs.wrapper import agent_to_env_action
 from icrl.evaluation import RunDirError, load_agent
 from icrl.spaces_json import space_from_json, space_to_json
 from icrl.types import ActionSpec
@@ -127,6 +128,14 @@ def test_train_on_a_user_vector_env(tmp_path):
     assert space_from_json(record["observation_space"]) == gym.make("CartPole-v1").observation_space
 
 
+def test_train_on_a_zero_arg_factory(tmp_path):
+    icrl.train(tiny(tmp_path / "lam"), env=lambda: Ring(size=3))
+    cfg = json.loads((tmp_path / "lam" / "config.json").read_text())
+    assert "<lambda>" in cfg["env"]["env"]
+    policy = icrl.load(tmp_path / "lam")
+    assert policy.observation_space == Ring(size=3).observation_space
+
+
 def test_all_extra_holds_every_extra():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -178,7 +187,7 @@ def _predict_rollouts(policy, envs, seed, per_env, k, deterministic=True):
     bridge, episodes = np.zeros(n, bool), np.zeros(n, int)
     done, current = [[] for _ in range(n)], [[] for _ in range(n)]
     while any(len(d) < per_env for d in done):
-        batch = np.stack(obs)
+        batch = {k: np.stack([o[k] for o in obs]) for k in obs[0]} if isinstance(obs[0], dict) else np.stack(obs)
         actions, state = policy.predict(batch, state, episode_start=start, reward=rewards, deterministic=deterministic)
         for i, env in enumerate(envs):
             current[i].append(np.asarray(actions[i]).item())
@@ -201,11 +210,12 @@ def _predict_rollouts(policy, envs, seed, per_env, k, deterministic=True):
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-@pytest.mark.parametrize("name", ["tmaze", "meta"])
+@pytest.mark.parametrize("name", ["tmaze", "meta", "ring"])
 def test_predict_acts_as_the_collector_on_the_same_weights(runs, name, greedy, monkeypatch):
     """predict (raw observations in, env actions out) feeds the agent exactly the timesteps the collector of
     `icrl eval` feeds it, batch by batch, with staggered resets (the meta-RL run also crosses episode
-    boundaries inside rollouts), so greedy actions agree and sampled ones too under one torch seed."""
+    boundaries inside rollouts; the ring run has Dict observations and Box actions rescaled to [0, 4]), so
+    greedy actions agree and sampled ones too under one torch seed."""
     inputs: list[list] = [[], []]
     act = AgentPolicy.act
 
@@ -217,17 +227,20 @@ def test_predict_acts_as_the_collector_on_the_same_weights(runs, name, greedy, m
     monkeypatch.setattr(AgentPolicy, "act", recording)
     agent, cfg = load_agent(runs[name])
     e, n, per_env, seed = cfg.env, 3, 2, 1234
-    venv = make_vector_env(e.env, e.kwargs, n, episodes_per_rollout=e.episodes_per_rollout)
+    factories = [Ring] if name == "ring" else None
+    venv = make_vector_env(e.env, e.kwargs, n, episodes_per_rollout=e.episodes_per_rollout, factories=factories)
     spec = ActionSpec.from_space(venv.single_action_space)
     which = 0
     torch.manual_seed(0)
     rollouts, _ = Collector(venv, spec).collect_rollouts(AgentPolicy(agent, n, greedy=greedy), n * per_env, seed=seed)
+    space = venv.envs[0].env_action_space
     venv.close()
-    expected = [[r.action.tolist() for r in rollouts[i * per_env:(i + 1) * per_env]] for i in range(n)]
+    expected = [[[agent_to_env_action(space, a).item() for a in r.action]  # the collector's, mapped to the env's
+                 for r in rollouts[i * per_env:(i + 1) * per_env]] for i in range(n)]
     policy = icrl.load(runs[name])
     which = 1
     torch.manual_seed(0)
-    envs = [make_env(e.env, e.kwargs) for _ in range(n)]
+    envs = [Ring() if name == "ring" else make_env(e.env, e.kwargs) for _ in range(n)]
     got = _predict_rollouts(policy, envs, seed, per_env, e.episodes_per_rollout, deterministic=greedy)
     assert len(inputs[0]) == len(inputs[1]) > 0
     for a, b in zip(*inputs):
