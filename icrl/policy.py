@@ -121,6 +121,7 @@ class InContextPolicy:
         env's bounds, MultiBinary 0/1), one action for one observation or an array of N for a batch.
         """
         n, single = self._batch_size(observation)
+        obs_rows = [self._io.convert_obs(self._row(observation, i, single)) for i in range(n)]  # before any change
         first = state is None
         if first:
             state = self.initial_state(n)
@@ -141,7 +142,6 @@ class InContextPolicy:
         state.episode[hard] = 0
         state.episode[inner] += 1
         state.prev_action[~cont] = 0.0
-        obs_rows = [self._io.convert_obs(self._row(observation, i, single)) for i in range(n)]
         step = {
             "obs": {k: np.stack([o[k] for o in obs_rows]) for k in obs_rows[0]},  # each [N, ...]
             "prev_action": state.prev_action.copy(),  # [N, A]
