@@ -2,6 +2,7 @@
 acting path agreeing with the collector's (and so with `icrl eval`) on the same weights."""
 
 import dataclasses
+import functools
 import json
 import shutil
 from collections import OrderedDict
@@ -105,6 +106,8 @@ def test_resolve_env_forms():
     assert src.name == f"{Ring.__module__}:Ring" and src.rebuild == "import" and src.factories == (Ring,)
     lam = resolve_env(lambda: Ring(3))
     assert lam.rebuild == "none" and "<lambda>" in lam.name
+    part = resolve_env(functools.partial(Ring, size=3))  # its name alone would rebuild Ring(), not Ring(size=3)
+    assert part.rebuild == "none" and part.name.endswith("(partial)")
     venv = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
     cfg, src = apply_env(tiny("x"), venv)
     assert (cfg.env.env, cfg.env.parallel_envs, src.rebuild, len(src.factories)) == ("CartPole-v1", 3, "gymnasium", 3)

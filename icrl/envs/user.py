@@ -77,9 +77,11 @@ def _callable_source(fn: Any) -> EnvSource:
     target = fn.func if hasattr(fn, "func") and hasattr(fn, "args") else fn  # functools.partial
     module = getattr(target, "__module__", None) or "?"
     qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
-    name = f"{module}:{qualname}" + ("(partial)" if target is not fn else "")
+    name = f"{module}:{qualname}"
     found = getattr(sys.modules.get(module), qualname, None) if "." not in qualname else None
     plain = found is fn and module != "__main__"
+    if not plain and rebuild_kind(name) != "none":  # the name would find something else: mark it
+        name += "(partial)" if target is not fn else "(object)"
     return EnvSource(name, (fn,), "import" if plain else "none")
 
 
