@@ -27,6 +27,7 @@ from icrl.learner import Learner
 from icrl.metrics import make_loggers, progress_line, say
 from icrl.offline import prepare_offline
 from icrl.seeding import derive_seed, seed_everything
+from icrl.spaces_json import venv_spaces_record, write_spaces
 from icrl.train import (
     check_run_dir,
     eval_row,
@@ -122,6 +123,7 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
         truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
     paths.done.unlink(missing_ok=True)
     write_text_atomic(paths.config, cfg.to_json())
+    write_spaces(run_dir, venv_spaces_record(eval_venv, e.env, e.kwargs))  # icrl.load needs no env
 
     def publish() -> int:
         save_weights(agent, paths.weights, {"updates": str(learner.updates), "utd": str(ratio)})

@@ -46,6 +46,7 @@ from icrl.agent import Agent, AgentPolicy
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.data import DiskReplay
 from icrl.envs import Collector, make_vector_env
+from icrl.envs.user import EnvOverride, run_env_config
 from icrl.exploration import Exploration
 from icrl.fileio import write_text_atomic
 from icrl.metrics import say
@@ -136,7 +137,8 @@ def wait_for(path: Path, wait_s: float, what: str, stop: StopFlag | None = None)
 
 
 def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = "cpu", wait_s: float = 600.0,
-            max_env_steps: int | None = None, max_lead: int | None = None, stop: StopFlag | None = None) -> dict:
+            max_env_steps: int | None = None, max_lead: int | None = None, stop: StopFlag | None = None,
+            override: EnvOverride | None = None) -> dict:
     """Run one collector until the run's total env steps are taken, the learner finishes, `max_env_steps`
     (this process) are taken, or `stop` is set. Returns its final counters.
 
@@ -147,9 +149,13 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
     """
     paths = AsyncPaths(run_dir)
     learn_cmd = f"icrl learn {paths.run_dir}"
-    if not wait_for(paths.config, wait_s, learn_cmd, stop) or not wait_for(paths.weights, wait_s, learn_cmd, stop):
+    if not wait_for(paths.config, wait_s, learn_cmd, stop):
         return {}
     cfg = ExperimentConfig.from_json(paths.config.read_text(encoding="utf-8")).validate()
+    # config.json is data: its env is built only if it is a built-in / registered one or the user said so
+    cfg = run_env_config(cfg, paths.run_dir, override or EnvOverride())
+    if not wait_for(paths.weights, wait_s, learn_cmd, stop):
+        return {}
     e, t = cfg.env, cfg.train
     path = paths.counter(collector_id)
     counters = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

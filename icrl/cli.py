@@ -16,12 +16,15 @@ USAGE = """usage: icrl {train,eval,envs,plot,learn,collect,export-minari} ...
   icrl train [--preset NAME] [--env NAME] [--env-kwargs JSON] ...  train an agent (icrl train --help)
   icrl eval RUN_DIR [--checkpoint PATH] [--rollouts N] [--seed S]   greedy evaluation of a run's weights
             [--parallel-envs N] [--device D]                        (table on screen, RUN_DIR/eval.json)
+            [--env NAME] [--env-kwargs JSON] [--trust-run-env]      the env to act in (default: the run's)
   icrl envs [FAMILY]                                                list the built-in tasks (or a family's)
   icrl plot RUN_DIR [RUN_DIR ...] [--out FILE] [--x env_steps|wall_time]
                                                                     learning curves (seeds grouped)
   icrl learn RUN_DIR [--utd R] [--publish-every N] [train flags]    asynchronous learner (writes config.json)
   icrl collect RUN_DIR [--collector-id K] [--device D]              asynchronous collector (any number)
             [--max-env-steps N] [--max-lead STEPS] [--wait S]
+            [--env NAME] [--env-kwargs JSON] [--trust-run-env]      (eval, collect, export-minari: a run's
+                                                                    module:factory env runs only if asked)
   icrl export-minari RUN_DIR DATASET_ID [--folder fifo|protected|all] [--overwrite]
                                                                     a run's rollouts as a local Minari dataset
 """
@@ -54,6 +57,22 @@ def _pop_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
             rest.append(argv[i])
         i += 1
     return value, rest
+
+
+def _add_env_flags(parser: argparse.ArgumentParser) -> None:
+    """--env / --env-kwargs / --trust-run-env: a run directory is data, so the env it names is built only when
+    it is a built-in task or a registered Gymnasium id, unless the user names one or opts in."""
+    parser.add_argument("--env", default=None, help="env to act in instead of the run's (any `icrl train --env` "
+                        "form, e.g. package.module:factory for an env the run cannot rebuild)")
+    parser.add_argument("--env-kwargs", default=None, metavar="JSON", help="env kwargs instead of the run's")
+    parser.add_argument("--trust-run-env", action="store_true",
+                        help="build the run's env even when its config.json names code (module:factory)")
+
+
+def _override(args: argparse.Namespace):
+    from icrl.envs.user import EnvOverride
+
+    return EnvOverride(env=args.env, env_kwargs=args.env_kwargs, trust_run_env=args.trust_run_env)
 
 
 def _parse_config(argv: list[str], prog: str, description: str):
@@ -141,13 +160,14 @@ def _collect(argv: list[str]) -> None:
         help="pause while the run's env steps exceed the learner's updates / utd by more than STEPS "
         "(default: never pause)",
     )
+    _add_env_flags(parser)
     args = parser.parse_args(argv)
     from icrl.async_mode import StopFlag, collect
     from icrl.config import ConfigError
 
     try:
         collect(args.run_dir, args.collector_id, device=args.device, wait_s=args.wait,
-                max_env_steps=args.max_env_steps, max_lead=args.max_lead, stop=StopFlag())
+                max_env_steps=args.max_env_steps, max_lead=args.max_lead, stop=StopFlag(), override=_override(args))
     except (ConfigError, ValueError, ImportError) as e:
         _fail(str(e))
 
@@ -167,11 +187,13 @@ def _export_minari(argv: list[str]) -> None:
         help="replay folder to export: fifo (collected rollouts, default), protected (offline data) or all",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset with this id")
+    _add_env_flags(parser)  # only runs without spaces.json build their env
     args = parser.parse_args(argv)
     from icrl.offline import export_run
 
     try:
-        path, episodes, steps = export_run(args.run_dir, args.dataset_id, folder=args.folder, overwrite=args.overwrite)
+        path, episodes, steps = export_run(args.run_dir, args.dataset_id, folder=args.folder, overwrite=args.overwrite,
+                                           override=_override(args))
     except (ValueError, ImportError, OSError) as e:  # bad id, existing id, no rollouts, missing extra
         _fail(str(e).strip().splitlines()[0])
     print(f"{args.dataset_id}: {episodes:,} episodes, {steps:,} steps in {path}")
@@ -222,6 +244,7 @@ def _eval(argv: list[str]) -> None:
         "--video", type=int, default=0, metavar="N",
         help="also record N greedy rollouts to RUN_DIR/eval_video.gif (envs that render rgb_array frames)",
     )
+    _add_env_flags(parser)
     args = parser.parse_args(argv)
 
     import torch
@@ -234,9 +257,9 @@ def _eval(argv: list[str]) -> None:
         if threads > 0:
             torch.set_num_threads(threads)
         result = evaluate_run(
-            args.run_dir, args.checkpoint, args.rollouts, args.seed, args.parallel_envs, args.device
+            args.run_dir, args.checkpoint, args.rollouts, args.seed, args.parallel_envs, args.device, _override(args)
         )
-    except (ValueError, RuntimeError) as e:  # RunDirError, ConfigError, env errors, a bad device
+    except (ValueError, RuntimeError, ImportError) as e:  # RunDirError, RunEnvError, env errors, a bad device
         _fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
     for table in eval_table(result):
         console.print(table)
@@ -245,8 +268,8 @@ def _eval(argv: list[str]) -> None:
         from icrl.video import record_video
 
         try:
-            print(record_video(args.run_dir, args.video, checkpoint=args.checkpoint))
-        except ValueError as e:
+            print(record_video(args.run_dir, args.video, checkpoint=args.checkpoint, override=_override(args)))
+        except (ValueError, ImportError) as e:
             _fail(str(e).strip().splitlines()[0])
 
 

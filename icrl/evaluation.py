@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from icrl.config import ExperimentConfig
+from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import write_text_atomic
 
 WEIGHTS = "agent.safetensors"
@@ -67,12 +68,19 @@ def resolve_weights(run_dir: str | Path, checkpoint: str | Path | None = None) -
     )
 
 
-def build_agent(cfg: ExperimentConfig, device: str | torch.device = "cpu"):
-    """A fresh agent (random weights) built as train.py builds it; returns (agent, action spec)."""
+def build_agent(cfg: ExperimentConfig, device: str | torch.device = "cpu", spaces: tuple | None = None):
+    """A fresh agent (random weights) built as train.py builds it; returns (agent, action spec).
+
+    `spaces` (the env's (observation space, action space), e.g. from RUN_DIR/spaces.json) builds it without
+    the env; otherwise the env of `cfg` is built once to read them (check it with `run_env_config` first)."""
     from icrl.agent import Agent
     from icrl.envs import make_vector_env
+    from icrl.spaces_json import spaces_wrapper
     from icrl.types import ActionSpec
 
+    if spaces is not None:
+        io = spaces_wrapper(*spaces)
+        return Agent(io.observation_space["obs"], io.action_spec, cfg.model, cfg.loss).to(device), io.action_spec
     e = cfg.env
     venv = make_vector_env(
         e.env, e.kwargs, 1, episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon
@@ -85,20 +93,11 @@ def build_agent(cfg: ExperimentConfig, device: str | torch.device = "cpu"):
     return agent, spec
 
 
-def load_agent(
-    run_dir: str | Path, checkpoint: str | Path | None = None, device: str | torch.device = "cpu"
-) -> tuple[Any, ExperimentConfig]:
-    """The agent of a run with its trained weights (in eval mode), and the run's config.
-
-    Raises RunDirError (a ValueError) with a one-line message for a missing config or weights file,
-    a bad checkpoint path, or weights that do not fit the config.
-    """
+def load_weights(agent: torch.nn.Module, path: Path, device: str | torch.device = "cpu") -> None:
+    """Load a weights file into `agent` strictly; RunDirError (one line) when it is unreadable or does not fit."""
     from safetensors import SafetensorError
     from safetensors.torch import load_model
 
-    cfg = load_config(run_dir)
-    path = resolve_weights(run_dir, checkpoint)
-    agent, _ = build_agent(cfg, device)
     try:
         missing, unexpected = load_model(agent, str(path), strict=False, device=str(device))
     except (SafetensorError, OSError) as e:
@@ -110,7 +109,52 @@ def load_agent(
         names = ", ".join(sorted([*missing, *unexpected])[:3])
         raise RunDirError(f"weights {path} do not fit the run's config (missing or unexpected: {names}...)")
     agent.eval()
+
+
+def load_agent(
+    run_dir: str | Path,
+    checkpoint: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    override: EnvOverride = EnvOverride(),
+) -> tuple[Any, ExperimentConfig]:
+    """The agent of a run with its trained weights (in eval mode), and the run's config.
+
+    The agent is built from RUN_DIR/spaces.json; a run without one (older icrl) builds its env, which
+    `override` must allow when config.json names code (`run_env_config`). Raises RunDirError (a ValueError)
+    with a one-line message for a missing config or weights file, a bad checkpoint path, or weights that
+    do not fit the config.
+    """
+    from icrl.spaces_json import read_spaces
+
+    cfg = load_config(run_dir)
+    path = resolve_weights(run_dir, checkpoint)
+    try:
+        spaces = read_spaces(run_dir)
+    except ValueError as e:
+        raise RunDirError(str(e)) from e
+    agent, _ = build_agent(cfg if spaces else run_env_config(cfg, run_dir, override), device, spaces)
+    load_weights(agent, path, device)
     return agent, cfg
+
+
+def check_env_fits(venv, run_dir: str | Path, env_name: str) -> None:
+    """RunDirError when the env to act in does not give the observations and actions of the run's
+    spaces.json (an env chosen with --env instead of the run's); runs without the file are not checked."""
+    from icrl.spaces_json import read_spaces, spaces_wrapper
+    from icrl.types import ActionSpec
+
+    spaces = read_spaces(run_dir)
+    if spaces is None:
+        return
+    io = spaces_wrapper(*spaces)
+    obs, spec = venv.single_observation_space["obs"], ActionSpec.from_space(venv.single_action_space)
+    want_obs, want_spec = io.observation_space["obs"], io.action_spec
+    if spec != want_spec or obs != want_obs:
+        def show(o, s) -> str:
+            return ", ".join(f"{k} {b.dtype}{list(b.shape)}" for k, b in o.spaces.items()) + f"; {s.kind} actions x{s.dim}"
+
+        raise RunDirError(f"env {env_name!r} does not fit the run's agent: it gives {show(obs, spec)}, the agent was "
+                          f"trained on {show(want_obs, want_spec)}")
 
 
 def evaluate_run(
@@ -120,8 +164,12 @@ def evaluate_run(
     seed: int | None = None,
     parallel_envs: int | None = None,
     device: str = "cpu",
+    override: EnvOverride = EnvOverride(),
 ) -> dict[str, Any]:
     """Greedy evaluation of a run's weights; returns `icrl.train.summarize_episodes` plus provenance.
+
+    The env is the run's when config.json names a built-in task or a registered id, else the one `override`
+    names (--env) or allows (--trust-run-env): a run directory never makes icrl run code on its own.
 
     Defaults come from the run's config: its eval_rollouts, parallel_envs and seed (the eval envs are
     seeded with derive_seed(seed, "eval-cli"), apart from the training-time evaluations).
@@ -141,7 +189,8 @@ def evaluate_run(
         raise RunDirError(f"--device {device!r} is not a torch device ({e})") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RunDirError(f"--device {device}: this torch build has no usable CUDA device; use --device cpu")
-    agent, cfg = load_agent(run_dir, checkpoint, dev)
+    agent, cfg = load_agent(run_dir, checkpoint, dev, override)
+    cfg = run_env_config(cfg, run_dir, override)
     e = cfg.env
     seed = cfg.train.seed if seed is None else seed
     rollouts = e.eval_rollouts if rollouts is None else rollouts
@@ -151,6 +200,7 @@ def evaluate_run(
         e.env, e.kwargs, n_envs, episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon
     )
     try:
+        check_env_fits(venv, run_dir, e.env)
         spec = ActionSpec.from_space(venv.single_action_space)
         collector = Collector(venv, spec, seed=derive_seed(seed, "eval-cli"))
         stats = evaluate(agent, collector, rollouts, dev, seed=derive_seed(seed, "eval-cli", "rollouts"))

@@ -37,8 +37,10 @@ from icrl.data.storage import (
     save_rollout,
 )
 from icrl.envs.make import make_env, make_wrapped_env
+from icrl.envs.user import EnvOverride, run_env_config
 from icrl.envs.wrapper import _flatten_obs_space, achieved_slots, agent_action_space
 from icrl.fileio import fsync_dir, write_text_atomic
+from icrl.spaces_json import read_spaces, spaces_wrapper
 from icrl.types import ActionSpec, Rollout
 
 MANIFEST = "offline_data.json"
@@ -193,15 +195,23 @@ def prepare_offline(cfg: ExperimentConfig, replay_root: str | os.PathLike, log=p
 
 
 def export_run(run_dir: str | os.PathLike, dataset_id: str, *, folder: Literal["fifo", "protected", "all"] = "fifo",
-               overwrite: bool = False) -> tuple[Path, int, int]:
+               overwrite: bool = False, override: EnvOverride | None = None) -> tuple[Path, int, int]:
     """Write the rollouts of a run's replay (`fifo`: collected ones) as the local Minari dataset `dataset_id`,
-    in the agent-side spaces of the run's env. Returns (dataset folder, episodes, steps)."""
+    in the agent-side spaces of the run's env. Returns (dataset folder, episodes, steps).
+
+    The spaces come from RUN_DIR/spaces.json; a run without one builds its env, as `override` allows
+    (`icrl.envs.user.run_env_config`: a run directory never makes icrl run code on its own)."""
     run = Path(run_dir)
     config = run / "config.json"
     if not config.is_file():
         raise OfflineDataNotFoundError(f"{run} has no config.json; pass a run directory written by `icrl train`")
     cfg = ExperimentConfig.from_json(config.read_text(encoding="utf-8"))
-    env = make_wrapped_env(cfg.env.env, cfg.env.kwargs, cfg.env.episodes_per_rollout, cfg.env.rollout_horizon)
+    spaces = read_spaces(run)
+    if spaces is not None:
+        env = spaces_wrapper(*spaces)
+    else:
+        cfg = run_env_config(cfg, run, override or EnvOverride())
+        env = make_wrapped_env(cfg.env.env, cfg.env.kwargs, cfg.env.episodes_per_rollout, cfg.env.rollout_horizon)
     try:
         obs_space = agent_observation_space(env.env.observation_space)
         act_space = env.action_space

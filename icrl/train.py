@@ -6,9 +6,12 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import time
+import types
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -28,6 +31,7 @@ from icrl.data.relabel import HindsightRelabeler
 from icrl.distributed import Replicas, init_replicas
 from icrl.envs import Collector, make_vector_env
 from icrl.envs.make import task_exploration
+from icrl.envs.user import apply_env
 from icrl.exploration import Exploration
 from icrl.fileio import write_text_atomic
 from icrl.learner import Learner
@@ -35,13 +39,15 @@ from icrl.metrics import MultiLogger, make_loggers, progress_bar, progress_line,
 from icrl.offline import prepare_offline
 from icrl.plot import plot_learning_curves
 from icrl.seeding import derive_seed, seed_everything
+from icrl.spaces_json import venv_spaces_record, write_spaces
 from icrl.types import ActionSpec, EpisodeStats
 
 
-def with_task_defaults(cfg: ExperimentConfig) -> ExperimentConfig:
-    """`cfg` with its unset exploration fields filled from the task's recommendation, else the library
-    defaults (`ExploreConfig.resolve`), so config.json records exactly what ran."""
-    rec = task_exploration(cfg.env.env, cfg.env.kwargs) if cfg.explore.task_recommendation else {}
+def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
+    """`cfg` with its unset exploration fields filled from the task's recommendation (asked of `factory`, the
+    user's env class or factory, when given), else the library defaults (`ExploreConfig.resolve`), so
+    config.json records exactly what ran."""
+    rec = task_exploration(cfg.env.env, cfg.env.kwargs, factory) if cfg.explore.task_recommendation else {}
     return dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
 
 
@@ -262,15 +268,21 @@ def finish_run(run_dir: Path, agent: Agent, cfg: ExperimentConfig, last_eval: di
     )
 
 
-def train(cfg: ExperimentConfig) -> dict:
+def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     """Train an agent as `cfg` says; returns the final evaluation. Writes everything under run_dir.
+
+    `env` (or `cfg.env.env`) is a built-in task, a Gymnasium id or 'module:factory', a gymnasium.Env subclass,
+    a zero-arg factory, or a gymnasium.vector.VectorEnv (icrl.envs.user.resolve_env): icrl wraps and vectorises
+    its own copies. RUN_DIR/spaces.json records the env's spaces, so `icrl.load(RUN_DIR)` needs no env.
+    `icrl.train(cfg, env=...)` is this function.
 
     Started N times by a launcher (`torchrun --nproc_per_node N -m icrl train ...`), the processes train one
     agent data-parallel (icrl.distributed): per epoch each collects steps_per_epoch / N env steps with its own
     envs into the shared replay, and each update averages the gradients of N batches of batch_size windows.
     Rank 0 alone writes the run directory and evaluates; the other ranks return {}.
     """
-    cfg = with_task_defaults(cfg).validate()
+    cfg, source = apply_env(cfg or ExperimentConfig(), env)
+    cfg = with_task_defaults(cfg, source.factories[0] if source.factories else None).validate()
     e, t = cfg.env, cfg.train
     replicas = init_replicas(t.device)  # one process, or this rank of a data-parallel run
     world, main = replicas.world_size, replicas.is_main
@@ -288,8 +300,10 @@ def train(cfg: ExperimentConfig) -> dict:
         torch.set_num_threads(t.threads)
     device = replicas.device
     venv_kwargs = dict(episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
-    venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
-    eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs) if main else None
+    venv_kwargs.update(asynchronous=e.async_envs, factories=source.factories)
+    venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, **venv_kwargs)
+    eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, **venv_kwargs) if main else None
+    spaces = venv_spaces_record(venv, e.env, e.kwargs, source.rebuild)  # RUN_DIR/spaces.json, checkpoints
     spec = ActionSpec.from_space(venv.single_action_space)
     relabeler = make_relabeler(t, venv)  # before the run dir exists: a wrong --relabel leaves nothing behind
     run_dir = Path(t.run_dir)  # created only once the envs exist, so a bad env name leaves nothing behind
@@ -341,6 +355,7 @@ def train(cfg: ExperimentConfig) -> dict:
             truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
     if main:  # one writer of the run directory
         write_text_atomic(run_dir / "config.json", cfg.to_json())
+        write_spaces(run_dir, spaces)
         log = make_loggers(run_dir, ("jsonl", *t.log_backends), json.loads(cfg.to_json()))
         say(
             f"icrl: training on [bold]{e.env}[/bold] {e.kwargs or ''} with a {cfg.model.traj_encoder} "
@@ -350,7 +365,7 @@ def train(cfg: ExperimentConfig) -> dict:
     else:
         log = MultiLogger([])
 
-    loader = None
+    loader, hinted = None, False
     bar, bar_task = progress_bar(t.total_env_steps)
     bar.disable = bar.disable or not main
     bar.start()
@@ -375,6 +390,11 @@ def train(cfg: ExperimentConfig) -> dict:
             # Learning phase: sampling and updates timed apart.
             metrics, t_sample, t_update, n_updates = {}, 0.0, 0.0, 0
             ready = env_steps() >= t.start_updates_after and replay.num_rollouts() > 0
+            if main and not hinted and not rollouts and epoch > offline_epochs and replay.num_rollouts() == 0:
+                hinted = True  # e.g. MountainCar: no episode ends within one epoch, so there is nothing to learn from
+                say(f"icrl: epoch {epoch} finished no rollout: no episode ended within the {steps_per_rank // e.parallel_envs} "
+                    f"steps each of the {e.parallel_envs} envs took, so nothing is stored and no update runs; "
+                    "pass --chunk-len 64 to store pieces of long rollouts, or raise --steps-per-epoch (or lower --parallel-envs)")
             if replicas.sum([float(ready)])[0] == world:  # all ranks update or none: DDP steps in lockstep
                 if loader is None:
                     t1 = time.perf_counter()
@@ -419,7 +439,7 @@ def train(cfg: ExperimentConfig) -> dict:
             if main and (epoch % t.log_every == 0 or epoch == num_epochs):
                 say(progress_line(row, last_eval))
             if epoch % t.checkpoint_every == 0 or epoch == num_epochs:
-                extra = {"wall_time": time.perf_counter() - start, "config": json.loads(cfg.to_json())}
+                extra = {"wall_time": time.perf_counter() - start, "config": json.loads(cfg.to_json()), "spaces": spaces}
                 if world > 1:  # every rank hashes its state (raising if they differ); rank 0 records them
                     extra.update(world_size=world, replica_sha256=replicas.fingerprints(agent))
                 if main:
@@ -451,3 +471,15 @@ def train(cfg: ExperimentConfig) -> dict:
     assert last_eval is not None
     finish_run(run_dir, agent, cfg, last_eval, env_steps(), learner.updates)
     return last_eval
+
+
+class _CallableModule(types.ModuleType):
+    """`icrl.train(cfg, env=...)` calls `train`. Python sets the package attribute `icrl.train` to this module
+    whenever it is imported, so a function of that name in `icrl/__init__.py` would be overwritten; the module
+    itself is made callable instead, and `icrl.train.train` stays the same function."""
+
+    def __call__(self, cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
+        return train(cfg, env)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from icrl.envs.user import EnvOverride, run_env_config
+
 
 def _batched(tree):
     """One env's nested timestep dict -> the vector env's layout with a leading axis of 1."""
@@ -29,10 +31,12 @@ def record_video(
     seed: int = 0,
     fps: int = 8,
     min_height: int = 96,
+    override: EnvOverride | None = None,
 ) -> Path:
     """Act greedily for `num_rollouts` rollouts and save every frame to a GIF (default RUN_DIR/eval_video.gif).
 
-    Raises ValueError naming the env when it cannot render `rgb_array` frames.
+    The env is chosen as `icrl eval` chooses it (`override`: --env, --env-kwargs, --trust-run-env). Raises
+    ValueError naming the env when it cannot render `rgb_array` frames.
     """
     from PIL import Image
 
@@ -43,8 +47,9 @@ def record_video(
 
     if num_rollouts < 1:
         raise ValueError(f"--video needs at least 1 rollout, got {num_rollouts}")
-    agent, cfg = load_agent(run_dir, checkpoint)
-    e = cfg.env
+    override = override or EnvOverride()
+    agent, cfg = load_agent(run_dir, checkpoint, override=override)
+    e = run_env_config(cfg, run_dir, override).env
     try:
         env = make_wrapped_env(
             e.env, {**e.kwargs, "render_mode": "rgb_array"}, e.episodes_per_rollout, e.rollout_horizon

@@ -236,7 +236,13 @@ def test_make_env_forms():
 def test_make_env_errors():
     with pytest.raises(ValueError, match="no-such-env") as e:
         make_env("no-such-env")
-    assert "tmaze" in str(e.value) and "module:factory" in str(e.value)
+    # a few lines at most: the forms, the families and where the full list is, not every name (issue 12)
+    assert "icrl envs" in str(e.value) and "module:factory" in str(e.value) and "popgym/" in str(e.value)
+    assert len(str(e.value)) < 400 and "popgym/AutoencodeEasy" not in str(e.value)
+    with pytest.raises(ValueError, match="Did you mean 'tmaze'"):
+        make_env("tmaz")
+    with pytest.raises(ValueError, match="Taxi-v4"):  # gymnasium's own advice is kept
+        make_env("Taxi-v3")
     with pytest.raises(ValueError, match="corridor"):
         make_env("tmaze", {"corridor": 3})
     with pytest.raises(ValueError, match="bogus"):

@@ -8,10 +8,13 @@ asynchronous (subprocess) vector env works with every form.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
+import os
 import re
-from typing import Any, Callable, NamedTuple
+import sys
+from typing import Any, Callable, NamedTuple, Sequence
 
 import gymnasium as gym
 
@@ -68,12 +71,41 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
 
 
 def _forms_help() -> str:
+    families = ", ".join(p + "<name>" for p in ("popgym/", *ENV_FAMILIES))
     return (
-        "Use (1) a built-in name " + f"({', '.join(sorted(BUILTIN_ENVS))}) or family member "
-        f"({', '.join(p + '<name>' for p in ENV_FAMILIES)}; `icrl envs FAMILY` lists them), "
-        "(2) a registered gymnasium id such as 'CartPole-v1' (import the package that registers it, or write "
-        "'module:EnvId'), or (3) 'package.module:factory' naming a callable that returns a gymnasium.Env."
+        "Use a built-in task (`icrl envs` lists them; families: " + families + "), a registered Gymnasium id "
+        "such as 'CartPole-v1' (or 'module:EnvId' to import the package that registers it), or "
+        "'package.module:factory' naming a callable that returns a gymnasium.Env."
     )
+
+
+def _unknown_env(name: str) -> ValueError:
+    """A short 'Unknown env' error: close matches, the three forms, and where the full list is."""
+    known = [*BUILTIN_ENVS, *(k for k in gym.registry if "/" not in k)]
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    return ValueError(f"Unknown env {name!r}.{hint} {_forms_help()}")
+
+
+# Optional packages of the built-in tasks that exist only when the package is installed.
+_EXTRA_ONLY_NAMES = {"popgym/": "popgym", "popgym_multi": "popgym"}
+
+
+def _missing_extra(name: str) -> ImportError | None:
+    for prefix, extra in _EXTRA_ONLY_NAMES.items():
+        if name == prefix or (prefix.endswith("/") and name.startswith(prefix)):
+            return ImportError(f"env {name!r} needs the optional package {extra}: pip install 'icrl[{extra}]'")
+    return None
+
+
+def _gym_make(name: str, **kwargs: Any) -> gym.Env:
+    """gym.make, with a missing simulator (gymnasium's DependencyNotInstalled, not an ImportError) turned into
+    an ImportError that names the icrl extra, keeping gymnasium's own text."""
+    try:
+        return gym.make(name, **kwargs)
+    except gym.error.DependencyNotInstalled as e:
+        extra = " (or: pip install 'icrl[mujoco]')" if "mujoco" in str(e).lower() else ""
+        raise ImportError(f"env {name!r}: {e}{extra}") from e
 
 
 def _call(factory: Callable[..., gym.Env], name: str, kwargs: dict) -> gym.Env:
@@ -89,17 +121,38 @@ def _call(factory: Callable[..., gym.Env], name: str, kwargs: dict) -> gym.Env:
         raise ValueError(f"env {name!r} does not accept the keyword argument {which}: {msg}") from e
 
 
+def _import_module(module_name: str):
+    """Import the module of 'module:factory'. Like `python -m icrl`, the `icrl` console script also finds
+    modules in the working directory (its sys.path starts at the script's folder instead)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        cwd = os.getcwd()
+        top = module_name.partition(".")[0]
+        if e.name != top or cwd in sys.path or "" in sys.path or not _in_dir(cwd, top):
+            raise
+        sys.path.append(cwd)
+        return importlib.import_module(module_name)
+
+
+def _in_dir(folder: str, top: str) -> bool:
+    return os.path.isfile(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top))
+
+
 def _resolve_factory(name: str) -> Callable[..., gym.Env] | None:
     """'package.module:factory' -> the callable, or None when it is not that form."""
     if ":" not in name:
         return None
     module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
+    if module_name == "__main__" and not hasattr(sys.modules.get("__main__"), attr):
         raise ValueError(
-            f"Unknown env {name!r}: cannot import module {module_name!r} ({e}). {_forms_help()}"
-        ) from e
+            f"env {name!r} was defined in the script that trained the run and cannot be built here: pass the "
+            "env yourself (icrl eval RUN --env package.module:factory, or icrl.load(RUN) for the policy alone)"
+        )
+    try:
+        module = _import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"Unknown env {name!r}: cannot import module {module_name!r} ({e}). {_forms_help()}") from e
     factory = getattr(module, attr, None)
     return factory if callable(factory) else None
 
@@ -113,7 +166,17 @@ def make_env(name: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
         if name.startswith(prefix):
             return _call(functools.partial(family.make, name[len(prefix) :]), name, kwargs)
     if name in gym.registry:
-        return _call(functools.partial(gym.make, name), name, kwargs)
+        return _call(functools.partial(_gym_make, name), name, kwargs)
+    missing = _missing_extra(name)
+    if missing is not None:
+        raise missing
+    if ":" not in name and re.fullmatch(r"[\w.-]+(/[\w.-]+)?-v\d+", name):
+        try:  # keeps gymnasium's own advice ("use Taxi-v4", "Did you mean: `CartPole`?")
+            gym.spec(name)
+        except (gym.error.DeprecatedEnv, gym.error.VersionNotFound) as e:  # the family exists: its text says it
+            raise ValueError(f"Unknown env {name!r}: {e}") from e
+        except gym.error.Error as e:
+            raise ValueError(f"Unknown env {name!r}: {e} {_forms_help()}") from e
     factory = _resolve_factory(name)
     if factory is not None:
         env = _call(factory, name, kwargs)
@@ -124,8 +187,8 @@ def make_env(name: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
         # 'module:EnvId' - the module import above may have registered the id.
         env_id = name.partition(":")[2]
         if env_id in gym.registry:
-            return _call(functools.partial(gym.make, env_id), name, kwargs)
-    raise ValueError(f"Unknown env {name!r}. {_forms_help()}")
+            return _call(functools.partial(_gym_make, env_id), name, kwargs)
+    raise _unknown_env(name)
 
 
 def make_wrapped_env(
@@ -133,11 +196,21 @@ def make_wrapped_env(
     env_kwargs: dict[str, Any] | None = None,
     episodes_per_rollout: int = 1,
     rollout_horizon: int | None = None,
+    factory: Callable[..., gym.Env] | None = None,
 ) -> TimestepWrapper:
-    """`make_env` + `TimestepWrapper`. Module-level so `functools.partial` of it pickles for subprocesses."""
-    return TimestepWrapper(
-        make_env(name, env_kwargs), episodes_per_rollout=episodes_per_rollout, rollout_horizon=rollout_horizon
-    )
+    """`make_env` + `TimestepWrapper`. Module-level so `functools.partial` of it pickles for subprocesses.
+
+    `factory` (a user's env class or factory, `icrl.train(cfg, env=...)`) replaces the lookup by name; it is
+    called with `env_kwargs`, and `name` only labels errors."""
+    if factory is None:
+        env = make_env(name, env_kwargs)
+    else:
+        env = _call(factory, name, dict(env_kwargs or {}))
+        if isinstance(env, TimestepWrapper):
+            raise ValueError(f"env {name!r} is already a TimestepWrapper: pass the plain env, icrl wraps it")
+        if not isinstance(env, gym.Env):
+            raise ValueError(f"env factory {name!r} returned {type(env).__name__}, not a gymnasium.Env")
+    return TimestepWrapper(env, episodes_per_rollout=episodes_per_rollout, rollout_horizon=rollout_horizon)
 
 
 def make_vector_env(
@@ -148,29 +221,36 @@ def make_vector_env(
     asynchronous: bool = False,
     episodes_per_rollout: int = 1,
     rollout_horizon: int | None = None,
+    factories: Sequence[Callable[..., gym.Env]] | None = None,
 ) -> gym.vector.VectorEnv:
     """`num_envs` TimestepWrapper'd copies in a Sync or Async vector env with SAME_STEP autoreset.
 
+    `factories`: build the copies with these callables (copy i uses factories[i % len]) instead of by name.
     The env is built once here first, so a bad name or kwarg fails in this process with a clear message
     instead of inside a worker.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    make_wrapped_env(name, env_kwargs, episodes_per_rollout, rollout_horizon).close()
+    fns = list(factories) if factories else [None]
+    make_wrapped_env(name, env_kwargs, episodes_per_rollout, rollout_horizon, fns[0]).close()
     kwargs = dict(env_kwargs or {})
-    thunk = functools.partial(make_wrapped_env, name, kwargs, episodes_per_rollout, rollout_horizon)
+    thunks = [
+        functools.partial(make_wrapped_env, name, kwargs, episodes_per_rollout, rollout_horizon, fns[i % len(fns)])
+        for i in range(num_envs)
+    ]
     cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
-    return cls([thunk] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return cls(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
-def task_exploration(name: str, env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+def task_exploration(name: str, env_kwargs: dict[str, Any] | None = None, factory: Any = None) -> dict[str, Any]:
     """The exploration a task recommends for itself (`ExploreConfig` field -> value), or {}.
 
     A task opts in with a `recommended_exploration(**env_kwargs) -> dict` attribute on its factory (for a
-    class: a staticmethod or classmethod), read without building the env. Built-in names and
-    'module:factory' forms are looked up; Gymnasium ids have none.
+    class: a staticmethod or classmethod), read without building the env. `factory` (an env class or factory
+    the user passed) is asked first; then built-in names and 'module:factory' forms are looked up. Gymnasium
+    ids have none.
     """
-    factory: Any = BUILTIN_ENVS.get(name)
+    factory = factory if factory is not None else BUILTIN_ENVS.get(name)
     if factory is None and ":" in name and not any(name.startswith(p) for p in ENV_FAMILIES):
         try:
             factory = _resolve_factory(name)

@@ -164,6 +164,8 @@ class TimestepWrapper(gym.Wrapper):
 
         self._leaves = _flatten_obs_space(env.observation_space)
         self._env_action_space = env.action_space
+        # The inner env's own spaces, readable through a vector env (`venv.get_attr`): RUN_DIR/spaces.json
+        self.env_observation_space, self.env_action_space = env.observation_space, env.action_space
         # Goal-conditioned envs (docs/CONTRACTS.md) report the goals each step achieved; kept beside the
         # observation (never shown to the policy) so the collector can store it for hindsight relabeling.
         self.achieved_slots = achieved_slots(env)
@@ -188,6 +190,10 @@ class TimestepWrapper(gym.Wrapper):
     def to_env_action(self, action: Any) -> Any:
         """Agent action (storage format) -> the inner env's action."""
         return agent_to_env_action(self._env_action_space, action)
+
+    def convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
+        """A raw env observation -> the timestep's "obs" dict (flattened keys, converted leaves)."""
+        return self._convert_obs(obs)
 
     def _convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
         out = {}

@@ -1,0 +1,265 @@
+"""`icrl.load(path)` and `policy.predict(...)`: act with a trained agent in any loop, as with Stable-Baselines3.
+
+    policy = icrl.load("runs/icrl")               # a run directory, a checkpoint folder, or a weights file
+    obs, _ = env.reset(seed=0)
+    state, start, reward = None, True, None
+    while True:
+        action, state = policy.predict(obs, state, episode_start=start, reward=reward)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        start = terminated or truncated
+        if start:
+            obs, _ = env.reset()
+
+Loading reads config.json, the weights and the env's spaces (RUN_DIR/spaces.json, or the checkpoint's
+state.json): nothing imports, builds or calls the env, so a policy trained on a class defined in a script
+loads in a process that has never seen that class. Acting reuses the collector's path: observations go
+through `TimestepWrapper`'s converters (around a `SpacesOnlyEnv`), the agent steps with its KV cache /
+hidden state through `AgentPolicy`, and actions are mapped back to the env's space as in training.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from icrl.agent import AgentPolicy
+from icrl.config import ExperimentConfig
+from icrl.envs.wrapper import action_to_vector, agent_to_env_action
+from icrl.evaluation import RunDirError, build_agent, load_config, load_weights, resolve_weights
+from icrl.spaces_json import SPACES_FILE, read_spaces, read_spaces_record, spaces_wrapper
+from icrl.types import Timesteps
+
+
+@dataclass
+class PolicyState:
+    """What `predict` carries from one call to the next, for N envs: the encoder's memory (Transformer KV
+    cache or RNN hidden state, inside `acting`), each env's previous action (the next timestep's input), its
+    time index inside the rollout, and the index of its current episode inside the rollout."""
+
+    acting: AgentPolicy
+    prev_action: np.ndarray  # [N, A] float32, zeros at a rollout's / episode's first timestep
+    time: np.ndarray  # [N] int64: the time index the next observation gets
+    episode: np.ndarray  # [N] int64: episodes begun in the current rollout, minus one
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.time)
+
+
+class InContextPolicy:
+    """A trained agent that maps raw env observations to env actions, one step of N envs at a time."""
+
+    def __init__(self, agent: torch.nn.Module, config: ExperimentConfig, observation_space: gym.Space,
+                 action_space: gym.Space, device: torch.device) -> None:
+        self.agent, self.config, self.device = agent, config, device
+        self.observation_space, self.action_space = observation_space, action_space  # the env's own
+        self._io = spaces_wrapper(observation_space, action_space)
+        self.spec = self._io.action_spec
+
+    def __repr__(self) -> str:
+        e = self.config.env
+        return (f"InContextPolicy({e.env!r}, {self.config.model.traj_encoder}, observation_space="
+                f"{self.observation_space}, action_space={self.action_space})")
+
+    def initial_state(self, num_envs: int = 1) -> PolicyState:
+        """Fresh memory for `num_envs` envs, each at the start of a new task."""
+        return PolicyState(
+            acting=AgentPolicy(self.agent, num_envs, greedy=True, device=self.device),
+            prev_action=np.zeros((num_envs, self.spec.dim), np.float32),
+            time=np.zeros(num_envs, np.int64),
+            episode=np.zeros(num_envs, np.int64),
+        )
+
+    def predict(
+        self,
+        observation: Any,
+        state: PolicyState | None = None,
+        episode_start: Any = None,
+        reward: Any = None,
+        deterministic: bool = True,
+        *,
+        new_task: Any = None,
+    ) -> tuple[Any, PolicyState]:
+        """The action(s) for `observation`, and the state to pass to the next call.
+
+        Follows sb3-contrib RecurrentPPO's `predict(observation, state, episode_start, deterministic)`, plus
+        the previous reward, which an in-context agent reads: it adapts to a task from its own history.
+
+        observation: a raw observation of the env (as `env.reset` / `env.step` return it), or a batch of N
+            of them (leading axis N, as a gymnasium vector env returns them; a Dict's leaves each batched).
+        state: None at the start (every env begins a new task), then whatever the last call returned. It
+            holds the KV cache / hidden state and each env's previous action and time index; it is updated
+            in place and returned.
+        episode_start: bool, or [N] bools: this observation is the first of a new episode (after
+            `env.reset()`). Whether that is a **new task** (memory cleared) or the **next episode of the same
+            task** (memory kept: meta-RL) follows the rollouts the agent was trained on. With one episode per
+            rollout (the default) every new episode is a new task, exactly like RecurrentPPO. With
+            `--episodes-per-rollout K`, every K-th episode starts a new task and the ones between continue the
+            rollout (reset flag set, previous action and reward zeroed, time counting on); with
+            `--rollout-horizon H`, an episode that starts after H steps of the rollout starts a new task.
+            Multi-episode agents were trained seeing each episode's final observation (with its last reward)
+            before the next episode's first one: call `predict` on the final observation too (ignore its
+            action), then on the first observation of the next episode with `episode_start=True`.
+            A Gymnasium vector env in its default NEXT_STEP autoreset mode does exactly that: it returns the
+            final observation with `terminated`/`truncated`, and the reset one at the next step, so pass
+            `episode_start=` the done flags of the step before the last one (SAME_STEP mode returns the reset
+            observation at once: pass that step's done flags, which skips the final observation).
+        reward: the reward the env returned for the previous action (float or [N]); ignored where a rollout
+            or episode starts. Required everywhere else: an agent fed a fake 0 would act on a wrong history.
+        deterministic: the greedy action (the mode of the policy's discount head, as `icrl eval`), else a
+            sample from the policy.
+        new_task: bool or [N] bools (keyword): start a new task in these envs now (memory cleared), whatever
+            the rollout schedule says; e.g. to move an env to another task without waiting for K episodes.
+
+        Returns (action, state): env actions (Discrete ids with the space's start, Box actions rescaled to the
+        env's bounds, MultiBinary 0/1), one action for one observation or an array of N for a batch.
+        """
+        n, single = self._batch_size(observation)
+        obs_rows = [self._io.convert_obs(self._row(observation, i, single)) for i in range(n)]  # before any change
+        first = state is None
+        if first:
+            state = self.initial_state(n)
+        elif state.num_envs != n:
+            raise ValueError(f"state is for {state.num_envs} envs but the observation batch has {n}")
+        start = self._flags(episode_start, n, "episode_start", default=first)
+        hard = self._flags(new_task, n, "new_task", default=False) | first
+        e = self.config.env
+        over = state.episode + 1 >= e.episodes_per_rollout if e.rollout_horizon is None else state.time >= e.rollout_horizon
+        hard |= start & over  # the rollout the agent was trained on is over: a new task
+        inner = start & ~hard  # the next episode of the same task
+        cont = ~start & ~hard
+        if cont.any() and reward is None:
+            raise ValueError("predict(..., reward=None) after the first step: pass the reward the env returned for "
+                             "the previous action (an in-context agent reads it), or episode_start=True")
+        rewards = np.zeros(n, np.float32) if reward is None else np.broadcast_to(np.asarray(reward, np.float32), (n,))
+        state.time[hard] = 0
+        state.episode[hard] = 0
+        state.episode[inner] += 1
+        state.prev_action[~cont] = 0.0
+        step = {
+            "obs": {k: np.stack([o[k] for o in obs_rows]) for k in obs_rows[0]},  # each [N, ...]
+            "prev_action": state.prev_action.copy(),  # [N, A]
+            "prev_reward": np.where(cont, rewards, 0.0).astype(np.float32),  # [N]
+            "time": state.time.copy(),  # [N]
+            "reset": (~cont).astype(np.int8),  # [N]
+        }
+        state.acting.greedy = bool(deterministic)
+        actions = state.acting.act(Timesteps.from_numpy(step), new_rollout=hard)  # storage format [N] | [N, D]
+        state.prev_action = np.stack([action_to_vector(self.spec, a) for a in actions]).astype(np.float32)
+        state.time += 1
+        env_actions = [agent_to_env_action(self.action_space, a) for a in actions]
+        return (env_actions[0] if single else np.stack(env_actions)), state
+
+    # ------------------------------------------------------------------------------------------ helpers
+    @staticmethod
+    def _flags(value: Any, n: int, name: str, default: bool) -> np.ndarray:
+        if value is None:
+            return np.full(n, default, dtype=bool)
+        flags = np.asarray(value, dtype=bool).reshape(-1)
+        if flags.size == 1:
+            return np.full(n, bool(flags[0]))
+        if flags.size != n:
+            raise ValueError(f"{name} has {flags.size} entries for {n} envs")
+        return flags.copy()
+
+    def _batch_size(self, observation: Any) -> tuple[int, bool]:
+        """(N, single): a lone observation is N=1, single=True; a batch has a leading axis of N."""
+        space, value = self.observation_space, observation
+        while isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):  # the first leaf decides
+            key = next(iter(space.spaces)) if isinstance(space, gym.spaces.Dict) else 0
+            try:
+                space, value = space[key], value[key]
+            except (KeyError, IndexError, TypeError) as e:
+                raise ValueError(f"observation lacks {key!r} of the env's observation space {self.observation_space}") from e
+        shape = np.shape(value)
+        if isinstance(space, gym.spaces.Discrete):
+            leaf = ()
+        elif isinstance(space, gym.spaces.MultiDiscrete):
+            leaf = tuple(np.shape(space.nvec))
+        elif isinstance(space, gym.spaces.MultiBinary):
+            leaf = tuple(np.atleast_1d(space.n))
+        else:
+            leaf = tuple(space.shape)
+        if shape == leaf:
+            return 1, True
+        if len(shape) == len(leaf) + 1 and shape[1:] == leaf:
+            return int(shape[0]), False
+        raise ValueError(f"observation of shape {shape} is neither one observation of {space} nor a batch of them")
+
+    def _row(self, tree: Any, i: int, single: bool) -> Any:
+        if single:
+            return tree
+        if isinstance(tree, dict):
+            return {k: self._row(v, i, single) for k, v in tree.items()}
+        if isinstance(tree, tuple):
+            return tuple(self._row(v, i, single) for v in tree)
+        return np.asarray(tree)[i]
+
+
+def _checkpoint_extra(folder: Path) -> tuple[ExperimentConfig, tuple[gym.Space, gym.Space] | None]:
+    """(config, spaces or None) that `icrl train` stores in a checkpoint's state.json."""
+    state_file = folder / "state.json"
+    try:
+        extra = json.loads(state_file.read_text(encoding="utf-8")).get("extra", {})
+        cfg = ExperimentConfig.from_json(json.dumps(extra["config"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RunDirError(f"{state_file} holds no readable run config ({e})") from e
+    return cfg, read_spaces_record(extra["spaces"], str(state_file)) if "spaces" in extra else None
+
+
+def _find_run(path: Path) -> tuple[ExperimentConfig, Path, tuple[gym.Space, gym.Space] | None]:
+    """(config, weights file, spaces or None) of a run dir, a checkpoint folder or a weights file in one."""
+    if path.is_file():
+        folder = path.parent
+        weights = path
+    else:
+        folder, weights = path, None
+    if (folder / "config.json").is_file():  # a run directory
+        weights = weights or resolve_weights(folder)
+        spaces = read_spaces(folder)
+        if spaces is None and (weights.parent / "state.json").is_file():  # its checkpoint has them too
+            spaces = _checkpoint_extra(weights.parent)[1]
+        return load_config(folder), weights, spaces
+    if (folder / "state.json").is_file():  # a checkpoint folder: RUN_DIR/checkpoints/ckpt-N
+        cfg, spaces = _checkpoint_extra(folder)
+        if spaces is None:
+            spaces = read_spaces(folder.parent.parent)
+        return cfg, weights or resolve_weights(folder.parent.parent, folder), spaces
+    raise RunDirError(f"{path} is neither a run directory (config.json), a checkpoint folder (state.json) nor a "
+                      "weights file in one")
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = None) -> InContextPolicy:
+    """The policy of a run directory, a checkpoint folder (RUN_DIR/checkpoints/ckpt-N) or a weights file in
+    either, ready to `predict`. The latest checkpoint of a run directory is used (else its final weights), as
+    `icrl eval` does. `device`: "cpu", "cuda", "auto", ...
+
+    Nothing of the env is imported or built: the spaces come from RUN_DIR/spaces.json (or the checkpoint).
+    A run from an icrl that did not write them needs `env=`: the env (or its class, a factory, a vector env,
+    or its name), whose spaces are read once; building it is then the caller's explicit choice.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise RunDirError(f"{path} does not exist; pass a run directory written by `icrl train` or a checkpoint")
+    cfg, weights, spaces = _find_run(path)
+    if spaces is None:
+        if env is None:
+            raise RunDirError(
+                f"{path} has no {SPACES_FILE} (a run from an older icrl), so the env's spaces are unknown: pass the "
+                "env to read them from, icrl.load(path, env=...) (an env, its class or its name)"
+            )
+        from icrl.envs.user import env_spaces
+
+        spaces = env_spaces(env, cfg.env.kwargs)
+    from icrl.train import resolve_device
+
+    dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
+    agent, _ = build_agent(cfg, dev, spaces)
+    load_weights(agent, weights, dev)
+    return InContextPolicy(agent, cfg, spaces[0], spaces[1], dev)
