@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 
 from icrl.agent import Agent
 from icrl.async_mode import AsyncPaths, StopFlag, read_counters
-from icrl.checkpoint import find_latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from icrl.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint, set_aside
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.data import DiskReplay
 from icrl.envs import Collector, make_vector_env
@@ -110,14 +109,14 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
     counts = _RunCounters(paths).read()
     start_epoch, wall_offset = 0, 0.0
     if t.resume:
-        ckpt = find_latest_checkpoint(run_dir, log=say)
-        if ckpt is not None:
-            state = load_checkpoint(ckpt, agent=agent, learner=learner)
+        found = load_latest_checkpoint(run_dir, agent=agent, log=say, learner=learner)
+        if found is not None:
+            ckpt, state = found
             start_epoch, wall_offset = int(state["epoch"]), float(state["extra"].get("wall_time", 0.0))
             say(f"icrl learn: resuming from {ckpt} (epoch {start_epoch}, {learner.updates:,} updates)")
         for path in list_checkpoints(run_dir):
             if int(path.name.split("-")[-1]) > start_epoch:
-                shutil.rmtree(path, ignore_errors=True)
+                set_aside(path)
         truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
     paths.done.unlink(missing_ok=True)
     write_text_atomic(paths.config, cfg.to_json())

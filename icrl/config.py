@@ -36,6 +36,9 @@ class EnvConfig:
     """Store very long rollouts as chunks of this many steps (None: whole rollouts)."""
     eval_rollouts: int = 32
     """Rollouts per evaluation (results average over rollouts, not episodes)."""
+    eval_max_steps: int = 100_000
+    """Evaluation stops a rollout after this many steps (counted as it stands, with a warning), so an env
+    whose episodes never end cannot hang evaluation."""
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -215,6 +218,11 @@ class ExperimentConfig:
 
     def validate(self) -> ExperimentConfig:
         """Raise ConfigError naming the fields of the first impossible value or combination."""
+        from icrl.validation import device_error, field_errors
+
+        errors = field_errors(self)  # every field's type and range first: the checks below assume them
+        if errors:
+            raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
         e, m, lo, t = self.env, self.model, self.loss, self.train
         e.kwargs  # noqa: B018 - parses the JSON, raising a clear error
         checks = [
@@ -271,6 +279,9 @@ class ExperimentConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        device = device_error(t.device)
+        if device is not None:
+            raise ConfigError(device)
         return self
 
     def to_json(self) -> str:

@@ -153,7 +153,8 @@ def evaluate_run(
     try:
         spec = ActionSpec.from_space(venv.single_action_space)
         collector = Collector(venv, spec, seed=derive_seed(seed, "eval-cli"))
-        stats = evaluate(agent, collector, rollouts, dev, seed=derive_seed(seed, "eval-cli", "rollouts"))
+        stats = evaluate(agent, collector, rollouts, dev, seed=derive_seed(seed, "eval-cli", "rollouts"),
+                         max_steps=e.eval_max_steps)
     finally:
         venv.close()
     return {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -16,10 +15,10 @@ from safetensors.torch import save_model
 
 from icrl.agent import Agent, AgentPolicy
 from icrl.checkpoint import (
-    find_latest_checkpoint,
     list_checkpoints,
-    load_checkpoint,
+    load_latest_checkpoint,
     save_checkpoint,
+    set_aside,
 )
 from icrl.config import ConfigError, ExperimentConfig, TrainConfig
 from icrl.data import DiskReplay, ReplayLoader, make_loader
@@ -28,6 +27,7 @@ from icrl.distributed import Replicas, init_replicas
 from icrl.envs import Collector, make_vector_env
 from icrl.exploration import Exploration
 from icrl.fileio import write_text_atomic
+from icrl.guards import assert_finite_weights
 from icrl.learner import Learner
 from icrl.metrics import MultiLogger, make_loggers, progress_bar, progress_line, say
 from icrl.offline import prepare_offline
@@ -155,9 +155,14 @@ def truncate_metrics(path: Path, epoch: int) -> int:
     return len(lines) - len(kept)
 
 
-def evaluate(agent: Agent, collector: Collector, num_rollouts: int, device: torch.device, seed: int) -> dict:
+def evaluate(agent: Agent, collector: Collector, num_rollouts: int, device: torch.device, seed: int,
+             max_steps: int | None = None) -> dict:
+    """Greedy rollouts summarised; `max_steps` caps a rollout's length (episodes that never end)."""
     policy = AgentPolicy(agent, collector.num_envs, greedy=True, device=device)
-    _, episodes = collector.collect_rollouts(policy, num_rollouts, seed=seed)
+    _, episodes = collector.collect_rollouts(policy, num_rollouts, seed=seed, max_steps=max_steps)
+    if collector.capped_rollouts:
+        say(f"icrl: warning: evaluation stopped at {max_steps:,} steps per rollout; {collector.capped_rollouts} "
+            "rollout(s) had not ended and count as they stood (raise --eval-max-steps to let them finish)")
     return summarize_episodes(episodes)
 
 
@@ -213,7 +218,8 @@ def eval_row(agent: Agent, collector: Collector, cfg: ExperimentConfig, device: 
              env_steps: int, updates: int, start: float) -> dict:
     """The metrics row of one greedy evaluation (seeded by the epoch, so every run meets the same tasks)."""
     t5 = time.perf_counter()
-    stats = evaluate(agent, collector, cfg.env.eval_rollouts, device, seed=derive_seed(cfg.train.seed, "eval", epoch))
+    stats = evaluate(agent, collector, cfg.env.eval_rollouts, device, seed=derive_seed(cfg.train.seed, "eval", epoch),
+                     max_steps=cfg.env.eval_max_steps)
     return {"kind": "eval", "epoch": epoch, "env_steps": env_steps, "updates": updates,
             "wall_time": time.perf_counter() - start, "time/eval_s": time.perf_counter() - t5, **stats}
 
@@ -221,6 +227,7 @@ def eval_row(agent: Agent, collector: Collector, cfg: ExperimentConfig, device: 
 def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = None) -> Path:
     """Write the agent's weights (safetensors) to a temp file and rename it over `path`: readers (icrl eval,
     asynchronous collectors) see the old file or the new one, never half of one."""
+    assert_finite_weights(agent, str(path))  # a published NaN would reach every reader (icrl.guards)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     save_model(agent, str(tmp), metadata=metadata)
     os.replace(tmp, path)
@@ -293,11 +300,13 @@ def train(cfg: ExperimentConfig) -> dict:
     )
     start_epoch, wall_offset = 0, 0.0
     if t.resume:
-        ckpt = find_latest_checkpoint(run_dir, log=say if main else None)
-        if ckpt is not None:
-            # The checkpoint holds rank 0's exploration and RNG states; the other ranks keep their own.
-            state = load_checkpoint(ckpt, agent=agent, learner=learner, collector=collector,
-                                    exploration=exploration if main else None, restore_rng=main)
+        # The newest checkpoint consistent with this run (the checks come before anything is applied); the
+        # checkpoint holds rank 0's exploration and RNG states, the other ranks keep their own.
+        found = load_latest_checkpoint(run_dir, agent=agent, log=say if main else None, learner=learner,
+                                       collector=collector, exploration=exploration if main else None,
+                                       restore_rng=main)
+        if found is not None:
+            ckpt, state = found
             start_epoch, wall_offset = int(state["epoch"]), float(state["extra"].get("wall_time", 0.0))
             saved_world = int(state["extra"].get("world_size", 1))
             if saved_world != world:  # the counter is per rank: rescale it to this run's process count
@@ -312,9 +321,9 @@ def train(cfg: ExperimentConfig) -> dict:
             say(f"icrl: no readable checkpoint in {run_dir}; starting the run over (the replay is reused)")
         replicas.barrier()  # every rank has read the checkpoint before rank 0 prunes newer, unreadable ones
         if main:
-            for path in list_checkpoints(run_dir):  # unreadable ones newer than the one resumed from
+            for path in list_checkpoints(run_dir):  # skipped ones newer than the one resumed from
                 if int(path.name.split("-")[-1]) > start_epoch:
-                    shutil.rmtree(path, ignore_errors=True)
+                    set_aside(path)
             truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
     if main:  # one writer of the run directory
         write_text_atomic(run_dir / "config.json", cfg.to_json())
@@ -411,7 +420,8 @@ def train(cfg: ExperimentConfig) -> dict:
                         keep=t.keep_checkpoints,
                     )
         if main and last_eval is None:  # resumed a run that had already reached its last epoch
-            stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", num_epochs))
+            stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", num_epochs),
+                             max_steps=e.eval_max_steps)
             last_eval = {"kind": "eval", "epoch": max(start_epoch, num_epochs), "env_steps": env_steps(),
                          "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
     finally:  # also on errors and Ctrl-C: no orphaned env processes or loader workers

@@ -121,6 +121,7 @@ class Collector:
         self.total_env_steps = 0  # env steps taken by `collect` (all envs together)
         self.total_rollouts = 0  # rollouts finished by `collect`
         self.eval_env_steps = 0  # env steps taken by `collect_rollouts`
+        self.capped_rollouts = 0  # rollouts the last `collect_rollouts` cut at its step cap
         self._started = False
         self._next_rollout_id = 0
         # (env index, rollout id) of every rollout/chunk returned by the last collect/collect_rollouts call,
@@ -235,18 +236,26 @@ class Collector:
         return rollouts, stats
 
     def collect_rollouts(
-        self, policy: Policy, num_rollouts: int, seed: int | None = None
+        self, policy: Policy, num_rollouts: int, seed: int | None = None, max_steps: int | None = None
     ) -> tuple[list[Rollout], list[EpisodeStats]]:
         """Evaluation: hard-reset, then return the first ceil(num_rollouts / N) whole rollouts of every env.
 
         Taking the same number from every env keeps short rollouts from being over-represented. Rollouts
         are returned whole (chunk_len does not apply); their episode stats come with them.
+        `max_steps`: when a rollout in progress reaches this many steps, collection stops and every env still
+        short of its rollouts contributes the one in progress as it stands (truncated; return so far, success
+        0 when the env reports success): an env whose episodes never end cannot hang evaluation.
+        `self.capped_rollouts` counts those rollouts (0 when the cap was not reached).
         """
         per_env = math.ceil(num_rollouts / self.num_envs)
         self._hard_reset(seed)
         kept: list[list[tuple[int, Rollout]]] = [[] for _ in range(self.num_envs)]
         all_stats: list[EpisodeStats] = []
+        self.capped_rollouts = 0
         while any(len(k) < per_env for k in kept):
+            if max_steps is not None and max(len(b.actions) for b in self._buffers) >= max_steps:
+                self._keep_unfinished(kept, per_env, all_stats)
+                break
             finished, step_stats = self._step(policy, None)
             self.eval_env_steps += self.num_envs
             all_stats.extend(step_stats)
@@ -258,6 +267,20 @@ class Collector:
         ids = set(self.last_sources)
         stats = [s for s in all_stats if (s.env_index, s.rollout_id) in ids]
         return [r for k in kept for _, r in k], stats
+
+
+    def _keep_unfinished(self, kept: list[list[tuple[int, Rollout]]], per_env: int, stats: list[EpisodeStats]) -> None:
+        """At the evaluation step cap: every env short of rollouts keeps the one in progress, truncated."""
+        reports_success = any(s.success is not None for s in stats)
+        for i, k in enumerate(kept):
+            buf, tr = self._buffers[i], self._trackers[i]
+            if len(k) >= per_env or not buf.actions:
+                continue
+            buf.truncated[-1] = True
+            k.append((tr.rollout_id, buf.to_rollout(self.action_spec)))
+            stats.append(EpisodeStats(env_index=i, rollout_id=tr.rollout_id, episode_index=tr.episode_index,
+                                      ret=tr.ret, length=tr.length, success=0.0 if reports_success else None))
+            self.capped_rollouts += 1
 
 
 def _index_object(final: Any) -> dict:
