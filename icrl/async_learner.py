@@ -25,6 +25,7 @@ from icrl.fileio import write_text_atomic
 from icrl.learner import Learner
 from icrl.metrics import make_loggers, progress_line, say
 from icrl.offline import prepare_offline
+from icrl.runlock import RunLock, check_not_locked, check_run_dir_usable
 from icrl.seeding import derive_seed, seed_everything
 from icrl.train import (
     check_run_dir,
@@ -87,6 +88,8 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
     if ratio <= 0:
         raise ConfigError(f"--utd {utd} must be positive (max updates per env step stored)")
     publish_every = publish_every or t.updates_per_epoch
+    check_run_dir_usable(t.run_dir)
+    check_not_locked(t.run_dir)  # one learner (or icrl train) per run dir; collectors take no lock
     check_run_dir(cfg)
     seed_everything(t.seed)
     if t.threads > 0:
@@ -98,7 +101,8 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
     relabeler = make_relabeler(t, eval_venv)
     paths = AsyncPaths(t.run_dir)
     run_dir = paths.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock.acquire(run_dir)  # released by the OS if this process dies (icrl.runlock)
+    check_run_dir(cfg)  # again, under the lock
     paths.collectors.mkdir(parents=True, exist_ok=True)
     eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs"))
     agent = Agent(eval_venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
@@ -209,10 +213,12 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
             loader.close()
     publish()
     if stop:
+        lock.release()
         say(f"icrl learn: stopped by {stop.signal} after {learner.updates:,} updates; continue with --resume")
         return {}
     write_text_atomic(paths.done, json.dumps({"updates": learner.updates, "env_steps": counts.env_steps}))
     finish_run(run_dir, agent, cfg, last_eval, counts.env_steps, learner.updates)
+    lock.release()
     return last_eval
 
 

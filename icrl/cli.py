@@ -9,6 +9,9 @@ stderr and exits with code 2 (no traceback), writing nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import signal
 import sys
 
 USAGE = """usage: icrl {train,eval,envs,plot,learn,collect,export-minari} ...
@@ -69,14 +72,23 @@ def _parse_config(argv: list[str], prog: str, description: str):
         if preset not in PRESETS:
             _fail(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
         default = PRESETS[preset]()
-    cfg = tyro.cli(
-        ExperimentConfig,
-        args=argv,
-        default=default,
-        prog=prog,
-        description=description + " `--preset NAME` starts from a preset (" + ", ".join(sorted(PRESETS)) + ").",
-        config=(tyro.conf.OmitArgPrefixes,),
-    )
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):  # tyro's usage errors are boxes of many lines
+            cfg = tyro.cli(
+                ExperimentConfig,
+                args=argv,
+                default=default,
+                prog=prog,
+                description=description + " `--preset NAME` starts from a preset (" + ", ".join(sorted(PRESETS)) + ").",
+                config=(tyro.conf.OmitArgPrefixes,),
+            )
+    except SystemExit as e:
+        if e.code not in (0, None):
+            _fail(tyro_error_line(errors.getvalue(), prog))
+        sys.stderr.write(errors.getvalue())
+        raise
+    sys.stderr.write(errors.getvalue())
     try:
         cfg.validate()
     except ConfigError as e:
@@ -84,16 +96,66 @@ def _parse_config(argv: list[str], prog: str, description: str):
     return cfg
 
 
-def _train(argv: list[str]) -> None:
+def tyro_error_line(text: str, prog: str) -> str:
+    """tyro's usage error (a titled box with help text) as one line: the error itself, the flag it suggests,
+    and where the flags are listed."""
+    lines = [ln.strip(" \t│╭╮╰╯") for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln and set(ln) - set("-─ ")]
+    body, suggestion, i = [], None, 1  # lines[0] is the box's title ("Value error", ...)
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith(("Argument helptext", "For full helptext")):
+            break
+        if ln.startswith("Perhaps you meant"):
+            suggestion = lines[i + 1].split()[0] if i + 1 < len(lines) else None
+            break
+        body.append(ln)
+        i += 1
+    message = (" ".join(body) or (lines[0] if lines else "invalid arguments")).rstrip(".")
+    if suggestion:
+        message += f" (did you mean {suggestion}?)"
+    return f"{message}; see `{prog} --help`"
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so `train`'s cleanup runs as it does on Ctrl-C."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
+def _run_stoppable(fn, *args) -> None:
+    """Run `fn`, turning SIGINT / SIGTERM into a one-line stop with the resume hint (exit 130 / 143) and the
+    errors bad input causes (configs, env names and kwargs, run dirs, checkpoints, files) into one line, exit 2.
+    Checkpoints and rollouts on disk are written atomically, so a stop at any moment loses nothing."""
+    from icrl.checkpoint import CheckpointError
     from icrl.config import ConfigError
 
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        fn(*args)
+    except KeyboardInterrupt as e:
+        name = "SIGTERM" if isinstance(e, _Stopped) else "SIGINT"
+        print(f"icrl: stopped by {name}; every checkpoint written so far is kept: resume with the same command "
+              "and --resume", file=sys.stderr)
+        raise SystemExit(143 if name == "SIGTERM" else 130) from None
+    except (ConfigError, ValueError, ImportError, CheckpointError, OSError) as e:
+        _fail(_one_line(e))  # bad env names / kwargs / spaces, a missing extra, an unusable run dir or checkpoint
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train(argv: list[str]) -> None:
     cfg = _parse_config(argv, "icrl train", "Train an agent.")
     from icrl.train import train
 
-    try:
-        train(cfg)
-    except (ConfigError, ValueError, ImportError) as e:  # bad env names / kwargs / spaces; a missing extra
-        _fail(str(e))
+    _run_stoppable(train, cfg)
 
 
 def _learn(argv: list[str]) -> None:
@@ -117,12 +179,13 @@ def _learn(argv: list[str]) -> None:
                         "steps-per-epoch); --publish-every N: publish weights every N updates.")
     from icrl.async_learner import learn
     from icrl.async_mode import StopFlag
+    from icrl.checkpoint import CheckpointError
     from icrl.config import ConfigError
 
     try:
         learn(cfg, utd=utd_value, publish_every=publish_value, stop=StopFlag())
-    except (ConfigError, ValueError, ImportError) as e:
-        _fail(str(e))
+    except (ConfigError, ValueError, ImportError, CheckpointError, OSError) as e:
+        _fail(_one_line(e))
 
 
 def _collect(argv: list[str]) -> None:
@@ -148,8 +211,8 @@ def _collect(argv: list[str]) -> None:
     try:
         collect(args.run_dir, args.collector_id, device=args.device, wait_s=args.wait,
                 max_env_steps=args.max_env_steps, max_lead=args.max_lead, stop=StopFlag())
-    except (ConfigError, ValueError, ImportError) as e:
-        _fail(str(e))
+    except (ConfigError, ValueError, ImportError, OSError) as e:
+        _fail(_one_line(e))
 
 
 def _export_minari(argv: list[str]) -> None:
@@ -236,8 +299,8 @@ def _eval(argv: list[str]) -> None:
         result = evaluate_run(
             args.run_dir, args.checkpoint, args.rollouts, args.seed, args.parallel_envs, args.device
         )
-    except (ValueError, RuntimeError) as e:  # RunDirError, ConfigError, env errors, a bad device
-        _fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    except (ValueError, RuntimeError, ImportError, OSError) as e:  # RunDirError, ConfigError, env errors, a bad device
+        _fail(_one_line(e))
     for table in eval_table(result):
         console.print(table)
     print(write_eval(args.run_dir, result))

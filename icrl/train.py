@@ -32,6 +32,7 @@ from icrl.learner import Learner
 from icrl.metrics import MultiLogger, make_loggers, progress_bar, progress_line, say
 from icrl.offline import prepare_offline
 from icrl.plot import plot_learning_curves
+from icrl.runlock import RunLock, check_not_locked, check_run_dir_usable
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec, EpisodeStats
 
@@ -88,8 +89,14 @@ def train_stats_all_ranks(episodes: list[EpisodeStats], replicas: Replicas) -> d
     return {"return_mean": ret / n if n else None, "success_rate": succ_sum / n_succ if n_succ else None}
 
 
-# Fields that may change when a run is resumed: the flag itself and how far to train.
-RESUMABLE_CHANGES = ("train.resume", "train.total_env_steps")
+# Fields that may change when a run is resumed: the flag itself, how far to train, and the run-only settings
+# that say where and how this process runs but not what it learns (the folder's spelling or location, the
+# device, threads, workers, logging, checkpoint retention). The rest is the run's learning config.
+RESUMABLE_CHANGES = (
+    "train.resume", "train.total_env_steps", "train.run_dir", "train.device", "train.threads", "train.num_workers",
+    "train.log_backends", "train.log_every", "train.keep_checkpoints", "train.compile", "env.async_envs",
+    "env.eval_max_steps",
+)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -265,6 +272,8 @@ def train(cfg: ExperimentConfig) -> dict:
             f"--steps-per-epoch {t.steps_per_epoch} split over {world} processes is below --parallel-envs "
             f"{e.parallel_envs}: raise --steps-per-epoch to at least {world * e.parallel_envs}"
         )
+    check_run_dir_usable(t.run_dir)  # a file, an unwritable folder: refused before anything is built
+    check_not_locked(t.run_dir)  # another live process trains in it
     check_run_dir(cfg)  # before anything is created or written
     replicas.barrier()  # every rank has checked the run dir before any of them writes to it
     seed_everything(t.seed, replicas.rank)
@@ -278,6 +287,11 @@ def train(cfg: ExperimentConfig) -> dict:
     spec = ActionSpec.from_space(venv.single_action_space)
     relabeler = make_relabeler(t, venv)  # before the run dir exists: a wrong --relabel leaves nothing behind
     run_dir = Path(t.run_dir)  # created only once the envs exist, so a bad env name leaves nothing behind
+    # One process per run dir (icrl.runlock): the lock is taken before the first write and released by the
+    # OS if this process dies; the run dir is checked again under the lock (a run may have started meanwhile).
+    lock = RunLock.acquire(run_dir) if main else None
+    if main:
+        check_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(seed, "train-envs"))
     eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs")) if main else None
@@ -424,6 +438,10 @@ def train(cfg: ExperimentConfig) -> dict:
                              max_steps=e.eval_max_steps)
             last_eval = {"kind": "eval", "epoch": max(start_epoch, num_epochs), "env_steps": env_steps(),
                          "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
+    except BaseException:  # an error or Ctrl-C: the run dir is free again at once
+        if lock is not None:
+            lock.release()
+        raise
     finally:  # also on errors and Ctrl-C: no orphaned env processes or loader workers
         bar.stop()
         log.close()
@@ -436,5 +454,9 @@ def train(cfg: ExperimentConfig) -> dict:
     if not main:
         return {}
     assert last_eval is not None
-    finish_run(run_dir, agent, cfg, last_eval, env_steps(), learner.updates)
+    try:
+        finish_run(run_dir, agent, cfg, last_eval, env_steps(), learner.updates)
+    finally:
+        if lock is not None:
+            lock.release()
     return last_eval
