@@ -36,7 +36,7 @@ class EnvConfig:
     """Store very long rollouts as chunks of this many steps (None: whole rollouts)."""
     eval_rollouts: int = 32
     """Rollouts per evaluation (results average over rollouts, not episodes)."""
-    eval_max_steps: int = 100_000
+    eval_max_steps: int = 50_000
     """Evaluation stops a rollout after this many steps (counted as it stands, with a warning), so an env
     whose episodes never end cannot hang evaluation."""
 
@@ -216,8 +216,9 @@ class ExperimentConfig:
     explore: ExploreConfig = field(default_factory=ExploreConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def validate(self) -> ExperimentConfig:
-        """Raise ConfigError naming the fields of the first impossible value or combination."""
+    def validate(self, check_device: bool = True) -> ExperimentConfig:
+        """Raise ConfigError naming the fields of the first impossible value or combination.
+        `check_device=False` skips whether --device exists here (a run's config read to evaluate elsewhere)."""
         from icrl.validation import device_error, field_errors
 
         errors = field_errors(self)  # every field's type and range first: the checks below assume them
@@ -279,7 +280,7 @@ class ExperimentConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        device = device_error(t.device)
+        device = device_error(t.device) if check_device else None
         if device is not None:
             raise ConfigError(device)
         return self

@@ -30,8 +30,8 @@ def load_config(run_dir: str | Path) -> ExperimentConfig:
     path = run_dir / "config.json"
     if not path.is_file():
         raise RunDirError(f"{run_dir} has no config.json; pass a run directory written by `icrl train`")
-    try:
-        return ExperimentConfig.from_json(path.read_text(encoding="utf-8"))
+    try:  # values checked like flags: a hand-edited config.json fails here, in one line, not deep in a build
+        return ExperimentConfig.from_json(path.read_text(encoding="utf-8")).validate(check_device=False)
     except (json.JSONDecodeError, TypeError, ValueError) as e:
         raise RunDirError(f"{path} is not a valid icrl config ({e})") from e
 

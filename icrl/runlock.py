@@ -55,7 +55,7 @@ def _holder(lock_path: Path) -> str:
         text = lock_path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         text = ""
-    return f"process {text}" if text else "another process"
+    return f"process {text}" if text.startswith("pid ") else "another process"
 
 
 def _refusal(run_dir: Path, lock_path: Path) -> RunDirLockedError:
@@ -97,10 +97,10 @@ class RunLock:
         if not _try_lock(fd):
             os.close(fd)
             raise _refusal(run_dir, lock_path)
-        command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:200] if sys.argv else ""
+        command = "icrl " + sys.argv[1] if len(sys.argv) > 1 and sys.argv[1].isidentifier() else "python"
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} on {socket.gethostname()}, started {stamp} UTC: {command}\n".encode())
+        os.write(fd, f"pid {os.getpid()} ({command} on {socket.gethostname()}, started {stamp} UTC)\n".encode())
         lock = cls(run_dir, fd)
         _HELD[key] = lock
         return lock
