@@ -179,12 +179,12 @@ class Learner:
         # norm decides, so every rank skips the same updates.
         if self.guard.ok(grad_norm) if self.ddp is not None else self.guard.ok(loss, grad_norm):
             self.optimizer.step()
+            self.scheduler.step()  # the warm-up counts applied steps
             with torch.no_grad():
                 agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
                 ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
                 ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
             invalidate_weight_caches()  # EMA writes through `.data`, which version counters do not see
-        self.scheduler.step()
         self.updates += 1
         metrics.update(loss=loss.detach(), grad_norm=grad_norm, lr=torch.tensor(self.scheduler.get_last_lr()[0]))
         metrics["popart_mu"] = agent.popart.mu[-1]
