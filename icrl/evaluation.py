@@ -105,7 +105,7 @@ def load_agent(
         raise RunDirError(f"cannot read weights {path}: {e}") from e
     except RuntimeError as e:  # shape mismatch
         first = str(e).strip().splitlines()[-1].strip()
-        raise RunDirError(f"weights {path} do not fit the run's config: {first}") from e
+        raise RunDirError(f"weights {path} do not fit the run's config: {first}; pick others with --checkpoint") from e
     if missing or unexpected:
         names = ", ".join(sorted([*missing, *unexpected])[:3])
         raise RunDirError(f"weights {path} do not fit the run's config (missing or unexpected: {names}...)")

@@ -32,19 +32,41 @@ def nonfinite_keys(arrays: Mapping[str, np.ndarray]) -> list[str]:
     return bad
 
 
-def check_env_arrays(env: str, step: int, obs: Mapping[str, np.ndarray], reward: float | None = None) -> None:
-    """Raise NonFiniteError when an env's observation or reward at rollout step `step` is not finite."""
-    if reward is not None and not math.isfinite(reward):
-        raise NonFiniteError(
-            f"env {env} returned a non-finite reward ({reward}) at step {step} of a rollout; icrl trains only on "
+def nonfinite_env_error(env: str, step: int, key: str, value: object = None) -> NonFiniteError:
+    """The error for a NaN / inf an env returned: which env, at which step of its rollout, in which key."""
+    if key == "reward":
+        return NonFiniteError(
+            f"env {env} returned a non-finite reward ({value}) at step {step} of a rollout; icrl trains only on "
             "finite rewards: fix the env (or clip its reward) before training on it"
         )
+    return NonFiniteError(
+        f"env {env} returned a non-finite observation (NaN or inf in key {key!r}) at step {step} of a rollout; "
+        "icrl trains only on finite observations: fix the env before training on it"
+    )
+
+
+def check_env_arrays(env: str, step: int, obs: Mapping[str, np.ndarray], reward: float | None = None) -> None:
+    """Raise NonFiniteError when one env's observation or reward at rollout step `step` is not finite."""
+    if reward is not None and not math.isfinite(reward):
+        raise nonfinite_env_error(env, step, "reward", reward)
     bad = nonfinite_keys(obs)
     if bad:
-        raise NonFiniteError(
-            f"env {env} returned a non-finite observation (NaN or inf in key {bad[0]!r}) at step {step} of a "
-            "rollout; icrl trains only on finite observations: fix the env before training on it"
-        )
+        raise nonfinite_env_error(env, step, bad[0])
+
+
+def first_nonfinite(obs: Mapping[str, np.ndarray], rewards: np.ndarray | None = None) -> tuple[int, str] | None:
+    """(env index, key) of the first non-finite reward or observation in a batch of N envs ([N, ...] arrays,
+    key "reward" for `rewards`), or None. One vectorised test per key, so checking every step is cheap."""
+    if rewards is not None:
+        bad = ~np.isfinite(np.asarray(rewards, dtype=np.float64))
+        if bad.any():
+            return int(np.flatnonzero(bad)[0]), "reward"
+    for key, value in obs.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            rows = ~np.isfinite(arr.reshape(arr.shape[0], -1)).all(axis=1)
+            return int(np.flatnonzero(rows)[0]), key
+    return None
 
 
 def nonfinite_tensors(module: torch.nn.Module) -> list[str]:

@@ -159,3 +159,20 @@ def test_evaluation_step_cap_ends_endless_rollouts():
     venv.close()
     assert collector.capped_rollouts == 2 and len(rollouts) == 2 and len(stats) == 2
     assert all(r.truncated[-1] and len(r.action) == 15 for r in rollouts)
+
+
+@pytest.mark.parametrize(("at", "step"), [(0, 0), (4, 4)])  # the reset observation, an episode's final one
+def test_collector_checks_reset_and_final_observations(at, step):
+    import functools
+
+    import gymnasium as gym
+    from probe_envs import BadValueEnv
+
+    from icrl.envs import TimestepWrapper
+
+    thunk = functools.partial(lambda: TimestepWrapper(BadValueEnv("obs", at=at, length=4)))
+    venv = gym.vector.SyncVectorEnv([thunk] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    spec = ActionSpec.from_space(venv.single_action_space)
+    with pytest.raises(NonFiniteError, match=rf"BadValueEnv \(copy 0\) .*'obs'\) at step {step} "):
+        Collector(venv, spec, seed=0).collect(RandomPolicy(spec, seed=0), 16)
+    venv.close()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
+from icrl.guards import first_nonfinite, nonfinite_env_error, nonfinite_keys
 from icrl.types import ActionSpec, EpisodeStats, Rollout, Timesteps
 
 
@@ -144,8 +145,28 @@ class Collector:
         self.eval_env_steps = int(state.get("eval_env_steps", 0))
         self._next_rollout_id = int(state.get("next_rollout_id", 0))
 
+    def _env_label(self, i: int) -> str:
+        """How errors name env copy i: its Gymnasium id, else its class."""
+        try:
+            spec = self.venv.get_attr("spec")[i]
+            if spec is not None:
+                return f"{spec.id!r} (copy {i})"
+            return f"{type(self.venv.envs[i].unwrapped).__name__} (copy {i})"  # SyncVectorEnv
+        except (AttributeError, IndexError, TypeError):
+            return f"copy {i}"
+
+    def _check_finite(self, obs: dict, rewards: np.ndarray | None) -> None:
+        """NaN / inf never enter a rollout (icrl.guards): one vectorised test per key and vector step."""
+        found = first_nonfinite(obs["obs"], rewards)
+        if found is not None:
+            i, key = found
+            step = len(self._buffers[i].actions) + 1 if rewards is not None else 0
+            raise nonfinite_env_error(self._env_label(i), step, key, float(rewards[i]) if key == "reward" else None)
+
     def _hard_reset(self, seed: int | None) -> None:
         obs, _ = self.venv.reset(seed=seed)
+        self._started = False
+        self._check_finite(obs, None)
         self._current = obs  # batched timestep dict, [N, ...] leaves
         self._buffers = [_Buffer(timesteps=[_index(obs, i)]) for i in range(self.num_envs)]
         self._new_rollout = np.ones(self.num_envs, dtype=bool)  # [N]
@@ -170,6 +191,7 @@ class Collector:
         if spec.kind == "continuous":
             actions = np.clip(actions, -1.0, 1.0)  # stored actions are what the env executed
         obs, rewards, terms, truncs, info = self.venv.step(actions)
+        self._check_finite(obs, rewards)
         self._current = obs
         finished: list[tuple[int, int, Rollout, bool]] = []
         stats: list[EpisodeStats] = []
@@ -183,6 +205,9 @@ class Collector:
             if done:
                 next_ts = _index_object(info["final_obs"][i])
                 step_info = info.get("final_info", {})
+                bad = nonfinite_keys(next_ts["obs"])  # an episode's final observation is not in the batch
+                if bad:
+                    raise nonfinite_env_error(self._env_label(i), len(buf.actions), bad[0])
             else:
                 next_ts = _index(obs, i)
                 step_info = info

@@ -13,7 +13,6 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from icrl.guards import check_env_arrays
 from icrl.types import ActionSpec
 
 SUPPORTED_OBS_SPACES = "Box (any rank), Discrete, MultiDiscrete, MultiBinary, and Dict of these (nested)"
@@ -199,18 +198,11 @@ class TimestepWrapper(gym.Wrapper):
             out[key] = fn(value)
         return out
 
-    def _env_name(self) -> str:
-        spec = getattr(self.env, "spec", None)
-        return repr(spec.id) if spec is not None else type(self.env.unwrapped).__name__
-
     def _timestep(
         self, obs: Any, prev_action: np.ndarray, prev_reward: float, reset: bool, info: dict | None = None
     ) -> dict:
-        converted = self._convert_obs(obs)
-        # NaN / inf never enter a rollout (icrl.guards): the error names the env, the step and the key
-        check_env_arrays(self._env_name(), self._t, converted, prev_reward)
         ts = {
-            "obs": converted,
+            "obs": self._convert_obs(obs),
             "prev_action": prev_action,  # [A] float32
             "prev_reward": np.asarray(prev_reward, dtype=np.float32),  # []
             "time": np.asarray(self._t, dtype=np.int64),  # []
