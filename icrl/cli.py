@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import signal
 import sys
 
@@ -40,6 +41,13 @@ class _ArgumentParser(argparse.ArgumentParser):
 def _fail(message: str) -> None:
     print(f"icrl: error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def _check_ranges(parser: argparse.ArgumentParser, values: dict[str, tuple[float | None, float]]) -> None:
+    """Refuse (one line, exit 2) a flag value below its minimum or not finite, before anything runs."""
+    for flag, (value, lo) in values.items():
+        if value is not None and not (math.isfinite(value) and value >= lo):
+            _fail(f"{parser.prog}: {flag} must be >= {lo}, got {value}")
 
 
 def _pop_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
@@ -173,6 +181,10 @@ def _learn(argv: list[str]) -> None:
         publish_value = None if publish is None else int(publish)
     except ValueError:
         _fail(f"icrl learn: --utd takes a number, --publish-every an integer (got {utd!r}, {publish!r})")
+    if utd_value is not None and not (math.isfinite(utd_value) and utd_value > 0):
+        _fail(f"icrl learn: --utd must be a positive number (max updates per env step stored), got {utd}")
+    if publish_value is not None and publish_value < 1:
+        _fail(f"icrl learn: --publish-every must be >= 1 (updates between weight publications), got {publish}")
     cfg = _parse_config([*rest, "--run-dir", run_dir], "icrl learn RUN_DIR",
                         "Asynchronous learner: trains on the rollouts `icrl collect` processes store in RUN_DIR. "
                         "--utd R: at most R updates per env step stored (default: updates-per-epoch / "
@@ -205,6 +217,8 @@ def _collect(argv: list[str]) -> None:
         "(default: never pause)",
     )
     args = parser.parse_args(argv)
+    _check_ranges(parser, {"--collector-id": (args.collector_id, 0), "--max-env-steps": (args.max_env_steps, 1),
+                           "--wait": (args.wait, 0), "--max-lead": (args.max_lead, 0)})
     from icrl.async_mode import StopFlag, collect
     from icrl.config import ConfigError
 
@@ -286,6 +300,8 @@ def _eval(argv: list[str]) -> None:
         help="also record N greedy rollouts to RUN_DIR/eval_video.gif (envs that render rgb_array frames)",
     )
     args = parser.parse_args(argv)
+    _check_ranges(parser, {"--rollouts": (args.rollouts, 1), "--seed": (args.seed, 0),
+                           "--parallel-envs": (args.parallel_envs, 1), "--video": (args.video, 0)})
 
     import torch
 
@@ -341,6 +357,14 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     command, rest = argv[0], argv[1:]
+    try:
+        _dispatch(command, rest)
+    except KeyboardInterrupt:  # Ctrl-C in a command without its own stop handling (train and learn have one)
+        print(f"icrl: {command} interrupted (SIGINT)", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _dispatch(command: str, rest: list[str]) -> None:
     if command == "train":
         _train(rest)
     elif command == "eval":

@@ -139,11 +139,15 @@ EXISTING = [
     (["eval", "{run}", "--rollouts", "0"], "--rollouts"),
     (["eval", "{run}", "--device", "banana"], "device"),
     (["eval", "{run}", "--checkpoint", "ckpt-000099"], "ckpt-000099"),
+    (["eval", "{run}", "--seed", "-1"], "--seed"),
+    (["learn", "{run}", "--utd", "nan"], "--utd"),
+    (["collect", "{run}", "--wait", "-1"], "--wait"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "word"), EXISTING, ids=["no-resume", "resume-lr", "resume-heads-0", "eval-rollouts-0", "eval-device",
-                                                          "eval-missing-checkpoint"])
+                                                          "eval-missing-checkpoint", "eval-seed", "learn-utd",
+                                                          "collect-wait"])
 def test_refusal_leaves_an_existing_run_unchanged(runs, tmp_path, argv, word):
     run = copy_run(runs, tmp_path)
     args = [a for x in argv for a in (TINY if x == "{tiny}" else [x.replace("{run}", str(run))])]
