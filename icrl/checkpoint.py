@@ -184,7 +184,9 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
     try:
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-        if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION or "epoch" not in state:
+        if not isinstance(state, dict):
+            raise ValueError(f"expected a JSON object, found {type(state).__name__}")
+        if state.get("format_version") != FORMAT_VERSION or "epoch" not in state:
             raise ValueError(f"unexpected format (format_version {state.get('format_version')!r})")
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint {path}: state.json is corrupt: {e}") from e

@@ -291,6 +291,8 @@ class ExperimentConfig:
     @classmethod
     def from_json(cls, text: str) -> ExperimentConfig:
         raw = json.loads(text)
+        if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+            raise ConfigError("expected a JSON object of config groups (env, model, loss, explore, train)")
         parts = {f.name: f.type for f in dataclasses.fields(cls)}
         sub = {"env": EnvConfig, "model": ModelConfig, "loss": LossConfig, "explore": ExploreConfig, "train": TrainConfig}
         kwargs = {}

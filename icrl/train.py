@@ -155,7 +155,8 @@ def truncate_metrics(path: Path, epoch: int) -> int:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and int(row.get("epoch", 0)) <= epoch:
+        row_epoch = row.get("epoch", 0) if isinstance(row, dict) else None
+        if isinstance(row_epoch, int) and row_epoch <= epoch:  # anything else is a torn or foreign line
             kept.append(line)
     if len(kept) != len(lines):
         write_text_atomic(path, "".join(line + "\n" for line in kept))

@@ -166,6 +166,10 @@ def test_tampered_config_json_is_refused_by_eval(runs, tmp_path):
     (tmp_path / "empty").mkdir()
     assert_refused(icrl("eval", str(tmp_path / "empty"), cwd=tmp_path), "config.json")
     assert snapshot(run) == before
+    (run / "config.json").write_text("[]")
+    before = snapshot(run)
+    assert_refused(train(run, 48, "--resume", cwd=tmp_path), "config")
+    assert snapshot(run) == before
 
 
 # ------------------------------------------------------------ inconsistent checkpoints: one warning, fallback
@@ -193,13 +197,14 @@ TAMPER = {
     "state_missing_keys": _state_edit(lambda s: [s.pop("learner"), s.pop("collector")]),
     "rng_wrong_size": _state_edit(lambda s: s["rng"].update(torch=s["rng"]["torch"][:100])),
     "exploration_wrong_size": _state_edit(lambda s: s["exploration"].update(scale=[0.5] * 7)),
+    "state_not_object": lambda c, r, t: (c / "state.json").write_text("[1, 2]"),
     "pickle_payload": lambda c, r, t: torch.save({"optimizer": _Payload(t / "pwned"), "scheduler": {}},
                                                  c / "optimizer.pt"),
 }
 # Each run tampers with its newest checkpoints in this order (newest first): every one must be skipped with
 # one warning, the resume must start from the next older one, and the skipped ones must be kept aside.
 CASES = [["foreign_optimizer", "foreign_weights", "state_missing_keys", "rng_wrong_size"],
-         ["pickle_payload", "exploration_wrong_size"]]
+         ["pickle_payload", "exploration_wrong_size", "state_not_object"]]
 
 
 @pytest.mark.parametrize("tampers", CASES, ids=["+".join(c) for c in CASES])
@@ -245,7 +250,7 @@ def test_non_finite_env_output_is_a_clear_error(tmp_path, kind):
     assert not list((tmp_path / "run").rglob("*.safetensors"))
 
 
-def test_replay_files_with_nan_are_skipped(runs, tmp_path):
+def test_replay_files_with_nan_and_foreign_metrics_lines_are_skipped(runs, tmp_path):
     from icrl.data.storage import load_rollout, save_rollout
 
     run = copy_run(runs, tmp_path)
@@ -254,6 +259,8 @@ def test_replay_files_with_nan_are_skipped(runs, tmp_path):
         r = load_rollout(f)
         r.reward[:] = np.nan
         save_rollout(f, r, fsync=False)
+    with open(run / "metrics.jsonl", "a") as f:  # and foreign lines in the log
+        f.write('{"epoch": [1]}\n{"epoch": "x"}\n[]\n')
     out = train(run, 48, "--resume", cwd=tmp_path)
     assert_sane(out, run)
     assert out.returncode == 0, out.stderr
