@@ -155,10 +155,13 @@ def field_errors(cfg: Any) -> list[str]:
         hints = typing.get_type_hints(type(sub))
         for f in dataclasses.fields(sub):
             value, hint = getattr(sub, f.name), hints.get(f.name, Any)
-            if not matches(value, hint):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if value == default and type(value) is type(default):  # the author's choice (even an inf)
+                pass
+            elif not matches(value, hint):
                 errors.append(f"{flag(f.name)} must be {_type_name(hint)}, got {value!r}")
                 continue
-            if any(isinstance(v, float) and not math.isfinite(v) for v in _numbers(value)):
+            elif any(isinstance(v, float) and not math.isfinite(v) for v in _numbers(value)):
                 errors.append(f"{flag(f.name)} must be a finite number, got {value!r}")
                 continue
             rule = RULES.get(f"{group}.{f.name}")
