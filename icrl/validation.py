@@ -40,32 +40,26 @@ def _in(lo: float, hi: float, *, open_hi: bool = False, open_lo: bool = False) -
     return ok, f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}"
 
 
-# "group.field" -> (predicate, what the value must be). None values of optional fields are not checked.
+# "group.field" -> (predicate, what the value must be). None values of optional fields are not checked. Fields
+# whose range `ExperimentConfig.validate` already checks with its own message (tau, n_step, batch_size, ...) are
+# not repeated here.
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "env.parallel_envs": _ge(1),
-    "env.episodes_per_rollout": _ge(1),
     "env.rollout_horizon": _ge(1),
-    "env.chunk_len": _ge(2),
     "env.eval_rollouts": _ge(1),
     "env.eval_max_steps": _ge(1),
     "model.d_model": _ge(1),
     "model.layers": _ge(1),
     "model.heads": _ge(1),
-    "model.max_seq_len": _ge(2),
     "model.max_time": _ge(1),
     "model.dropout": _in(0.0, 1.0, open_hi=True),
     "model.head_hidden": _ge(1),
     "model.head_layers": _ge(0),
-    "model.goal_dim": _ge(1),
     "loss.num_critics": _ge(1),
-    "loss.redq_subset": _ge(1),
     "loss.reward_scale": _gt(0.0),
     "loss.online_coeff": _ge(0.0),
     "loss.offline_coeff": _ge(0.0),
     "loss.entropy_coeff": _ge(0.0),
     "loss.critic_weight": _gt(0.0),
-    "loss.n_step": _ge(1),
-    "loss.tau": _in(0.0, 1.0, open_lo=True),
     "loss.popart_beta": _in(0.0, 1.0, open_lo=True),
     "explore.eps_start": _in(0.0, 1.0),
     "explore.eps_end": _in(0.0, 1.0),
@@ -77,8 +71,6 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.seed": _in(0, 2**63 - 1),
     "train.total_env_steps": _ge(0),
     "train.steps_per_epoch": _ge(1),
-    "train.updates_per_epoch": _ge(0),
-    "train.batch_size": _ge(1),
     "train.lr": _gt(0.0),
     "train.warmup_updates": _ge(0),
     "train.weight_decay": _ge(0.0),
@@ -89,10 +81,6 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.num_workers": _ge(0),
     "train.threads": _ge(0),
     "train.log_every": _ge(1),
-    "train.checkpoint_every": _ge(1),
-    "train.keep_checkpoints": _ge(1),
-    "train.offline_fraction": _in(0.0, 1.0),
-    "train.offline_updates": _ge(0),
 }
 
 
