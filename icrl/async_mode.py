@@ -149,7 +149,8 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
     learn_cmd = f"icrl learn {paths.run_dir}"
     if not wait_for(paths.config, wait_s, learn_cmd, stop) or not wait_for(paths.weights, wait_s, learn_cmd, stop):
         return {}
-    cfg = ExperimentConfig.from_json(paths.config.read_text(encoding="utf-8")).validate(check_device=False)  # the collector has its own --device
+    # the learner's device may not exist here: the collector acts on its own --device
+    cfg = ExperimentConfig.from_json(paths.config.read_text(encoding="utf-8")).validate(check_device=False)
     e, t = cfg.env, cfg.train
     path = paths.counter(collector_id)
     counters = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
