@@ -305,6 +305,7 @@ def test_second_process_is_refused_and_signals_stop_cleanly(tmp_path):
         while time.time() < deadline and first.poll() is None and not (run / "checkpoints/ckpt-000002").exists():
             time.sleep(0.05)
         assert_refused(train(run, 100000, "--resume", cwd=tmp_path), "in use", f"pid {first.pid}")
+        assert_refused(icrl("learn", str(run), *TINY, "--total-env-steps", "64", cwd=tmp_path), "in use")
     finally:
         _, err = _stop_after(first, run, signal.SIGINT)
     assert first.returncode == 130 and "Traceback" not in err, err
