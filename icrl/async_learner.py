@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 
 from icrl.agent import Agent
 from icrl.async_mode import AsyncPaths, StopFlag, read_counters
-from icrl.checkpoint import find_latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from icrl.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint, set_aside
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.data import DiskReplay
 from icrl.envs import Collector, make_vector_env
@@ -26,6 +25,7 @@ from icrl.fileio import write_text_atomic
 from icrl.learner import Learner
 from icrl.metrics import make_loggers, progress_line, say
 from icrl.offline import prepare_offline
+from icrl.runlock import RunLock, check_not_locked, check_run_dir_usable
 from icrl.seeding import derive_seed, seed_everything
 from icrl.spaces_json import venv_spaces_record, write_spaces
 from icrl.train import (
@@ -90,6 +90,8 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
     if ratio <= 0:
         raise ConfigError(f"--utd {utd} must be positive (max updates per env step stored)")
     publish_every = publish_every or t.updates_per_epoch
+    check_run_dir_usable(t.run_dir)
+    check_not_locked(t.run_dir)  # one learner (or icrl train) per run dir; collectors take no lock
     check_run_dir(cfg)
     seed_everything(t.seed)
     if t.threads > 0:
@@ -101,7 +103,8 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
     relabeler = make_relabeler(t, eval_venv)
     paths = AsyncPaths(t.run_dir)
     run_dir = paths.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock.acquire(run_dir)  # released by the OS if this process dies (icrl.runlock)
+    check_run_dir(cfg)  # again, under the lock
     paths.collectors.mkdir(parents=True, exist_ok=True)
     eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs"))
     agent = Agent(eval_venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
@@ -112,14 +115,14 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
     counts = _RunCounters(paths).read()
     start_epoch, wall_offset = 0, 0.0
     if t.resume:
-        ckpt = find_latest_checkpoint(run_dir, log=say)
-        if ckpt is not None:
-            state = load_checkpoint(ckpt, agent=agent, learner=learner)
+        found = load_latest_checkpoint(run_dir, agent=agent, log=say, learner=learner)
+        if found is not None:
+            ckpt, state = found
             start_epoch, wall_offset = int(state["epoch"]), float(state["extra"].get("wall_time", 0.0))
             say(f"icrl learn: resuming from {ckpt} (epoch {start_epoch}, {learner.updates:,} updates)")
         for path in list_checkpoints(run_dir):
             if int(path.name.split("-")[-1]) > start_epoch:
-                shutil.rmtree(path, ignore_errors=True)
+                set_aside(path)
         truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
     paths.done.unlink(missing_ok=True)
     write_text_atomic(paths.config, cfg.to_json())
@@ -213,10 +216,12 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
             loader.close()
     publish()
     if stop:
+        lock.release()
         say(f"icrl learn: stopped by {stop.signal} after {learner.updates:,} updates; continue with --resume")
         return {}
     write_text_atomic(paths.done, json.dumps({"updates": learner.updates, "env_steps": counts.env_steps}))
     finish_run(run_dir, agent, cfg, last_eval, counts.env_steps, learner.updates)
+    lock.release()
     return last_eval
 
 

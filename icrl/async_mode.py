@@ -151,7 +151,8 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
     learn_cmd = f"icrl learn {paths.run_dir}"
     if not wait_for(paths.config, wait_s, learn_cmd, stop):
         return {}
-    cfg = ExperimentConfig.from_json(paths.config.read_text(encoding="utf-8")).validate()
+    # the learner's device may not exist here: the collector acts on its own --device
+    cfg = ExperimentConfig.from_json(paths.config.read_text(encoding="utf-8")).validate(check_device=False)
     # config.json is data: its env is built only if it is a built-in / registered one or the user said so
     cfg = run_env_config(cfg, paths.run_dir, override or EnvOverride())
     if not wait_for(paths.weights, wait_s, learn_cmd, stop):

@@ -28,7 +28,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
+from icrl.ckpt_checks import CheckpointMismatch, check_checkpoint
 from icrl.fileio import fsync_dir, write_text_atomic
+from icrl.guards import assert_finite_weights
 
 FILES = ("agent.safetensors", "optimizer.pt", "state.json")
 FORMAT_VERSION = 1
@@ -136,8 +138,9 @@ def save_checkpoint(
 ) -> Path:
     """Write RUN_DIR/checkpoints/ckpt-<epoch:06d>/ atomically, point `latest` at it, keep the last `keep`."""
     root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     name = f"{PREFIX}{int(epoch):06d}"
+    assert_finite_weights(agent, f"checkpoint {name}")  # no checkpoint ever holds a NaN (icrl.guards)
+    root.mkdir(parents=True, exist_ok=True)
     final = root / name
     tmp = root / f".tmp-{name}-{os.getpid()}"
     if tmp.exists():
@@ -181,7 +184,9 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
     try:
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-        if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION or "epoch" not in state:
+        if not isinstance(state, dict):
+            raise ValueError(f"expected a JSON object, found {type(state).__name__}")
+        if state.get("format_version") != FORMAT_VERSION or "epoch" not in state:
             raise ValueError(f"unexpected format (format_version {state.get('format_version')!r})")
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint {path}: state.json is corrupt: {e}") from e
@@ -225,6 +230,11 @@ def load_checkpoint(
             f"checkpoint {path} does not fit this agent (was the model config changed?): "
             f"missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
+    try:  # every shape, dtype, key and RNG state, before anything is applied
+        check_checkpoint(tensors, optim, state, agent=agent, learner=learner, collector=collector,
+                         exploration=exploration, restore_rng=restore_rng)
+    except CheckpointMismatch as e:
+        raise CheckpointError(f"checkpoint {path} is inconsistent: {e}") from e
     try:
         agent.load_state_dict(tensors, strict=False)
     except RuntimeError as e:  # shape mismatches
@@ -271,3 +281,35 @@ def find_latest_checkpoint(run_dir: str | os.PathLike, log=None) -> Path | None:
             continue
         return path
     return None
+
+
+def load_latest_checkpoint(run_dir: str | os.PathLike, *, agent: torch.nn.Module, log=None, **objects: Any
+                           ) -> tuple[Path, dict[str, Any]] | None:
+    """Load the newest checkpoint that is whole and consistent with these objects; (path, state) or None.
+
+    A newer checkpoint that cannot be read or does not fit (another model's weights or optimiser state, a
+    state.json with missing keys or a wrong-size RNG state) is skipped with one warning via `log`; nothing
+    was applied from it, because `load_checkpoint` checks everything first (`set_aside` moves it out of
+    the way afterwards). `objects`: learner, collector, exploration, restore_rng, as `load_checkpoint` takes.
+    """
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return path, load_checkpoint(path, agent=agent, **objects)
+        except CheckpointError as e:
+            if log is not None:
+                log(f"icrl: warning: skipping checkpoint {path.name}, falling back to the previous one: {e}")
+    return None
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename a checkpoint that was skipped on resume to `rejected-<name>` beside it (kept for inspection,
+    never listed again, so the resumed run can write its epoch anew); None when that fails (then deleted)."""
+    target = path.with_name(f"rejected-{path.name}")
+    try:
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(path, target)
+        return target
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        return None

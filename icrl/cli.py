@@ -9,6 +9,10 @@ stderr and exits with code 2 (no traceback), writing nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import math
+import signal
 import sys
 
 USAGE = """usage: icrl {train,eval,envs,plot,learn,collect,export-minari} ...
@@ -40,6 +44,13 @@ class _ArgumentParser(argparse.ArgumentParser):
 def _fail(message: str) -> None:
     print(f"icrl: error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def _check_ranges(parser: argparse.ArgumentParser, values: dict[str, tuple[float | None, float]]) -> None:
+    """Refuse (one line, exit 2) a flag value below its minimum or not finite, before anything runs."""
+    for flag, (value, lo) in values.items():
+        if value is not None and not (math.isfinite(value) and value >= lo):
+            _fail(f"{parser.prog}: {flag} must be >= {lo}, got {value}")
 
 
 def _pop_option(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
@@ -88,14 +99,23 @@ def _parse_config(argv: list[str], prog: str, description: str):
         if preset not in PRESETS:
             _fail(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
         default = PRESETS[preset]()
-    cfg = tyro.cli(
-        ExperimentConfig,
-        args=argv,
-        default=default,
-        prog=prog,
-        description=description + " `--preset NAME` starts from a preset (" + ", ".join(sorted(PRESETS)) + ").",
-        config=(tyro.conf.OmitArgPrefixes,),
-    )
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):  # tyro's usage errors are boxes of many lines
+            cfg = tyro.cli(
+                ExperimentConfig,
+                args=argv,
+                default=default,
+                prog=prog,
+                description=description + " `--preset NAME` starts from a preset (" + ", ".join(sorted(PRESETS)) + ").",
+                config=(tyro.conf.OmitArgPrefixes,),
+            )
+    except SystemExit as e:
+        if e.code not in (0, None):
+            _fail(tyro_error_line(errors.getvalue(), prog))
+        sys.stderr.write(errors.getvalue())
+        raise
+    sys.stderr.write(errors.getvalue())
     try:
         cfg.validate()
     except ConfigError as e:
@@ -103,16 +123,66 @@ def _parse_config(argv: list[str], prog: str, description: str):
     return cfg
 
 
-def _train(argv: list[str]) -> None:
+def tyro_error_line(text: str, prog: str) -> str:
+    """tyro's usage error (a titled box with help text) as one line: the error itself, the flag it suggests,
+    and where the flags are listed."""
+    lines = [ln.strip(" \t│╭╮╰╯") for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln and set(ln) - set("-─ ")]
+    body, suggestion, i = [], None, 1  # lines[0] is the box's title ("Value error", ...)
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith(("Argument helptext", "For full helptext")):
+            break
+        if ln.startswith("Perhaps you meant"):
+            suggestion = lines[i + 1].split()[0] if i + 1 < len(lines) else None
+            break
+        body.append(ln)
+        i += 1
+    message = (" ".join(body) or (lines[0] if lines else "invalid arguments")).rstrip(".")
+    if suggestion:
+        message += f" (did you mean {suggestion}?)"
+    return f"{message}; see `{prog} --help`"
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so `train`'s cleanup runs as it does on Ctrl-C."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
+def _run_stoppable(fn, *args) -> None:
+    """Run `fn`, turning SIGINT / SIGTERM into a one-line stop with the resume hint (exit 130 / 143) and the
+    errors bad input causes (configs, env names and kwargs, run dirs, checkpoints, files) into one line, exit 2.
+    Checkpoints and rollouts on disk are written atomically, so a stop at any moment loses nothing."""
+    from icrl.checkpoint import CheckpointError
     from icrl.config import ConfigError
 
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        fn(*args)
+    except KeyboardInterrupt as e:
+        name = "SIGTERM" if isinstance(e, _Stopped) else "SIGINT"
+        print(f"icrl: stopped by {name}; every checkpoint written so far is kept: resume with the same command "
+              "and --resume", file=sys.stderr)
+        raise SystemExit(143 if name == "SIGTERM" else 130) from None
+    except (ConfigError, ValueError, ImportError, CheckpointError, OSError) as e:
+        _fail(_one_line(e))  # bad env names / kwargs / spaces, a missing extra, an unusable run dir or checkpoint
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train(argv: list[str]) -> None:
     cfg = _parse_config(argv, "icrl train", "Train an agent.")
     from icrl.train import train
 
-    try:
-        train(cfg)
-    except (ConfigError, ValueError, ImportError) as e:  # bad env names / kwargs / spaces; a missing extra
-        _fail(str(e))
+    _run_stoppable(train, cfg)
 
 
 def _learn(argv: list[str]) -> None:
@@ -130,18 +200,23 @@ def _learn(argv: list[str]) -> None:
         publish_value = None if publish is None else int(publish)
     except ValueError:
         _fail(f"icrl learn: --utd takes a number, --publish-every an integer (got {utd!r}, {publish!r})")
+    if utd_value is not None and not (math.isfinite(utd_value) and utd_value > 0):
+        _fail(f"icrl learn: --utd must be a positive number (max updates per env step stored), got {utd}")
+    if publish_value is not None and publish_value < 1:
+        _fail(f"icrl learn: --publish-every must be >= 1 (updates between weight publications), got {publish}")
     cfg = _parse_config([*rest, "--run-dir", run_dir], "icrl learn RUN_DIR",
                         "Asynchronous learner: trains on the rollouts `icrl collect` processes store in RUN_DIR. "
                         "--utd R: at most R updates per env step stored (default: updates-per-epoch / "
                         "steps-per-epoch); --publish-every N: publish weights every N updates.")
     from icrl.async_learner import learn
     from icrl.async_mode import StopFlag
+    from icrl.checkpoint import CheckpointError
     from icrl.config import ConfigError
 
     try:
         learn(cfg, utd=utd_value, publish_every=publish_value, stop=StopFlag())
-    except (ConfigError, ValueError, ImportError) as e:
-        _fail(str(e))
+    except (ConfigError, ValueError, ImportError, CheckpointError, OSError) as e:
+        _fail(_one_line(e))
 
 
 def _collect(argv: list[str]) -> None:
@@ -162,14 +237,16 @@ def _collect(argv: list[str]) -> None:
     )
     _add_env_flags(parser)
     args = parser.parse_args(argv)
+    _check_ranges(parser, {"--collector-id": (args.collector_id, 0), "--max-env-steps": (args.max_env_steps, 1),
+                           "--wait": (args.wait, 0), "--max-lead": (args.max_lead, 0)})
     from icrl.async_mode import StopFlag, collect
     from icrl.config import ConfigError
 
     try:
         collect(args.run_dir, args.collector_id, device=args.device, wait_s=args.wait,
                 max_env_steps=args.max_env_steps, max_lead=args.max_lead, stop=StopFlag(), override=_override(args))
-    except (ConfigError, ValueError, ImportError) as e:
-        _fail(str(e))
+    except (ConfigError, ValueError, ImportError, OSError) as e:
+        _fail(_one_line(e))
 
 
 def _export_minari(argv: list[str]) -> None:
@@ -246,6 +323,8 @@ def _eval(argv: list[str]) -> None:
     )
     _add_env_flags(parser)
     args = parser.parse_args(argv)
+    _check_ranges(parser, {"--rollouts": (args.rollouts, 1), "--seed": (args.seed, 0),
+                           "--parallel-envs": (args.parallel_envs, 1), "--video": (args.video, 0)})
 
     import torch
 
@@ -259,8 +338,8 @@ def _eval(argv: list[str]) -> None:
         result = evaluate_run(
             args.run_dir, args.checkpoint, args.rollouts, args.seed, args.parallel_envs, args.device, _override(args)
         )
-    except (ValueError, RuntimeError, ImportError) as e:  # RunDirError, RunEnvError, env errors, a bad device
-        _fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    except (ValueError, RuntimeError, ImportError, OSError) as e:  # RunDirError, RunEnvError, env errors, a bad device
+        _fail(_one_line(e))
     for table in eval_table(result):
         console.print(table)
     print(write_eval(args.run_dir, result))
@@ -301,6 +380,14 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     command, rest = argv[0], argv[1:]
+    try:
+        _dispatch(command, rest)
+    except KeyboardInterrupt:  # Ctrl-C in a command without its own stop handling (train and learn have one)
+        print(f"icrl: {command} interrupted (SIGINT)", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _dispatch(command: str, rest: list[str]) -> None:
     if command == "train":
         _train(rest)
     elif command == "eval":

@@ -36,6 +36,9 @@ class EnvConfig:
     """Store very long rollouts as chunks of this many steps (None: whole rollouts)."""
     eval_rollouts: int = 32
     """Rollouts per evaluation (results average over rollouts, not episodes)."""
+    eval_max_steps: int = 50_000
+    """Evaluation stops a rollout after this many steps (counted as it stands, with a warning), so an env
+    whose episodes never end cannot hang evaluation."""
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -199,25 +202,10 @@ class ExploreConfig:
         return dataclasses.replace(self, **values)
 
     def validate(self) -> None:
+        """The combination checks (each field's own range is in icrl.validation.RULES)."""
         r = self.resolve()
-        checks = [
-            (0.0 <= r.eps_start <= 1.0 and 0.0 <= r.eps_end <= 1.0, "--eps-start and --eps-end must lie in [0, 1]"),
-            (r.eps_anneal_steps >= 1, "--eps-anneal-steps must be >= 1"),
-            (r.noise_start >= 0.0 and r.noise_end >= 0.0, "--noise-start and --noise-end must be >= 0"),
-            (
-                r.eps_shape == "flat" or (r.shape_horizon is not None and r.shape_horizon >= 1),
-                f"--eps-shape {r.eps_shape} needs --shape-horizon >= 1 (the rollout length the shape is laid over)",
-            ),
-            (
-                0.0 <= r.bilevel_end_start <= 1.0 and 0.0 <= r.bilevel_end_end <= 1.0,
-                "--bilevel-end-start and --bilevel-end-end must lie in [0, 1]",
-            ),
-            (r.window_start >= 0 and r.window_end >= 0, "--window-start and --window-end must be >= 0"),
-            (r.window_eps is None or 0.0 <= r.window_eps <= 1.0, "--window-eps must lie in [0, 1]"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        if r.eps_shape != "flat" and r.shape_horizon is None:
+            raise ConfigError(f"--eps-shape {r.eps_shape} needs --shape-horizon N (the rollout length the shape is laid over)")
 
 
 @dataclass(frozen=True)
@@ -303,8 +291,14 @@ class ExperimentConfig:
     explore: ExploreConfig = field(default_factory=ExploreConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def validate(self) -> ExperimentConfig:
-        """Raise ConfigError naming the fields of the first impossible value or combination."""
+    def validate(self, check_device: bool = True) -> ExperimentConfig:
+        """Raise ConfigError naming the fields of the first impossible value or combination.
+        `check_device=False` skips whether --device exists here (a run's config read to evaluate elsewhere)."""
+        from icrl.validation import device_error, field_errors
+
+        errors = field_errors(self)  # every field's type and range first: the checks below assume them
+        if errors:
+            raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
         e, m, lo, t = self.env, self.model, self.loss, self.train
         e.kwargs  # noqa: B018 - parses the JSON, raising a clear error
         self.explore.validate()
@@ -362,6 +356,9 @@ class ExperimentConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        device = device_error(t.device) if check_device else None
+        if device is not None:
+            raise ConfigError(device)
         return self
 
     def to_json(self) -> str:
@@ -370,6 +367,8 @@ class ExperimentConfig:
     @classmethod
     def from_json(cls, text: str) -> ExperimentConfig:
         raw = json.loads(text)
+        if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+            raise ConfigError("expected a JSON object of config groups (env, model, loss, explore, train)")
         parts = {f.name: f.type for f in dataclasses.fields(cls)}
         sub = {"env": EnvConfig, "model": ModelConfig, "loss": LossConfig, "explore": ExploreConfig, "train": TrainConfig}
         kwargs = {}

@@ -31,8 +31,8 @@ def load_config(run_dir: str | Path) -> ExperimentConfig:
     path = run_dir / "config.json"
     if not path.is_file():
         raise RunDirError(f"{run_dir} has no config.json; pass a run directory written by `icrl train`")
-    try:
-        return ExperimentConfig.from_json(path.read_text(encoding="utf-8"))
+    try:  # values checked like flags: a hand-edited config.json fails here, in one line, not deep in a build
+        return ExperimentConfig.from_json(path.read_text(encoding="utf-8")).validate(check_device=False)
     except (json.JSONDecodeError, TypeError, ValueError) as e:
         raise RunDirError(f"{path} is not a valid icrl config ({e})") from e
 
@@ -104,7 +104,7 @@ def load_weights(agent: torch.nn.Module, path: Path, device: str | torch.device 
         raise RunDirError(f"cannot read weights {path}: {e}") from e
     except RuntimeError as e:  # shape mismatch
         first = str(e).strip().splitlines()[-1].strip()
-        raise RunDirError(f"weights {path} do not fit the run's config: {first}") from e
+        raise RunDirError(f"weights {path} do not fit the run's config: {first}; pick others with --checkpoint") from e
     if missing or unexpected:
         names = ", ".join(sorted([*missing, *unexpected])[:3])
         raise RunDirError(f"weights {path} do not fit the run's config (missing or unexpected: {names}...)")
@@ -203,7 +203,8 @@ def evaluate_run(
         check_env_fits(venv, run_dir, e.env)
         spec = ActionSpec.from_space(venv.single_action_space)
         collector = Collector(venv, spec, seed=derive_seed(seed, "eval-cli"))
-        stats = evaluate(agent, collector, rollouts, dev, seed=derive_seed(seed, "eval-cli", "rollouts"))
+        stats = evaluate(agent, collector, rollouts, dev, seed=derive_seed(seed, "eval-cli", "rollouts"),
+                         max_steps=e.eval_max_steps)
     finally:
         venv.close()
     return {

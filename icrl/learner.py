@@ -17,6 +17,7 @@ from torch import nn
 from icrl.agent import Agent
 from icrl.config import ExperimentConfig, LossConfig
 from icrl.distributed import Replicas
+from icrl.guards import UpdateGuard
 from icrl.losses import actor_loss, align_next, critic_loss, frozen_critic, redq_members, td_targets
 from icrl.nets.heads import q_at_action
 from icrl.nets.transformer import invalidate_weight_caches
@@ -131,6 +132,7 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
         self.generator = torch.Generator().manual_seed(t.seed)
         self.updates = 0
+        self.guard = UpdateGuard()  # skipped updates: self.guard.skipped
         self.autocast_enabled = t.dtype == "bf16"
         self.compute_loss = torch.compile(compute_loss) if t.compile else compute_loss
         self.ddp = None
@@ -173,13 +175,16 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.train.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        with torch.no_grad():
-            agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
-            ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
-            ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
-        invalidate_weight_caches()  # EMA writes through `.data`, which version counters do not see
+        # A non-finite loss or gradient applies nothing (icrl.guards). Under DDP only the all-reduced gradient
+        # norm decides, so every rank skips the same updates.
+        if self.guard.ok(grad_norm) if self.ddp is not None else self.guard.ok(loss, grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()  # the warm-up counts applied steps
+            with torch.no_grad():
+                agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
+                ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
+                ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
+            invalidate_weight_caches()  # EMA writes through `.data`, which version counters do not see
         self.updates += 1
         metrics.update(loss=loss.detach(), grad_norm=grad_norm, lr=torch.tensor(self.scheduler.get_last_lr()[0]))
         metrics["popart_mu"] = agent.popart.mu[-1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sys
 import time
 import types
@@ -20,10 +19,10 @@ from safetensors.torch import save_model
 
 from icrl.agent import Agent, AgentPolicy
 from icrl.checkpoint import (
-    find_latest_checkpoint,
     list_checkpoints,
-    load_checkpoint,
+    load_latest_checkpoint,
     save_checkpoint,
+    set_aside,
 )
 from icrl.config import ConfigError, ExperimentConfig, TrainConfig
 from icrl.data import DiskReplay, ReplayLoader, make_loader
@@ -34,10 +33,12 @@ from icrl.envs.make import task_exploration
 from icrl.envs.user import apply_env
 from icrl.exploration import Exploration
 from icrl.fileio import write_text_atomic
+from icrl.guards import assert_finite_weights
 from icrl.learner import Learner
 from icrl.metrics import MultiLogger, make_loggers, progress_bar, progress_line, say
 from icrl.offline import prepare_offline
 from icrl.plot import plot_learning_curves
+from icrl.runlock import RunLock, check_not_locked, check_run_dir_usable
 from icrl.seeding import derive_seed, seed_everything
 from icrl.spaces_json import venv_spaces_record, write_spaces
 from icrl.types import ActionSpec, EpisodeStats
@@ -103,8 +104,14 @@ def train_stats_all_ranks(episodes: list[EpisodeStats], replicas: Replicas) -> d
     return {"return_mean": ret / n if n else None, "success_rate": succ_sum / n_succ if n_succ else None}
 
 
-# Fields that may change when a run is resumed: the flag itself and how far to train.
-RESUMABLE_CHANGES = ("train.resume", "train.total_env_steps")
+# Fields that may change when a run is resumed: the flag itself, how far to train, and the run-only settings
+# that say where and how this process runs but not what it learns (the folder's spelling or location, the
+# device, threads, workers, logging, checkpoint retention). The rest is the run's learning config.
+RESUMABLE_CHANGES = (
+    "train.resume", "train.total_env_steps", "train.run_dir", "train.device", "train.threads", "train.num_workers",
+    "train.log_backends", "train.log_every", "train.keep_checkpoints", "train.compile", "env.async_envs",
+    "env.eval_max_steps",
+)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -163,16 +170,22 @@ def truncate_metrics(path: Path, epoch: int) -> int:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and int(row.get("epoch", 0)) <= epoch:
+        row_epoch = row.get("epoch", 0) if isinstance(row, dict) else None
+        if isinstance(row_epoch, int) and row_epoch <= epoch:  # anything else is a torn or foreign line
             kept.append(line)
     if len(kept) != len(lines):
         write_text_atomic(path, "".join(line + "\n" for line in kept))
     return len(lines) - len(kept)
 
 
-def evaluate(agent: Agent, collector: Collector, num_rollouts: int, device: torch.device, seed: int) -> dict:
+def evaluate(agent: Agent, collector: Collector, num_rollouts: int, device: torch.device, seed: int,
+             max_steps: int | None = None) -> dict:
+    """Greedy rollouts summarised; `max_steps` caps a rollout's length (episodes that never end)."""
     policy = AgentPolicy(agent, collector.num_envs, greedy=True, device=device)
-    _, episodes = collector.collect_rollouts(policy, num_rollouts, seed=seed)
+    _, episodes = collector.collect_rollouts(policy, num_rollouts, seed=seed, max_steps=max_steps)
+    if collector.capped_rollouts:
+        say(f"icrl: warning: evaluation stopped at {max_steps:,} steps per rollout; {collector.capped_rollouts} "
+            "rollout(s) had not ended and count as they stood (raise --eval-max-steps to let them finish)")
     return summarize_episodes(episodes)
 
 
@@ -241,7 +254,8 @@ def eval_row(agent: Agent, collector: Collector, cfg: ExperimentConfig, device: 
              env_steps: int, updates: int, start: float) -> dict:
     """The metrics row of one greedy evaluation (seeded by the epoch, so every run meets the same tasks)."""
     t5 = time.perf_counter()
-    stats = evaluate(agent, collector, cfg.env.eval_rollouts, device, seed=derive_seed(cfg.train.seed, "eval", epoch))
+    stats = evaluate(agent, collector, cfg.env.eval_rollouts, device, seed=derive_seed(cfg.train.seed, "eval", epoch),
+                     max_steps=cfg.env.eval_max_steps)
     return {"kind": "eval", "epoch": epoch, "env_steps": env_steps, "updates": updates,
             "wall_time": time.perf_counter() - start, "time/eval_s": time.perf_counter() - t5, **stats}
 
@@ -249,6 +263,7 @@ def eval_row(agent: Agent, collector: Collector, cfg: ExperimentConfig, device: 
 def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = None) -> Path:
     """Write the agent's weights (safetensors) to a temp file and rename it over `path`: readers (icrl eval,
     asynchronous collectors) see the old file or the new one, never half of one."""
+    assert_finite_weights(agent, str(path))  # a published NaN would reach every reader (icrl.guards)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     save_model(agent, str(tmp), metadata=metadata)
     os.replace(tmp, path)
@@ -292,6 +307,8 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
             f"--steps-per-epoch {t.steps_per_epoch} split over {world} processes is below --parallel-envs "
             f"{e.parallel_envs}: raise --steps-per-epoch to at least {world * e.parallel_envs}"
         )
+    check_run_dir_usable(t.run_dir)  # a file, an unwritable folder: refused before anything is built
+    check_not_locked(t.run_dir)  # another live process trains in it
     check_run_dir(cfg)  # before anything is created or written
     replicas.barrier()  # every rank has checked the run dir before any of them writes to it
     seed_everything(t.seed, replicas.rank)
@@ -307,6 +324,11 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     spec = ActionSpec.from_space(venv.single_action_space)
     relabeler = make_relabeler(t, venv)  # before the run dir exists: a wrong --relabel leaves nothing behind
     run_dir = Path(t.run_dir)  # created only once the envs exist, so a bad env name leaves nothing behind
+    # One process per run dir (icrl.runlock): the lock is taken before the first write and released by the
+    # OS if this process dies; the run dir is checked again under the lock (a run may have started meanwhile).
+    lock = RunLock.acquire(run_dir) if main else None
+    if main:
+        check_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(seed, "train-envs"))
     eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs")) if main else None
@@ -330,11 +352,13 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     )
     start_epoch, wall_offset = 0, 0.0
     if t.resume:
-        ckpt = find_latest_checkpoint(run_dir, log=say if main else None)
-        if ckpt is not None:
-            # The checkpoint holds rank 0's exploration and RNG states; the other ranks keep their own.
-            state = load_checkpoint(ckpt, agent=agent, learner=learner, collector=collector,
-                                    exploration=exploration if main else None, restore_rng=main)
+        # The newest checkpoint consistent with this run (the checks come before anything is applied); the
+        # checkpoint holds rank 0's exploration and RNG states, the other ranks keep their own.
+        found = load_latest_checkpoint(run_dir, agent=agent, log=say if main else None, learner=learner,
+                                       collector=collector, exploration=exploration if main else None,
+                                       restore_rng=main)
+        if found is not None:
+            ckpt, state = found
             start_epoch, wall_offset = int(state["epoch"]), float(state["extra"].get("wall_time", 0.0))
             saved_world = int(state["extra"].get("world_size", 1))
             if saved_world != world:  # the counter is per rank: rescale it to this run's process count
@@ -349,9 +373,9 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
             say(f"icrl: no readable checkpoint in {run_dir}; starting the run over (the replay is reused)")
         replicas.barrier()  # every rank has read the checkpoint before rank 0 prunes newer, unreadable ones
         if main:
-            for path in list_checkpoints(run_dir):  # unreadable ones newer than the one resumed from
+            for path in list_checkpoints(run_dir):  # skipped ones newer than the one resumed from
                 if int(path.name.split("-")[-1]) > start_epoch:
-                    shutil.rmtree(path, ignore_errors=True)
+                    set_aside(path)
             truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
     if main:  # one writer of the run directory
         write_text_atomic(run_dir / "config.json", cfg.to_json())
@@ -454,9 +478,14 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
                         keep=t.keep_checkpoints,
                     )
         if main and last_eval is None:  # resumed a run that had already reached its last epoch
-            stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", num_epochs))
+            stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", num_epochs),
+                             max_steps=e.eval_max_steps)
             last_eval = {"kind": "eval", "epoch": max(start_epoch, num_epochs), "env_steps": env_steps(),
                          "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
+    except BaseException:  # an error or Ctrl-C: the run dir is free again at once
+        if lock is not None:
+            lock.release()
+        raise
     finally:  # also on errors and Ctrl-C: no orphaned env processes or loader workers
         bar.stop()
         log.close()
@@ -469,7 +498,11 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     if not main:
         return {}
     assert last_eval is not None
-    finish_run(run_dir, agent, cfg, last_eval, env_steps(), learner.updates)
+    try:
+        finish_run(run_dir, agent, cfg, last_eval, env_steps(), learner.updates)
+    finally:
+        if lock is not None:
+            lock.release()
     return last_eval
 
 

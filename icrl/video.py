@@ -61,8 +61,9 @@ def record_video(
     try:
         for i in range(num_rollouts):
             step, _ = env.reset(seed=seed + i)
-            new_rollout, done = np.ones(1, bool), False
-            while not done:
+            new_rollout, done, steps = np.ones(1, bool), False, 0
+            while not done and steps < e.eval_max_steps:  # an episode that never ends is cut, as in evaluation
+                steps += 1
                 frame = env.render()
                 if not isinstance(frame, np.ndarray) or frame.ndim != 3:
                     raise ValueError(f"env {e.env!r} did not return an rgb_array frame from render()")

@@ -32,6 +32,7 @@ from typing import Literal
 import numpy as np
 
 from icrl.fileio import fsync_dir
+from icrl.guards import nonfinite_keys
 from icrl.types import Rollout
 
 Folder = Literal["fifo", "protected", "all"]
@@ -117,6 +118,9 @@ def load_rollout(path: str | os.PathLike) -> Rollout:
     missing = [name for name in _REQUIRED if name not in arrays]
     if missing:
         raise CorruptRolloutError(path, f"missing fields {missing}")
+    nonfinite = nonfinite_keys(arrays)
+    if nonfinite:  # one NaN reward or observation would poison every weight it reaches (icrl.guards)
+        raise CorruptRolloutError(path, f"non-finite values (NaN or inf) in {nonfinite}")
     try:
         return Rollout.from_arrays(arrays)
     except (ValueError, TypeError) as e:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
+from icrl.guards import first_nonfinite, nonfinite_env_error, nonfinite_keys
 from icrl.types import ActionSpec, EpisodeStats, Rollout, Timesteps
 
 
@@ -121,6 +122,7 @@ class Collector:
         self.total_env_steps = 0  # env steps taken by `collect` (all envs together)
         self.total_rollouts = 0  # rollouts finished by `collect`
         self.eval_env_steps = 0  # env steps taken by `collect_rollouts`
+        self.capped_rollouts = 0  # rollouts the last `collect_rollouts` cut at its step cap
         self._started = False
         self._next_rollout_id = 0
         # (env index, rollout id) of every rollout/chunk returned by the last collect/collect_rollouts call,
@@ -143,8 +145,28 @@ class Collector:
         self.eval_env_steps = int(state.get("eval_env_steps", 0))
         self._next_rollout_id = int(state.get("next_rollout_id", 0))
 
+    def _env_label(self, i: int) -> str:
+        """How errors name env copy i: its Gymnasium id, else its class."""
+        try:
+            spec = self.venv.get_attr("spec")[i]
+            if spec is not None:
+                return f"{spec.id!r} (copy {i})"
+            return f"{type(self.venv.envs[i].unwrapped).__name__} (copy {i})"  # SyncVectorEnv
+        except (AttributeError, IndexError, TypeError):
+            return f"copy {i}"
+
+    def _check_finite(self, obs: dict, rewards: np.ndarray | None) -> None:
+        """NaN / inf never enter a rollout (icrl.guards): one vectorised test per key and vector step."""
+        found = first_nonfinite(obs["obs"], rewards)
+        if found is not None:
+            i, key = found
+            step = len(self._buffers[i].actions) + 1 if rewards is not None else 0
+            raise nonfinite_env_error(self._env_label(i), step, key, float(rewards[i]) if key == "reward" else None)
+
     def _hard_reset(self, seed: int | None) -> None:
         obs, _ = self.venv.reset(seed=seed)
+        self._started = False
+        self._check_finite(obs, None)
         self._current = obs  # batched timestep dict, [N, ...] leaves
         self._buffers = [_Buffer(timesteps=[_index(obs, i)]) for i in range(self.num_envs)]
         self._new_rollout = np.ones(self.num_envs, dtype=bool)  # [N]
@@ -169,6 +191,7 @@ class Collector:
         if spec.kind == "continuous":
             actions = np.clip(actions, -1.0, 1.0)  # stored actions are what the env executed
         obs, rewards, terms, truncs, info = self.venv.step(actions)
+        self._check_finite(obs, rewards)
         self._current = obs
         finished: list[tuple[int, int, Rollout, bool]] = []
         stats: list[EpisodeStats] = []
@@ -182,6 +205,9 @@ class Collector:
             if done:
                 next_ts = _index_object(info["final_obs"][i])
                 step_info = info.get("final_info", {})
+                bad = nonfinite_keys(next_ts["obs"])  # an episode's final observation is not in the batch
+                if bad:
+                    raise nonfinite_env_error(self._env_label(i), len(buf.actions), bad[0])
             else:
                 next_ts = _index(obs, i)
                 step_info = info
@@ -235,18 +261,26 @@ class Collector:
         return rollouts, stats
 
     def collect_rollouts(
-        self, policy: Policy, num_rollouts: int, seed: int | None = None
+        self, policy: Policy, num_rollouts: int, seed: int | None = None, max_steps: int | None = None
     ) -> tuple[list[Rollout], list[EpisodeStats]]:
         """Evaluation: hard-reset, then return the first ceil(num_rollouts / N) whole rollouts of every env.
 
         Taking the same number from every env keeps short rollouts from being over-represented. Rollouts
         are returned whole (chunk_len does not apply); their episode stats come with them.
+        `max_steps`: when a rollout in progress reaches this many steps, collection stops and every env still
+        short of its rollouts contributes the one in progress as it stands (truncated; return so far, success
+        0 when the env reports success): an env whose episodes never end cannot hang evaluation.
+        `self.capped_rollouts` counts those rollouts (0 when the cap was not reached).
         """
         per_env = math.ceil(num_rollouts / self.num_envs)
         self._hard_reset(seed)
         kept: list[list[tuple[int, Rollout]]] = [[] for _ in range(self.num_envs)]
         all_stats: list[EpisodeStats] = []
+        self.capped_rollouts = 0
         while any(len(k) < per_env for k in kept):
+            if max_steps is not None and max(len(b.actions) for b in self._buffers) >= max_steps:
+                self._keep_unfinished(kept, per_env, all_stats)
+                break
             finished, step_stats = self._step(policy, None)
             self.eval_env_steps += self.num_envs
             all_stats.extend(step_stats)
@@ -258,6 +292,20 @@ class Collector:
         ids = set(self.last_sources)
         stats = [s for s in all_stats if (s.env_index, s.rollout_id) in ids]
         return [r for k in kept for _, r in k], stats
+
+
+    def _keep_unfinished(self, kept: list[list[tuple[int, Rollout]]], per_env: int, stats: list[EpisodeStats]) -> None:
+        """At the evaluation step cap: every env short of rollouts keeps the one in progress, truncated."""
+        reports_success = any(s.success is not None for s in stats)
+        for i, k in enumerate(kept):
+            buf, tr = self._buffers[i], self._trackers[i]
+            if len(k) >= per_env or not buf.actions:
+                continue
+            buf.truncated[-1] = True
+            k.append((tr.rollout_id, buf.to_rollout(self.action_spec)))
+            stats.append(EpisodeStats(env_index=i, rollout_id=tr.rollout_id, episode_index=tr.episode_index,
+                                      ret=tr.ret, length=tr.length, success=0.0 if reports_success else None))
+            self.capped_rollouts += 1
 
 
 def _index_object(final: Any) -> dict:

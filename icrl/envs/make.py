@@ -24,6 +24,7 @@ from icrl.envs.frozen_lake import MetaFrozenLake
 from icrl.envs.goal_grid import GoalGrid
 from icrl.envs.half_cheetah_vel import HalfCheetahVel  # imports without mujoco; building one needs it
 from icrl.envs.key_door import DarkKeyToDoor
+from icrl.envs.kwarg_errors import check_kwarg_types, explain_constructor_error
 from icrl.envs.mazerunner import MazeRunner
 from icrl.envs.metaworld_envs import make_metaworld, metaworld_env_names  # imports without metaworld
 from icrl.envs.package_delivery import PackageDelivery
@@ -109,16 +110,21 @@ def _gym_make(name: str, **kwargs: Any) -> gym.Env:
 
 
 def _call(factory: Callable[..., gym.Env], name: str, kwargs: dict) -> gym.Env:
-    """Call a factory, turning a rejected keyword into a ValueError that names it."""
+    """Call a factory, turning a rejected keyword or value into a ValueError that names it (icrl.envs.kwarg_errors)."""
+    check_kwarg_types(factory, name, kwargs)
     try:
         return factory(**kwargs)
     except TypeError as e:
         msg = str(e)
         if "keyword argument" not in msg and "positional argument" not in msg:
-            raise
+            raise explain_constructor_error(name, kwargs, e) from e
         bad = re.findall(r"keyword argument '([^']+)'", msg)
         which = f"{bad[0]!r}" if bad else f"one of {sorted(kwargs)}"
         raise ValueError(f"env {name!r} does not accept the keyword argument {which}: {msg}") from e
+    except ImportError:  # a missing optional package: its own message says what to install
+        raise
+    except (ValueError, KeyError, IndexError, AttributeError, AssertionError, ArithmeticError, MemoryError) as e:
+        raise explain_constructor_error(name, kwargs, e) from e
 
 
 def _import_module(module_name: str):

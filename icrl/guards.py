@@ -1,0 +1,122 @@
+"""Non-finite guards: NaN and inf are stopped where they enter, never trained on, never saved.
+
+Why: one NaN reward or observation reaches every weight within a few updates (through the shared encoder,
+PopArt's moments and the EMA targets), after which the run trains on to exit 0 with garbage weights. So
+values are checked at each door: env outputs as they arrive (`check_env_arrays`, an error naming the env,
+the step and the key), replay files as they are read (the storage layer skips them like corrupt files),
+each update's loss and gradient norm (`UpdateGuard`: skipped with a warning), and every weights file
+before it is written (`assert_finite_weights`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+
+class NonFiniteError(ValueError):
+    """A NaN or inf where only finite numbers may be; the message says where it came from and what to do."""
+
+
+def nonfinite_keys(arrays: Mapping[str, np.ndarray]) -> list[str]:
+    """Keys of the floating-point arrays in `arrays` that hold a NaN or an inf (integer arrays are skipped)."""
+    bad = []
+    for key, value in arrays.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            bad.append(key)
+    return bad
+
+
+def nonfinite_env_error(env: str, step: int, key: str, value: object = None) -> NonFiniteError:
+    """The error for a NaN / inf an env returned: which env, at which step of its rollout, in which key."""
+    if key == "reward":
+        return NonFiniteError(
+            f"env {env} returned a non-finite reward ({value}) at step {step} of a rollout; icrl trains only on "
+            "finite rewards: fix the env (or clip its reward) before training on it"
+        )
+    return NonFiniteError(
+        f"env {env} returned a non-finite observation (NaN or inf in key {key!r}) at step {step} of a rollout; "
+        "icrl trains only on finite observations: fix the env before training on it"
+    )
+
+
+def check_env_arrays(env: str, step: int, obs: Mapping[str, np.ndarray], reward: float | None = None) -> None:
+    """Raise NonFiniteError when one env's observation or reward at rollout step `step` is not finite."""
+    if reward is not None and not math.isfinite(reward):
+        raise nonfinite_env_error(env, step, "reward", reward)
+    bad = nonfinite_keys(obs)
+    if bad:
+        raise nonfinite_env_error(env, step, bad[0])
+
+
+def first_nonfinite(obs: Mapping[str, np.ndarray], rewards: np.ndarray | None = None) -> tuple[int, str] | None:
+    """(env index, key) of the first non-finite reward or observation in a batch of N envs ([N, ...] arrays,
+    key "reward" for `rewards`), or None. One vectorised test per key, so checking every step is cheap."""
+    if rewards is not None:
+        bad = ~np.isfinite(np.asarray(rewards, dtype=np.float64))
+        if bad.any():
+            return int(np.flatnonzero(bad)[0]), "reward"
+    for key, value in obs.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            rows = ~np.isfinite(arr.reshape(arr.shape[0], -1)).all(axis=1)
+            return int(np.flatnonzero(rows)[0]), key
+    return None
+
+
+def nonfinite_tensors(module: torch.nn.Module) -> list[str]:
+    """Names of the parameters and buffers of `module` that hold a NaN or an inf."""
+    return [
+        name for name, t in module.state_dict().items()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
+
+
+def assert_finite_weights(module: torch.nn.Module, what: str) -> None:
+    """Refuse to write `what` when any weight is not finite: a saved NaN would poison every later resume."""
+    bad = nonfinite_tensors(module)
+    if bad:
+        raise NonFiniteError(
+            f"{len(bad)} weight tensor(s) of the agent are not finite (first: {bad[0]}), so {what} was not "
+            "written; the run stopped. Resume with --resume from the last checkpoint (all of them are finite)"
+        )
+
+
+class UpdateGuard:
+    """Decides whether an update's step may be applied: its loss and gradient norm must be finite.
+
+    A skipped update applies nothing (no optimiser step, no PopArt or EMA change) and warns on the first skip
+    and every `warn_every`-th after it; `max_consecutive` skips in a row raise NonFiniteError, because then
+    the data or weights are broken and skipping would only turn the rest of the run into a no-op.
+    """
+
+    def __init__(self, warn_every: int = 100, max_consecutive: int = 100) -> None:
+        self.skipped = 0
+        self.consecutive = 0
+        self.warn_every, self.max_consecutive = warn_every, max_consecutive
+
+    def ok(self, *values: torch.Tensor) -> bool:
+        """True when every value is finite (one host sync); counts and warns about a skip otherwise."""
+        finite = bool(torch.stack([v.detach().float().reshape(()) for v in values]).isfinite().all())
+        if finite:
+            self.consecutive = 0
+            return True
+        self.skipped += 1
+        self.consecutive += 1
+        if self.consecutive >= self.max_consecutive:
+            raise NonFiniteError(
+                f"{self.consecutive} updates in a row had a non-finite loss or gradient; the run stopped before "
+                "training on broken data. Check the env's rewards and observations, lower --lr or --reward-scale, "
+                "and resume with --resume"
+            )
+        if self.skipped == 1 or self.skipped % self.warn_every == 0:
+            warnings.warn(
+                f"icrl: skipped an update with a non-finite loss or gradient ({self.skipped} so far); "
+                "nothing was applied", RuntimeWarning, stacklevel=3,
+            )
+        return False

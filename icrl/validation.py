@@ -1,0 +1,194 @@
+"""Field-level checks of an `ExperimentConfig`: types, ranges and devices, run before anything is built.
+
+Why a separate module: `ExperimentConfig.validate` keeps the checks that combine fields; this one checks every
+field on its own, so a value that cannot work (`--heads 0`, `--grad-clip -1`, `--device banana`, a string
+where config.json should hold an int) fails at parse time with one line naming the flag and what it must be,
+instead of a traceback minutes later (or a run that silently does something else, like reversed gradients).
+
+Types are checked generically from the dataclass annotations, so a field added later is type-checked (and
+its floats required finite) without an entry here; `RULES` adds the ranges of the fields that have one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any, Callable, Literal
+
+_GROUPS = ("env", "model", "loss", "explore", "train")
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a config field (`icrl train` omits the group prefixes)."""
+    return "--" + name.replace("_", "-")
+
+
+def _ge(lo: float) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v >= lo), f">= {lo}"
+
+
+def _gt(lo: float) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v > lo), f"> {lo}"
+
+
+def _in(lo: float, hi: float, *, open_hi: bool = False, open_lo: bool = False) -> tuple[Callable[[Any], bool], str]:
+    def ok(v: Any) -> bool:
+        return (lo < v if open_lo else lo <= v) and (v < hi if open_hi else v <= hi)
+
+    return ok, f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}"
+
+
+# "group.field" -> (predicate, what the value must be). None values of optional fields are not checked. Fields
+# whose range `ExperimentConfig.validate` already checks with its own message (tau, n_step, batch_size, ...) are
+# not repeated here.
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "env.rollout_horizon": _ge(1),
+    "env.eval_rollouts": _ge(1),
+    "env.eval_max_steps": _ge(1),
+    "model.d_model": _ge(1),
+    "model.layers": _ge(1),
+    "model.heads": _ge(1),
+    "model.max_time": _ge(1),
+    "model.dropout": _in(0.0, 1.0, open_hi=True),
+    "model.head_hidden": _ge(1),
+    "model.head_layers": _ge(0),
+    "loss.num_critics": _ge(1),
+    "loss.reward_scale": _gt(0.0),
+    "loss.online_coeff": _ge(0.0),
+    "loss.offline_coeff": _ge(0.0),
+    "loss.entropy_coeff": _ge(0.0),
+    "loss.critic_weight": _gt(0.0),
+    "loss.popart_beta": _in(0.0, 1.0, open_lo=True),
+    "explore.eps_start": _in(0.0, 1.0),
+    "explore.eps_end": _in(0.0, 1.0),
+    "explore.eps_anneal_steps": _ge(1),
+    "explore.shape_horizon": _ge(1),
+    "explore.bilevel_end_start": _in(0.0, 1.0),
+    "explore.bilevel_end_end": _in(0.0, 1.0),
+    "explore.window_start": _ge(0),
+    "explore.window_end": _ge(0),
+    "explore.window_eps": _in(0.0, 1.0),
+    "explore.noise_start": _ge(0.0),
+    "explore.noise_end": _ge(0.0),
+    "train.seed": _in(0, 2**63 - 1),
+    "train.total_env_steps": _ge(0),
+    "train.steps_per_epoch": _ge(1),
+    "train.lr": _gt(0.0),
+    "train.warmup_updates": _ge(0),
+    "train.weight_decay": _ge(0.0),
+    "train.grad_clip": _gt(0.0),
+    "train.replay_capacity": _ge(1),
+    "train.start_updates_after": _ge(0),
+    "train.eval_every": _ge(1),
+    "train.num_workers": _ge(0),
+    "train.threads": _ge(0),
+    "train.log_every": _ge(1),
+}
+
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if origin is tuple:
+        return f"a list of ({_type_name(typing.get_args(hint)[0])})"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "unset"}.get(
+        hint, str(hint)
+    )
+
+
+def matches(value: Any, hint: Any) -> bool:
+    """True when `value` (from the command line or config.json) is a valid value of annotation `hint`."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return any(matches(value, a) for a in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(matches(v, args[0]) for v in value)
+        return len(args) == len(value) and all(matches(v, a) for v, a in zip(value, args))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True  # an annotation this checker does not know: trust the dataclass
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, (int, float)):
+        return [value]
+    if isinstance(value, tuple):
+        return [v for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return []
+
+
+def field_errors(cfg: Any) -> list[str]:
+    """One message per field of `cfg` (an ExperimentConfig) whose value has the wrong type, is not finite
+    or is out of its range; empty when every field is fine. Devices are checked by `device_error`."""
+    errors: list[str] = []
+    for group in _GROUPS:
+        sub = getattr(cfg, group)
+        hints = typing.get_type_hints(type(sub))
+        for f in dataclasses.fields(sub):
+            value, hint = getattr(sub, f.name), hints.get(f.name, Any)
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if value == default and type(value) is type(default):  # the author's choice (even an inf)
+                pass
+            elif not matches(value, hint):
+                errors.append(f"{flag(f.name)} must be {_type_name(hint)}, got {value!r}")
+                continue
+            elif any(isinstance(v, float) and not math.isfinite(v) for v in _numbers(value)):
+                errors.append(f"{flag(f.name)} must be a finite number, got {value!r}")
+                continue
+            rule = RULES.get(f"{group}.{f.name}")
+            if rule is not None and value is not None and not rule[0](value):
+                errors.append(f"{flag(f.name)} must be {rule[1]}, got {value!r}")
+    if not isinstance(cfg.env.env, str) or not cfg.env.env.strip():
+        errors.append("--env must name a task (see `icrl envs`), got an empty string")
+    if isinstance(cfg.train.run_dir, str) and not cfg.train.run_dir.strip():
+        errors.append("--run-dir must name a folder, got an empty string")
+    return errors
+
+
+def device_error(name: str) -> str | None:
+    """Why `name` cannot be used as the run's device (unknown, or CUDA / that GPU absent), or None.
+
+    `auto` and `cpu` need no torch import; anything else is parsed by torch and checked against the devices
+    this machine has, so `--device cuda` on a CPU-only machine fails at parse time, not after building envs.
+    """
+    if name in ("auto", "cpu"):
+        return None
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        return f"--device {name!r} is not a torch device; use auto, cpu, cuda or cuda:N"
+    if dev.type == "cpu":
+        return None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"--device {name}: this machine (or torch build) has no usable CUDA device; use --device cpu or auto"
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            return f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here (cuda:0 ..); pick one of them"
+        return None
+    if dev.type == "mps":
+        ok = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+        return None if ok else f"--device {name}: MPS is not available here; use --device cpu or auto"
+    return f"--device {name!r}: icrl runs on cpu, cuda or mps devices; use --device auto"
