@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from icrl.config import EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
 from icrl.data import list_rollout_files, load_rollout
 from icrl.metrics import read_metrics
-from icrl.train import train
+from icrl.train import train, with_task_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,9 @@ def test_different_seed_different_data(runs):
 def test_run_dir_contents(runs):
     run = runs["a"]
     cfg = ExperimentConfig.from_json((run / "config.json").read_text())
-    assert cfg == tiny_config(run, 3)
+    # config.json records what ran: the config with its exploration resolved (task recommendation, defaults)
+    assert cfg == with_task_defaults(tiny_config(run, 3))
+    assert all(getattr(cfg.explore, f) is not None for f in EXPLORE_DEFAULTS if f not in ("shape_horizon", "window_eps"))
     assert (run / "agent.safetensors").stat().st_size > 0
     assert (run / "learning_curve.png").stat().st_size > 0
 

@@ -263,4 +263,9 @@ def task_exploration(name: str, env_kwargs: dict[str, Any] | None = None, factor
         except ValueError:
             factory = None
     hook = getattr(factory, "recommended_exploration", None)
-    return dict(hook(**dict(env_kwargs or {}))) if callable(hook) else {}
+    if not callable(hook):
+        return {}
+    try:
+        return dict(hook(**dict(env_kwargs or {})))
+    except Exception:  # noqa: BLE001 - advisory only: building the env reports a bad kwarg in one clear line
+        return {}
