@@ -111,6 +111,7 @@ def test_unset_fields_take_the_task_recommendation_then_the_defaults():
     assert rec["train_actions"] == "argmax" and rec["eps_shape"] == "window" and rec["shape_horizon"] == 100
     assert task_exploration("tmaze_active", {"length": 10})["shape_horizon"] == 11  # one step more: the cue
     assert task_exploration("cue_recall", {}) == {} and task_exploration("CartPole-v1", {}) == {}
+    assert task_exploration("tmaze", {"length": "abc"}) == {}  # advisory: building the env reports the bad kwarg
     cfg = with_task_defaults(ExperimentConfig(env=EnvConfig(env="tmaze", env_kwargs='{"length": 100}')))
     assert cfg.explore.train_actions == "argmax" and cfg.explore.window_eps == pytest.approx(0.005)
     # a field the user sets wins over the task's recommendation; task_recommendation=False ignores it
