@@ -253,8 +253,12 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = [n for n in TASKS if any(r["task"] == n for r in runs)]
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names):
         for r in (r for r in runs if r["task"] == name):
             xs = [c["env_steps"] for c in r["curve"]]
             ys = [c["return"] for c in r["curve"]]
