@@ -98,7 +98,7 @@ def popgym_config(name: str) -> ExperimentConfig:
     length = popgym_episode_length(name)
     return ExperimentConfig(
         env=EnvConfig(env=name, parallel_envs=8, eval_rollouts=16),
-        model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=min(256, length + 2) if length else 256),
+        model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=min(256, length + 1) if length else 256),
         train=TrainConfig(steps_per_epoch=1000, updates_per_epoch=200),
     )
 
@@ -109,7 +109,7 @@ def meta_frozen_lake_config() -> ExperimentConfig:
         env=EnvConfig(env="meta_frozen_lake", episodes_per_rollout=3, parallel_envs=8, eval_rollouts=16),
         model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=256),
         loss=LossConfig(entropy_coeff=0.02),
-        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=20_000),
+        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=2_500),  # per env: 20,000 env steps of the 8
         train=TrainConfig(steps_per_epoch=1000, updates_per_epoch=200),
     )
 
@@ -119,7 +119,7 @@ def dark_key_door_config() -> ExperimentConfig:
     return ExperimentConfig(
         env=EnvConfig(env="dark_key_door", rollout_horizon=500, parallel_envs=8, eval_rollouts=16),
         model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=512, max_time=4096),
-        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=50_000),
+        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=6_250),  # per env: 50,000 env steps of the 8
         train=TrainConfig(steps_per_epoch=1000, updates_per_epoch=200),
     )
 

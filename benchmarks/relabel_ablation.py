@@ -55,7 +55,7 @@ def task_config(task: str) -> ExperimentConfig:
         env=EnvConfig(env=task, env_kwargs=json.dumps(kwargs), parallel_envs=8, eval_rollouts=32),
         model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=seq_len, head_hidden=64),
         loss=LossConfig(entropy_coeff=0.02),
-        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=4000),
+        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=500),  # per env: 4,000 env steps of the 8
         train=TrainConfig(steps_per_epoch=200, updates_per_epoch=40, batch_size=batch, warmup_updates=50),
     )
 
