@@ -34,6 +34,7 @@ from icrl.distributed import init_replicas
 from icrl.envs import Collector, RandomPolicy, make_vector_env
 from icrl.learner import Learner
 from icrl.seeding import derive_seed, seed_everything
+from icrl.train import training_window
 from icrl.types import ActionSpec
 
 RESULTS = Path(__file__).parent / "results"
@@ -69,7 +70,7 @@ def worker(args: argparse.Namespace) -> None:
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(replicas.device)
     venv.close()
     learner = Learner(agent, cfg, replicas.device, replicas)
-    loader = make_loader(args.replay, batch_size=cfg.train.batch_size, max_seq_len=cfg.model.max_seq_len,
+    loader = make_loader(args.replay, batch_size=cfg.train.batch_size, max_seq_len=training_window(cfg),
                          action_spec=spec, seed=derive_seed(replicas.rank_seed(0), "loader"))
     batches = [next(loader) for _ in range(8)]  # sampling is not what is timed: cycle through these
     for i in range(args.warmup):

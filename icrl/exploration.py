@@ -55,11 +55,15 @@ class Exploration:
         self.scale = scale
         self.rng.bit_generator.state = state["rng"]
 
+    def steps_per_env(self, env_steps: int) -> int:
+        """Steps of each env copy after `env_steps` steps of this collector (the copies step in lockstep)."""
+        return env_steps // max(self.num_envs, 1)
+
     def level(self, env_steps: int) -> float:
         """The annealed ε (discrete) or noise std (continuous) at the start of a rollout, before the per-env
         scale, after `env_steps` steps of this collector (all its env copies together)."""
         c = self.cfg
-        n = env_steps // max(self.num_envs, 1)  # steps of each env copy (they step in lockstep)
+        n = self.steps_per_env(env_steps)
         if self.spec.kind == "continuous":
             return linear_schedule(c.noise_start, c.noise_end, c.eps_anneal_steps, n)
         return linear_schedule(c.eps_start, c.eps_end, c.eps_anneal_steps, n)
@@ -70,8 +74,8 @@ class Exploration:
         start = self.level(env_steps)
         t = np.asarray(time, dtype=np.float64)
         if c.eps_shape == "bilevel":
-            n = env_steps // max(self.num_envs, 1)
-            end = linear_schedule(c.bilevel_end_start, c.bilevel_end_end, c.eps_anneal_steps, n)
+            end = linear_schedule(c.bilevel_end_start, c.bilevel_end_end, c.eps_anneal_steps,
+                                  self.steps_per_env(env_steps))
             frac = np.clip(t / c.shape_horizon, 0.0, 1.0)
             return self.scale * (start + frac * (end - start))
         level = self.scale * start
