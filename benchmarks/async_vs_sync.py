@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from icrl.metrics import read_metrics
+from icrl.run.loggers import read_metrics
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -1,4 +1,4 @@
-"""Learner throughput of data-parallel training: 1 process vs N processes (torchrun, icrl.distributed).
+"""Learner throughput of data-parallel training: 1 process vs N processes (torchrun, icrl.run.distributed).
 
 Fills a DiskReplay with random-policy Passive T-Maze rollouts once, then times `Learner.update` on batches
 from it (make_loader, in-process) in 1 process (no launcher: the plain single-process learner) and under
@@ -27,14 +27,14 @@ from pathlib import Path
 
 import torch
 
-from icrl.agent import Agent
+from icrl.agent.learner import Learner
+from icrl.agent.model import Agent
 from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig
 from icrl.data import DiskReplay, make_loader
-from icrl.distributed import init_replicas
 from icrl.envs import Collector, RandomPolicy, make_vector_env
-from icrl.learner import Learner
+from icrl.run.distributed import init_replicas
+from icrl.run.loop import training_window
 from icrl.seeding import derive_seed, seed_everything
-from icrl.train import training_window
 from icrl.types import ActionSpec
 
 RESULTS = Path(__file__).parent / "results"

@@ -10,7 +10,7 @@ Suites (several may be given to `--suite`):
                     a rollout is the in-context-learning curve.
   dark_key_door     Dark Key-To-Door with 500-step rollouts (about ten 50-step episodes of one room).
 
-Every run is one `icrl.train.train(cfg)` with `cfg` built by the plain functions below (`tmaze_config`,
+Every run is one `icrl.run.loop.train(cfg)` with `cfg` built by the plain functions below (`tmaze_config`,
 `popgym_config`, `meta_frozen_lake_config`, `dark_key_door_config`), its budget set to `--steps` env steps;
 runs go to `<run-root>/<suite>/<name>_seed<k>` (an old run of the same name is deleted first).
 
@@ -83,7 +83,7 @@ def tmaze_config(length: int) -> ExperimentConfig:
 
 def popgym_episode_length(name: str) -> int | None:
     """The task's `max_episode_length` when the POPGym class declares one (e.g. 51 for RepeatFirstEasy)."""
-    from icrl.envs.popgym_envs import popgym_env_classes
+    from icrl.envs.tasks.popgym_envs import popgym_env_classes
 
     cls = popgym_env_classes().get(name.split("/", 1)[-1])
     try:
@@ -177,8 +177,8 @@ def _mean(xs: list[float | None]) -> float | None:
 def run_one(
     suite: str, name: str, about: dict, cfg: ExperimentConfig, seed: int, args: argparse.Namespace
 ) -> dict:
-    from icrl.metrics import read_metrics
-    from icrl.train import train
+    from icrl.run.loggers import read_metrics
+    from icrl.run.loop import train
 
     run_dir = Path(args.run_root) / suite / f"{name}_seed{seed}"
     if run_dir.exists():
@@ -271,7 +271,7 @@ def plot_suites(out: Path, runs: list[dict], summary: dict[str, dict]) -> dict[s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from icrl.plot import plot_learning_curves
+    from icrl.run.plot import plot_learning_curves
 
     written: dict[str, str] = {}
 

@@ -41,14 +41,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from icrl.agent import Agent, AgentPolicy
+from icrl.agent.exploration import Exploration
+from icrl.agent.learner import Learner
+from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env, make_wrapped_env
-from icrl.exploration import Exploration
-from icrl.learner import Learner
+from icrl.nets.popart import ema_update_
 from icrl.nets.transformer import invalidate_weight_caches
-from icrl.targets import ema_update_
 from icrl.types import ActionSpec, Rollout, Timesteps
 
 RESULTS = Path(__file__).parent / "results"
@@ -191,7 +191,7 @@ def build(args: argparse.Namespace, device: torch.device):
 
 # ----------------------------------------------------------------------------------------------- learner
 def update_with_breakdown(learner: Learner, batch, device: torch.device) -> dict[str, float]:
-    """`Learner.update`'s steps with timers between them (same calls, same order as icrl/learner.py)."""
+    """`Learner.update`'s steps with timers between them (same calls, same order as icrl/agent/learner.py)."""
     agent, cfg = learner.agent, learner.cfg
     sync(device)
     t0 = time.perf_counter()
@@ -365,7 +365,7 @@ class RecomputePolicy:
 
     @torch.inference_mode()
     def act(self, ts: Timesteps, new_rollout: np.ndarray) -> np.ndarray:
-        from icrl.agent import vector_to_storage
+        from icrl.agent.model import vector_to_storage
 
         agent = self.agent
         if agent.training:  # the same mode contract as AgentPolicy: eval while acting, the learner restores

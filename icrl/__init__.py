@@ -19,6 +19,6 @@ __all__ = ["InContextPolicy", "load", "train"]
 def __getattr__(name: str) -> Any:
     if name in ("load", "InContextPolicy"):
         return getattr(importlib.import_module("icrl.policy"), name)
-    if name == "train":  # the module icrl.train is callable: icrl.train(cfg, env=...) runs icrl.train.train
-        return importlib.import_module("icrl.train")
+    if name == "train":
+        return importlib.import_module("icrl.run.loop").train
     raise AttributeError(f"module 'icrl' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """`icrl` command line: `icrl train ...`, `icrl eval RUN_DIR`, `icrl envs`, `icrl plot RUN_DIR ...`, and the
-asynchronous pair `icrl learn RUN_DIR ...` / `icrl collect RUN_DIR ...` (icrl.async_mode).
+asynchronous pair `icrl learn RUN_DIR ...` / `icrl collect RUN_DIR ...` (icrl.asynchronous.collect).
 
 Flags of `icrl train` are the fields of `ExperimentConfig` (tyro), without their group prefixes:
 `--env`, `--d-model`, `--seed`... A config, env or run-dir error prints one line `icrl: error: ...` on
@@ -161,8 +161,8 @@ def _run_stoppable(fn, *args) -> None:
     """Run `fn`, turning SIGINT / SIGTERM into a one-line stop with the resume hint (exit 130 / 143) and the
     errors bad input causes (configs, env names and kwargs, run dirs, checkpoints, files) into one line, exit 2.
     Checkpoints and rollouts on disk are written atomically, so a stop at any moment loses nothing."""
-    from icrl.checkpoint import CheckpointError
     from icrl.config import ConfigError
+    from icrl.run.checkpoint import CheckpointError
 
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
@@ -180,7 +180,7 @@ def _run_stoppable(fn, *args) -> None:
 
 def _train(argv: list[str]) -> None:
     cfg = _parse_config(argv, "icrl train", "Train an agent.")
-    from icrl.train import train
+    from icrl.run.loop import train
 
     _run_stoppable(train, cfg)
 
@@ -208,10 +208,10 @@ def _learn(argv: list[str]) -> None:
                         "Asynchronous learner: trains on the rollouts `icrl collect` processes store in RUN_DIR. "
                         "--utd R: at most R updates per env step stored (default: updates-per-epoch / "
                         "steps-per-epoch); --publish-every N: publish weights every N updates.")
-    from icrl.async_learner import learn
-    from icrl.async_mode import StopFlag
-    from icrl.checkpoint import CheckpointError
+    from icrl.asynchronous.collect import StopFlag
+    from icrl.asynchronous.learn import learn
     from icrl.config import ConfigError
+    from icrl.run.checkpoint import CheckpointError
 
     try:
         learn(cfg, utd=utd_value, publish_every=publish_value, stop=StopFlag())
@@ -239,7 +239,7 @@ def _collect(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     _check_ranges(parser, {"--collector-id": (args.collector_id, 0), "--max-env-steps": (args.max_env_steps, 1),
                            "--wait": (args.wait, 0), "--max-lead": (args.max_lead, 0)})
-    from icrl.async_mode import StopFlag, collect
+    from icrl.asynchronous.collect import StopFlag, collect
     from icrl.config import ConfigError
 
     try:
@@ -266,7 +266,7 @@ def _export_minari(argv: list[str]) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset with this id")
     _add_env_flags(parser)  # only runs without spaces.json build their env
     args = parser.parse_args(argv)
-    from icrl.offline import export_run
+    from icrl.data.offline import export_run
 
     try:
         path, episodes, steps = export_run(args.run_dir, args.dataset_id, folder=args.folder, overwrite=args.overwrite,
@@ -328,8 +328,8 @@ def _eval(argv: list[str]) -> None:
 
     import torch
 
-    from icrl.evaluation import eval_table, evaluate_run, load_config, write_eval
-    from icrl.metrics import console
+    from icrl.run.evaluate import eval_table, evaluate_run, load_config, write_eval
+    from icrl.run.loggers import console
 
     try:
         threads = load_config(args.run_dir).train.threads
@@ -344,7 +344,7 @@ def _eval(argv: list[str]) -> None:
         console.print(table)
     print(write_eval(args.run_dir, result))
     if args.video:
-        from icrl.video import record_video
+        from icrl.run.video import record_video
 
         try:
             print(record_video(args.run_dir, args.video, checkpoint=args.checkpoint, override=_override(args)))
@@ -355,7 +355,7 @@ def _eval(argv: list[str]) -> None:
 def _plot(argv: list[str]) -> None:
     from pathlib import Path
 
-    from icrl.plot import X_AXES, adaptation_path, plot_adaptation, plot_learning_curves
+    from icrl.run.plot import X_AXES, adaptation_path, plot_adaptation, plot_learning_curves
 
     parser = _ArgumentParser(prog="icrl plot")
     parser.add_argument("run_dirs", nargs="+")

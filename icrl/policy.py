@@ -28,10 +28,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from icrl.agent import AgentPolicy
+from icrl.agent.model import AgentPolicy
 from icrl.config import ExperimentConfig
 from icrl.envs.wrapper import action_to_vector, agent_to_env_action
-from icrl.evaluation import RunDirError, build_agent, load_config, load_weights, resolve_weights
+from icrl.run.evaluate import RunDirError, build_agent, load_config, load_weights, resolve_weights
 from icrl.spaces_json import SPACES_FILE, read_spaces, read_spaces_record, spaces_wrapper
 from icrl.types import Timesteps
 
@@ -257,7 +257,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
         from icrl.envs.user import env_spaces
 
         spaces = env_spaces(env, cfg.env.kwargs)
-    from icrl.train import resolve_device
+    from icrl.run.loop import resolve_device
 
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
     agent, _ = build_agent(cfg, dev, spaces)

@@ -24,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 
-from icrl.envs.instruction import InstructionProgress
+from icrl.envs.tasks.instruction import InstructionProgress
 from icrl.types import Rollout
 
 GOAL_KEY = "goal"

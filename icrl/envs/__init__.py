@@ -2,7 +2,7 @@
 
 from icrl.envs.collect import Collector, Policy, RandomPolicy
 from icrl.envs.make import BUILTIN_ENVS, make_env, make_vector_env, make_wrapped_env
-from icrl.envs.tmaze import TMaze
+from icrl.envs.tasks.tmaze import TMaze
 from icrl.envs.wrapper import TimestepWrapper, action_to_vector, agent_action_space, agent_to_env_action
 
 __all__ = [

@@ -18,19 +18,22 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import gymnasium as gym
 
-from icrl.envs.babyai import babyai_env_names, make_babyai  # imports without minigrid; building one needs it
-from icrl.envs.crafter_env import CrafterEnv  # imports without crafter; building one needs it
-from icrl.envs.frozen_lake import MetaFrozenLake
-from icrl.envs.goal_grid import GoalGrid
-from icrl.envs.half_cheetah_vel import HalfCheetahVel  # imports without mujoco; building one needs it
-from icrl.envs.key_door import DarkKeyToDoor
 from icrl.envs.kwarg_errors import check_kwarg_types, explain_constructor_error
-from icrl.envs.mazerunner import MazeRunner
-from icrl.envs.metaworld_envs import make_metaworld, metaworld_env_names  # imports without metaworld
-from icrl.envs.package_delivery import PackageDelivery
-from icrl.envs.popgym_envs import popgym_builtin_envs
-from icrl.envs.recall import CueRecall
-from icrl.envs.tmaze import TMaze, TMazeActive
+from icrl.envs.tasks.babyai import (  # imports without minigrid; building one needs it
+    babyai_env_names,
+    make_babyai,
+)
+from icrl.envs.tasks.crafter_env import CrafterEnv  # imports without crafter; building one needs it
+from icrl.envs.tasks.frozen_lake import MetaFrozenLake
+from icrl.envs.tasks.goal_grid import GoalGrid
+from icrl.envs.tasks.half_cheetah_vel import HalfCheetahVel  # imports without mujoco; building one needs it
+from icrl.envs.tasks.key_door import DarkKeyToDoor
+from icrl.envs.tasks.mazerunner import MazeRunner
+from icrl.envs.tasks.metaworld_envs import make_metaworld, metaworld_env_names  # imports without metaworld
+from icrl.envs.tasks.package_delivery import PackageDelivery
+from icrl.envs.tasks.popgym_envs import popgym_builtin_envs
+from icrl.envs.tasks.recall import CueRecall
+from icrl.envs.tasks.tmaze import TMaze, TMazeActive
 from icrl.envs.wrapper import TimestepWrapper
 
 # Name -> factory(**env_kwargs). Other modules may add their tasks here.

@@ -4,7 +4,7 @@ Both heads produce one output per discount g (G in all): the actor one policy π
 critic C ensemble members × G discounts. The ensemble is evaluated as one batched matmul per layer
 (weights [C, in, out]), never a Python loop over members or discounts.
 
-Critic outputs live in PopArt-normalised space; `Critic.rescale_output_` lets `icrl.targets.PopArt`
+Critic outputs live in PopArt-normalised space; `Critic.rescale_output_` lets `icrl.nets.popart.PopArt`
 change its statistics without changing the unnormalised values (the output layer is affine in its
 weights, so rescaling it per discount is exact).
 """

@@ -39,7 +39,7 @@ PosEmb = Literal["learned", "sinusoidal", "none"]
 # Fused optimisers (AdamW(fused=True), the Learner's) update parameters *without* bumping their version
 # counters, so the key also holds a process-wide generation that every optimiser step bumps (a global
 # optimiser post-step hook). What neither catches: in-place edits through `.data`; call
-# `invalidate_weight_caches()` after those (icrl.learner.Learner does after every update).
+# `invalidate_weight_caches()` after those (icrl.agent.learner.Learner does after every update).
 _WEIGHT_GENERATION = [0]
 
 

@@ -1,0 +1,203 @@
+"""One learning update (DESIGN §4): a single encoder pass, critic + actor losses, one optimiser step, EMA.
+
+`compute_loss` reads as the method:
+    s_t          = encoder(timesteps)                                   # [B, L, d], one pass
+    y_{t,g}      = R r_t + γ_g (1 - term_t) · min_{2 of C} Q̄_g(s_{t+1}, a' ~ π̄_g)
+    critic loss  = mean (Q_{c,g}(s_t, a_t) - y_{t,g})²   (PopArt-normalised, masked) × critic_weight
+    actor loss   = online · -Q(sg(s_t), a ~ π_g(s_t)) + offline · -1[A > 0] log π_g(a_t | s_t)
+Gradient routing: critic parameters see only the critic loss; the actor loss reads the critic as a frozen
+function of a detached state, so it reaches the encoder only through the actor head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from icrl.agent.losses import actor_loss, align_next, critic_loss, frozen_critic, redq_members, td_targets
+from icrl.agent.model import Agent
+from icrl.config import ExperimentConfig, LossConfig
+from icrl.guards import UpdateGuard
+from icrl.nets.heads import q_at_action
+from icrl.nets.popart import ema_update_
+from icrl.nets.transformer import invalidate_weight_caches
+from icrl.run.distributed import Replicas
+from icrl.types import Batch
+
+
+def compute_loss(
+    agent: Agent, batch: Batch, cfg: LossConfig, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Returns (loss, metrics, y, valid): the unnormalised targets [B, L, G] and their mask feed PopArt."""
+    discrete = agent.spec.kind == "discrete"
+    s = agent(batch.inputs)  # [B, L, d]
+    G = agent.gammas.numel()
+    valid = batch.has_action & align_next(batch.mask)  # [B, L]: transition t -> t+1 inside the window
+    action = batch.action.unsqueeze(-2).expand(*batch.action.shape[:-1], G, batch.action.shape[-1])  # [B, L, G, A]
+
+    with torch.no_grad():  # TD targets from the EMA heads on the online encoder's states
+        s_next = s.detach()
+        target_dist = agent.target_actor(s_next)  # batch [B, L, G]
+        # REDQ: only the random subset of target critics whose min is the target is evaluated
+        members = redq_members(agent.target_critic.num_critics, cfg.redq_subset, generator)
+        if discrete:
+            q_next = agent.target_critic(s_next, members=members)  # [B, L, k, G, A] normalised
+            q_next = agent.popart.denormalize(q_next.transpose(-1, -2)).transpose(-1, -2)
+            v_next = (target_dist.probs.unsqueeze(-3) * q_next).sum(-1)  # [B, L, k, G]: exact E_{a'~π̄}
+        else:
+            q_next = agent.target_critic(s_next, target_dist.sample(), members=members)  # [B, L, k, G]
+            v_next = agent.popart.denormalize(q_next)
+        v_next = v_next.amin(-2)  # [B, L, G]
+        y = td_targets(
+            batch.reward, batch.terminated, valid, align_next(v_next), agent.gammas, cfg.reward_scale, cfg.n_step
+        )  # [B, L, G]
+        y_norm = agent.popart.normalize(y)
+
+    if discrete:
+        q_all = agent.critic(s)  # [B, L, C, G, A]
+        q_sa = q_at_action(q_all, action)  # [B, L, C, G]
+    else:
+        q_all = None
+        q_sa = agent.critic(s, action)  # [B, L, C, G]
+    loss_c, metrics = critic_loss(q_sa, y_norm, valid)
+
+    dist = agent.actor(s)  # batch [B, L, G]; the actor's gradient reaches the encoder through here
+    loss_a, actor_metrics = actor_loss(
+        dist,
+        action,
+        batch.has_action & batch.mask,
+        q_all=q_all,
+        q_fn=None if discrete else frozen_critic(agent.critic, s),
+        online_coeff=cfg.online_coeff,
+        offline_coeff=cfg.offline_coeff,
+        bc_filter=cfg.bc_filter,
+        entropy_coeff=cfg.entropy_coeff,
+    )
+    metrics.update(actor_metrics)
+    with torch.no_grad():
+        m = valid.unsqueeze(-1)
+        metrics["target_mean"] = (y * m).sum() / (m.sum() * G).clamp_min(1)
+    return cfg.critic_weight * loss_c + loss_a, metrics, y, valid
+
+
+def is_weight_matrix(name: str, p: torch.Tensor) -> bool:
+    """Decay weight matrices only: norms, biases, embeddings and σReparam scales are left alone."""
+    parts = name.split(".")
+    if any(part.startswith("w_") for part in parts):  # the critic ensemble's [C, in, out] weights
+        return True
+    return parts[-1].startswith("weight") and p.ndim >= 2 and "emb" not in name
+
+
+def param_groups(agent: Agent, weight_decay: float) -> list[dict]:
+    keep = {id(p) for p in agent.online_parameters()}
+    named = [(n, p) for n, p in agent.named_parameters() if id(p) in keep]
+    decay = [p for n, p in named if is_weight_matrix(n, p)]
+    no_decay = [p for n, p in named if not is_weight_matrix(n, p)]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class LossModule(nn.Module):
+    """`compute_loss` as a module's forward, so DistributedDataParallel can wrap it: DDP averages the
+    gradients of the parameters used in its own forward call, and the loss reaches the agent's parts
+    (encoder, heads, targets) directly rather than through `Agent.forward`."""
+
+    def __init__(self, agent: Agent, loss_fn, cfg: LossConfig) -> None:
+        super().__init__()
+        self.agent, self.loss_fn, self.cfg = agent, loss_fn, cfg
+
+    def forward(self, batch: Batch, generator: torch.Generator | None):
+        return self.loss_fn(self.agent, batch, self.cfg, generator)
+
+
+class Learner:
+    """Owns the optimiser, the warm-up schedule and the REDQ generator of one agent.
+
+    `TrainConfig.dtype == "bf16"` runs the forward pass and the losses under torch.autocast(bfloat16); the
+    backward pass follows the forward's dtypes, and parameters, gradients and AdamW stay float32.
+    `TrainConfig.compile` wraps `compute_loss` in torch.compile.
+
+    Data parallel (`replicas` of world size > 1, see icrl.run.distributed): the loss runs inside DDP, which
+    averages gradients over the ranks, and the batch statistics (observation RunningNorm, PopArt) are
+    updated from every rank's rows, so all ranks keep identical weights and buffers.
+    """
+
+    def __init__(
+        self, agent: Agent, cfg: ExperimentConfig, device: torch.device, replicas: Replicas | None = None
+    ) -> None:
+        self.agent, self.cfg, self.device = agent, cfg, device
+        t = cfg.train
+        self.replicas = replicas if replicas is not None and replicas.world_size > 1 else None
+        self.optimizer = torch.optim.AdamW(param_groups(agent, t.weight_decay), lr=t.lr, fused=True)
+        warmup = max(t.warmup_updates, 1)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
+        self.generator = torch.Generator().manual_seed(t.seed)
+        self.updates = 0
+        self.guard = UpdateGuard()  # skipped updates: self.guard.skipped
+        self.autocast_enabled = t.dtype == "bf16"
+        self.compute_loss = torch.compile(compute_loss) if t.compile else compute_loss
+        self.ddp = None
+        if self.replicas is not None:
+            # Rank 0's initial weights and buffers on every rank (in place: the optimiser's parameters stay
+            # the same objects), then DDP for the gradients.
+            self.replicas.broadcast_(agent)
+            self.ddp = self.replicas.wrap(LossModule(agent, self.compute_loss, cfg.loss))
+
+    def state_dict(self) -> dict:
+        """Optimiser and scheduler state dicts (tensors, for a weights-only file), the update counter and
+        the REDQ generator state (a list of ints, for JSON)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "updates": self.updates,
+            "generator": self.generator.get_state().tolist(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = int(state["updates"])
+        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One gradient step. Metrics stay tensors (no host sync); the caller logs the ones it keeps."""
+        agent, cfg = self.agent, self.cfg
+        agent.train()  # acting (AgentPolicy) leaves the agent in eval mode
+        batch = batch.to(self.device, non_blocking=True)
+        if self.ddp is None:
+            agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
+                loss, metrics, y, valid = self.compute_loss(agent, batch, cfg.loss, self.generator)
+        else:
+            length = self._update_normalization_all_ranks(batch)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
+                loss, metrics, y, valid = self.ddp(batch, self.generator)
+            y, valid = self.replicas.gather_padded(y.float(), valid, length)  # [N*B, L, G]: every rank's targets
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.train.grad_clip)
+        # A non-finite loss or gradient applies nothing (icrl.guards). Under DDP only the all-reduced gradient
+        # norm decides, so every rank skips the same updates.
+        if self.guard.ok(grad_norm) if self.ddp is not None else self.guard.ok(loss, grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()  # the warm-up counts applied steps
+            with torch.no_grad():
+                agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
+                ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
+                ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
+            invalidate_weight_caches()  # EMA writes through `.data`, which version counters do not see
+        self.updates += 1
+        metrics.update(loss=loss.detach(), grad_norm=grad_norm, lr=torch.tensor(self.scheduler.get_last_lr()[0]))
+        metrics["popart_mu"] = agent.popart.mu[-1]
+        metrics["popart_sigma"] = agent.popart.sigma[-1]
+        return metrics
+
+    @torch.no_grad()
+    def _update_normalization_all_ranks(self, batch: Batch) -> int:
+        """`TimestepEncoder.update_normalization` fed with the real timesteps of every rank's batch; returns
+        the longest batch length over the ranks (for gathering PopArt's targets after the step)."""
+        enc = self.agent.tstep_encoder
+        rows = enc.vector_obs(batch.inputs)[batch.mask.bool()] if enc.obs_norm is not None else None  # [N, D]
+        max_rows, length = self.replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
+        if rows is not None:
+            enc.obs_norm.update(self.replicas.gather_rows(rows, max_rows))
+        return length

@@ -1,0 +1,201 @@
+"""Passive T-Maze (Ni et al. 2023, "When do Transformers shine in RL?"; used by AMAGO, DESIGN §9).
+
+A pure memory test: the goal (up or down) is shown only in the very first observation; the agent must walk
+`length` cells right along a featureless corridor and, at the junction, recall that one bit. Credit
+assignment is trivial (walking right is always right), so the task isolates recall over `length` steps.
+
+Layout: cells 0 .. length-1 are the corridor, cell `length` is the junction. Start in cell 0.
+
+Active T-Maze (`TMazeActive`, also from Ni et al. 2023): the cue is not shown for free. It is visible only
+while the agent stands on the cue cell 0, and the agent starts one step to its right (cell 1), so it must
+first walk LEFT to read the cue, then walk the corridor and choose - exploration for information, then
+recall. Both variants share one implementation; they differ in start cell, when the cue is visible, and
+which direction counts as progress.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from icrl.envs.tasks.grid import RenderModes
+
+UP, DOWN, LEFT, RIGHT = 0, 1, 2, 3
+
+
+class TMaze(RenderModes, gym.Env):
+    """Passive T-Maze with observation `[cue_up, cue_down, in_corridor, at_junction]` (float32).
+
+    Rewards: +1 for choosing the cued end at the junction, 0 for the other end, and `-1/horizon` for every
+    step that does not move the agent forward (bumping a wall, moving left, up/down in the corridor,
+    right at the junction). With the default horizon `length + 1` only the optimal path (right × length,
+    then the cued direction) finishes in time, and its return is exactly 1.0.
+    The goal is a hidden task parameter: `reset(options={"new_task": False})` keeps it (meta-RL rollouts).
+    """
+
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+
+    def __init__(self, length: int = 10, horizon: int | None = None, render_mode: str | None = None):
+        if int(length) < 1:
+            raise ValueError(f"TMaze length must be >= 1, got {length}")
+        self.length = int(length)
+        optimal = self.optimal_steps
+        self.horizon = optimal if horizon is None else int(horizon)
+        if self.horizon < optimal:
+            raise ValueError(
+                f"{type(self).__name__} horizon {self.horizon} is shorter than the optimal path "
+                f"({optimal} steps)"
+            )
+        self.penalty = 1.0 / self.horizon
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (4,), np.float32)
+        self.action_space = gym.spaces.Discrete(4)
+        self.goal_up = True
+        self._pos = self.start_pos
+        self._t = 0
+        self._seen_cue = False
+
+    # ---------------------------------------------------------------- what the variants override
+    start_pos = 0  # the cell the agent starts in
+
+    @property
+    def optimal_steps(self) -> int:
+        """Length of the optimal path: right x length, then the choice."""
+        return self.length + 1
+
+    def _cue_visible(self) -> bool:
+        """Passive: the cue is in the very first observation only."""
+        return self._t == 0
+
+    def _progress_direction(self) -> int:
+        """+1 (RIGHT) or -1 (LEFT): the move that is not penalised now. Passive: always right."""
+        return 1
+
+    # --------------------------------------------------------------------------------- shared
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(4, dtype=np.float32)  # [cue_up, cue_down, in_corridor, at_junction]
+        if self._cue_visible():
+            obs[0 if self.goal_up else 1] = 1.0
+        if self._pos < self.length:
+            obs[2] = 1.0
+        else:
+            obs[3] = 1.0
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        new_task = True if options is None else bool(options.get("new_task", True))
+        if new_task or seed is not None:
+            self.goal_up = bool(self.np_random.integers(2) == 0)
+        self._pos, self._t = self.start_pos, 0
+        self._seen_cue = self._cue_visible()
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        action = int(action)
+        if not 0 <= action < 4:
+            raise ValueError(f"{type(self).__name__} action must be in [0, 4), got {action}")
+        self._t += 1
+        reward, terminated, info = 0.0, False, {}
+        if self._pos == self.length and action in (UP, DOWN):
+            correct = (action == UP) == self.goal_up
+            reward = 1.0 if correct else 0.0
+            terminated = True
+            info["success"] = float(correct)
+        else:
+            progress = self._progress_direction()  # before moving: what counts as progress now
+            old = self._pos
+            if action == RIGHT and self._pos < self.length:
+                self._pos += 1
+            elif action == LEFT and self._pos > 0:
+                self._pos -= 1
+            if self._pos - old != progress:  # walls, up/down in the corridor, wrong way, right at the end
+                reward = -self.penalty
+            self._seen_cue = self._seen_cue or self._cue_visible()
+        if not terminated and self._t >= self.horizon:
+            # The step limit is part of the task (the official env ends every episode at its horizon): a
+            # termination, not a truncation. Bootstrapping here would regress on a state that is never
+            # itself a regression target (DESIGN §10).
+            terminated = True
+            info["success"] = 0.0
+        return self._obs(), reward, terminated, False, info
+
+    @classmethod
+    def recommended_exploration(cls, length: int = 10, horizon: int | None = None, **_: Any) -> dict[str, Any]:
+        """Argmax training actions plus ε-greedy shaped as a window over the rollout: the annealed ε (1.0 ->
+        0.01 over 100k steps per env, scaled per env) at the decision steps, and 0.5 / length elsewhere.
+
+        One random step in the corridor loses the episode (the horizon leaves no spare step), so plain
+        ε-greedy almost never reaches the junction of a long corridor and the critic never sees the choices
+        that memory would explain. This is the official AMAGO recipe (`TMazeExploration` in its
+        examples/04_tmaze.py) with its windows narrowed to the steps that decide: the junction (and, in the
+        active variant, the first step, towards the cue). The official windows (the first step and the last
+        four, `window_start=1, window_end=4`) explore at steps where any random move loses the episode:
+        in a T-Maze-100 run only 46 of 152 stored rollouts reached the junction, 17 of them made a choice."""
+        env = cls(length=length, horizon=horizon)
+        return {
+            "train_actions": "argmax",
+            "eps_shape": "window",
+            "shape_horizon": env.optimal_steps - 1,  # the junction's step index
+            "window_start": env.start_pos,  # passive: none; active: the first step, towards the cue
+            "window_end": 1,  # the junction
+            "window_eps": 0.5 / env.length,
+            "eps_start": 1.0,
+            "eps_end": 0.01,
+            "eps_anneal_steps": 100_000,
+        }
+
+    def _ansi(self) -> str:
+        row = ["."] * self.length + ["+"]
+        if self.start_pos > 0:
+            row[0] = "c"  # the cue cell of the active variant
+        row[self._pos] = "A"
+        return "".join(row) + f"  goal={'up' if self.goal_up else 'down'} t={self._t}"
+
+    def _frame(self, cell: int = 12) -> np.ndarray:
+        """[3 * cell, (length + 1) * cell, 3] uint8: the corridor in the middle row, the two ends above and
+        below the junction (the cued one tinted green), the agent in blue, and the cue above (green) or
+        below (orange) cell 0 only when the agent sees it (passive: at t=0; active: while on cell 0; the
+        active variant's cue cell is drawn darker)."""
+        img = np.full((3, self.length + 1, 3), 30, np.uint8)  # walls
+        img[1, :] = 170  # corridor and junction
+        img[0, self.length] = img[2, self.length] = 220  # the two ends
+        img[0 if self.goal_up else 2, self.length] = (150, 220, 150)
+        if self.start_pos > 0:
+            img[1, 0] = 120  # the active variant's cue cell
+        if self._cue_visible():  # the cue, above or below cell 0
+            img[0 if self.goal_up else 2, 0] = (60, 200, 60) if self.goal_up else (240, 150, 40)
+        img[1, self._pos] = (40, 90, 230)
+        return np.kron(img, np.ones((cell, cell, 1), np.uint8))
+
+
+
+class TMazeActive(TMaze):
+    """Active T-Maze: same observation, actions and reward scheme as `TMaze`, but the cue must be fetched.
+
+    Layout: cell 0 is the cue cell, cells 0 .. length-1 the corridor, cell `length` the junction; the agent
+    starts in cell 1. The cue bit (`[cue_up, cue_down]`) is set only in observations taken while standing
+    on cell 0 (every visit, not only the first); elsewhere the observation does not depend on the goal.
+
+    Rewards: +1 for choosing the cued end at the junction, 0 for the other end, and `-1/horizon` for every
+    step that does not move the agent one cell along the optimal route: LEFT until the cue cell has been
+    visited, RIGHT after that. So walking right before reading the cue, walking left after it, bumping a
+    wall, up/down in the corridor and right at the junction are all penalised. The optimal path (left,
+    right x length, the cued direction) takes `length + 2` steps - the default horizon - and returns
+    exactly 1.0; skipping the cue can only guess, and its right steps are penalised.
+    """
+
+    start_pos = 1
+
+    @property
+    def optimal_steps(self) -> int:
+        """Left to the cue cell, right x length, then the choice."""
+        return self.length + 2
+
+    def _cue_visible(self) -> bool:
+        return self._pos == 0
+
+    def _progress_direction(self) -> int:
+        return 1 if self._seen_cue else -1

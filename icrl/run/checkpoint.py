@@ -1,0 +1,315 @@
+"""Checkpoints with exact resume: RUN_DIR/checkpoints/ckpt-<epoch:06d>/ holds
+
+- `agent.safetensors`: every parameter and buffer of the agent (online and EMA target heads, PopArt
+  statistics, observation-normalisation statistics), written with safetensors' `save_model`;
+- `optimizer.pt`: the AdamW and learning-rate scheduler state dicts, plain tensors and numbers, read back
+  with `torch.load(weights_only=True)` (a file that needs arbitrary unpickling is refused);
+- `state.json`: the epoch, the counters (env steps, updates, the collector's state), the exploration state
+  (per-env scales and its numpy generator state), the learner's REDQ generator state, the Python, numpy
+  and torch RNG states and the run's config.
+
+Nothing is ever unpickled. A checkpoint is written into a temporary folder whose files are fsynced, then
+renamed into place (atomic on POSIX), then `checkpoints/latest` is replaced atomically; a process killed
+at any moment leaves either the previous checkpoints or the new one, never a half-written `ckpt-*`
+(stray `.tmp-*` folders are ignored and cleaned up). Only the last `keep` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_model
+
+from icrl.fileio import fsync_dir, write_text_atomic
+from icrl.guards import assert_finite_weights
+from icrl.run.ckpt_checks import CheckpointMismatch, check_checkpoint
+
+FILES = ("agent.safetensors", "optimizer.pt", "state.json")
+FORMAT_VERSION = 1
+PREFIX = "ckpt-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete, corrupt or not made of the expected safe files."""
+
+
+def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------ RNG states
+def rng_state() -> dict[str, Any]:
+    """Python, numpy (global) and torch RNG states as JSON-compatible values."""
+    version, words, gauss = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    state = {
+        "python": [version, list(words), gauss],
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "state": {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])},
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    n = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": n["bit_generator"],
+            "state": {"key": np.asarray(n["state"]["key"], dtype=np.uint32), "pos": n["state"]["pos"]},
+            "has_gauss": n["has_gauss"],
+            "gauss": n["gauss"],
+        }
+    )
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = [torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+# ---------------------------------------------------------------------------------------------- listing
+def checkpoint_epoch(path: Path) -> int | None:
+    name = path.name
+    if not name.startswith(PREFIX):
+        return None
+    try:
+        return int(name[len(PREFIX) :])
+    except ValueError:
+        return None
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Every `ckpt-*` folder of the run, oldest epoch first (valid or not)."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(checkpoint_epoch(p), p) for p in root.iterdir() if p.is_dir()]
+    return [p for e, p in sorted((e, p) for e, p in found if e is not None)]
+
+
+def prune_checkpoints(run_dir: str | os.PathLike, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints (and stray temp folders); returns what was deleted."""
+    ckpts = list_checkpoints(run_dir)
+    doomed = ckpts[: max(len(ckpts) - max(keep, 1), 0)]
+    root = checkpoints_dir(run_dir)
+    if root.is_dir():
+        doomed += [p for p in root.iterdir() if p.name.startswith(".tmp-") and p.is_dir()]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+# ----------------------------------------------------------------------------------------- save / load
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    *,
+    agent: torch.nn.Module,
+    learner,
+    collector,
+    exploration,
+    epoch: int,
+    extra: dict[str, Any] | None = None,
+    keep: int = 3,
+) -> Path:
+    """Write RUN_DIR/checkpoints/ckpt-<epoch:06d>/ atomically, point `latest` at it, keep the last `keep`."""
+    root = checkpoints_dir(run_dir)
+    name = f"{PREFIX}{int(epoch):06d}"
+    assert_finite_weights(agent, f"checkpoint {name}")  # no checkpoint ever holds a NaN (icrl.guards)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / name
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+
+    save_model(agent, str(tmp / "agent.safetensors"))
+    lstate = learner.state_dict()
+    torch.save({"optimizer": lstate["optimizer"], "scheduler": lstate["scheduler"]}, tmp / "optimizer.pt")
+    state = {
+        "format_version": FORMAT_VERSION,
+        "epoch": int(epoch),
+        "env_steps": int(collector.total_env_steps),
+        "updates": int(learner.updates),
+        "collector": collector.state_dict(),
+        "exploration": exploration.state_dict(),
+        "learner": {"updates": lstate["updates"], "generator": lstate["generator"]},
+        "rng": rng_state(),
+        "extra": extra or {},
+    }
+    (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+    for f in FILES:
+        _fsync_file(tmp / f)
+    fsync_dir(tmp)
+    if final.exists():  # a checkpoint of this epoch from an earlier attempt (e.g. before a crash)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    write_text_atomic(root / "latest", name + "\n")
+    prune_checkpoints(run_dir, keep)
+    return final
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """Read (agent tensors, optimizer payload, state) without touching any object; raises CheckpointError."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist (or is not a folder)")
+    missing = [f for f in FILES if not (path / f).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        if not isinstance(state, dict):
+            raise ValueError(f"expected a JSON object, found {type(state).__name__}")
+        if state.get("format_version") != FORMAT_VERSION or "epoch" not in state:
+            raise ValueError(f"unexpected format (format_version {state.get('format_version')!r})")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: state.json is corrupt: {e}") from e
+    try:
+        tensors = load_file(str(path / "agent.safetensors"), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {path}: agent.safetensors is corrupt: {e}") from e
+    try:
+        optim = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError... all mean "refused"
+        raise CheckpointError(
+            f"checkpoint {path}: optimizer.pt could not be read as a weights-only tensor file (it is corrupt, "
+            f"or it needs arbitrary unpickling, which is refused): {e}"
+        ) from e
+    if not isinstance(optim, dict) or not {"optimizer", "scheduler"} <= set(optim):
+        raise CheckpointError(f"checkpoint {path}: optimizer.pt lacks the optimizer/scheduler state dicts")
+    return tensors, optim, state
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    agent: torch.nn.Module,
+    learner=None,
+    collector=None,
+    exploration=None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Restore everything `save_checkpoint` wrote into the given objects; returns state.json's content.
+
+    Everything is read and checked before anything is modified, so a corrupt checkpoint raises
+    CheckpointError (naming the path) and leaves the objects as they were.
+    """
+    tensors, optim, state = read_checkpoint(path)
+    expected = set(agent.state_dict())
+    # safetensors' save_model drops aliases of shared tensors; load_model-style strictness on the rest
+    missing = sorted(expected - set(tensors))
+    unexpected = sorted(set(tensors) - expected)
+    if unexpected or (missing and not _aliases_only(agent, missing, tensors)):
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this agent (was the model config changed?): "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    try:  # every shape, dtype, key and RNG state, before anything is applied
+        check_checkpoint(tensors, optim, state, agent=agent, learner=learner, collector=collector,
+                         exploration=exploration, restore_rng=restore_rng)
+    except CheckpointMismatch as e:
+        raise CheckpointError(f"checkpoint {path} is inconsistent: {e}") from e
+    try:
+        agent.load_state_dict(tensors, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        raise CheckpointError(f"checkpoint {path} does not fit this agent (was the model config changed?): {e}") from e
+    try:
+        from icrl.nets.transformer import invalidate_weight_caches
+
+        invalidate_weight_caches()
+    except ImportError:  # pragma: no cover
+        pass
+    if learner is not None:
+        learner.load_state_dict(
+            {
+                "optimizer": optim["optimizer"],
+                "scheduler": optim["scheduler"],
+                "updates": state["learner"]["updates"],
+                "generator": state["learner"]["generator"],
+            }
+        )
+    if collector is not None:
+        collector.load_state_dict(state["collector"])
+    if exploration is not None:
+        exploration.load_state_dict(state["exploration"])
+    if restore_rng:
+        set_rng_state(state["rng"])
+    return state
+
+
+def _aliases_only(agent: torch.nn.Module, missing: list[str], tensors: dict[str, torch.Tensor]) -> bool:
+    """True when every missing key shares storage with a saved key (safetensors stores shared tensors once)."""
+    sd = agent.state_dict()
+    saved_ptrs = {sd[k].data_ptr() for k in tensors if k in sd}
+    return all(sd[k].data_ptr() in saved_ptrs for k in missing)
+
+
+def find_latest_checkpoint(run_dir: str | os.PathLike, log=None) -> Path | None:
+    """The newest checkpoint that reads back whole, skipping torn or corrupt ones (reported via `log`)."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            read_checkpoint(path)
+        except CheckpointError as e:
+            if log is not None:
+                log(f"icrl: skipping unreadable checkpoint: {e}")
+            continue
+        return path
+    return None
+
+
+def load_latest_checkpoint(run_dir: str | os.PathLike, *, agent: torch.nn.Module, log=None, **objects: Any
+                           ) -> tuple[Path, dict[str, Any]] | None:
+    """Load the newest checkpoint that is whole and consistent with these objects; (path, state) or None.
+
+    A newer checkpoint that cannot be read or does not fit (another model's weights or optimiser state, a
+    state.json with missing keys or a wrong-size RNG state) is skipped with one warning via `log`; nothing
+    was applied from it, because `load_checkpoint` checks everything first (`set_aside` moves it out of
+    the way afterwards). `objects`: learner, collector, exploration, restore_rng, as `load_checkpoint` takes.
+    """
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return path, load_checkpoint(path, agent=agent, **objects)
+        except CheckpointError as e:
+            if log is not None:
+                log(f"icrl: warning: skipping checkpoint {path.name}, falling back to the previous one: {e}")
+    return None
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename a checkpoint that was skipped on resume to `rejected-<name>` beside it (kept for inspection,
+    never listed again, so the resumed run can write its epoch anew); None when that fails (then deleted)."""
+    target = path.with_name(f"rejected-{path.name}")
+    try:
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(path, target)
+        return target
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        return None

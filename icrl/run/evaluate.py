@@ -1,0 +1,259 @@
+"""Evaluate a finished (or running) run: load its config and weights, act greedily, summarise.
+
+`load_agent` rebuilds the agent exactly as `icrl.run.loop.train` does and loads the weights of a checkpoint;
+`evaluate_run` runs the greedy evaluation (`icrl.run.loop.evaluate`) and `write_eval` stores the result in
+RUN_DIR/eval.json atomically. Used by `icrl eval RUN_DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from icrl.config import ExperimentConfig
+from icrl.envs.user import EnvOverride, run_env_config
+from icrl.fileio import write_text_atomic
+
+WEIGHTS = "agent.safetensors"
+
+
+class RunDirError(ValueError):
+    """A run directory, checkpoint or weights file that cannot be used; the message says what is wrong."""
+
+
+def load_config(run_dir: str | Path) -> ExperimentConfig:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is not a directory; pass a run directory written by `icrl train`")
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise RunDirError(f"{run_dir} has no config.json; pass a run directory written by `icrl train`")
+    try:  # values checked like flags: a hand-edited config.json fails here, in one line, not deep in a build
+        return ExperimentConfig.from_json(path.read_text(encoding="utf-8")).validate(check_device=False)
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise RunDirError(f"{path} is not a valid icrl config ({e})") from e
+
+
+def resolve_weights(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
+    """The weights file to load.
+
+    `checkpoint`: a checkpoint folder holding agent.safetensors, a .safetensors file, or a folder name
+    inside RUN_DIR/checkpoints (`ckpt-000010`). Without it: the latest checkpoint named by
+    RUN_DIR/checkpoints/latest if there is one, else the final weights RUN_DIR/agent.safetensors.
+    """
+    run_dir = Path(run_dir)
+    if checkpoint is not None:
+        candidates = [Path(checkpoint), run_dir / "checkpoints" / str(checkpoint)]
+        for c in candidates:
+            if c.is_file():
+                return c
+            if c.is_dir():
+                if (c / WEIGHTS).is_file():
+                    return c / WEIGHTS
+                raise RunDirError(f"checkpoint folder {c} has no {WEIGHTS}")
+        raise RunDirError(f"checkpoint {checkpoint} does not exist (a checkpoint folder or a .safetensors file)")
+    pointer = run_dir / "checkpoints" / "latest"
+    if pointer.is_file():
+        name = pointer.read_text(encoding="utf-8").strip()
+        path = run_dir / "checkpoints" / name / WEIGHTS
+        if name and path.is_file():
+            return path
+    if (run_dir / WEIGHTS).is_file():
+        return run_dir / WEIGHTS
+    raise RunDirError(
+        f"{run_dir} has no weights: neither {WEIGHTS} nor a checkpoint in checkpoints/ (is the run finished?)"
+    )
+
+
+def build_agent(cfg: ExperimentConfig, device: str | torch.device = "cpu", spaces: tuple | None = None):
+    """A fresh agent (random weights) built as train.py builds it; returns (agent, action spec).
+
+    `spaces` (the env's (observation space, action space), e.g. from RUN_DIR/spaces.json) builds it without
+    the env; otherwise the env of `cfg` is built once to read them (check it with `run_env_config` first)."""
+    from icrl.agent.model import Agent
+    from icrl.envs import make_vector_env
+    from icrl.spaces_json import spaces_wrapper
+    from icrl.types import ActionSpec
+
+    if spaces is not None:
+        io = spaces_wrapper(*spaces)
+        return Agent(io.observation_space["obs"], io.action_spec, cfg.model, cfg.loss).to(device), io.action_spec
+    e = cfg.env
+    venv = make_vector_env(
+        e.env, e.kwargs, 1, episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon
+    )
+    try:
+        spec = ActionSpec.from_space(venv.single_action_space)
+        agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
+    finally:
+        venv.close()
+    return agent, spec
+
+
+def load_weights(agent: torch.nn.Module, path: Path, device: str | torch.device = "cpu") -> None:
+    """Load a weights file into `agent` strictly; RunDirError (one line) when it is unreadable or does not fit."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model
+
+    try:
+        missing, unexpected = load_model(agent, str(path), strict=False, device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise RunDirError(f"cannot read weights {path}: {e}") from e
+    except RuntimeError as e:  # shape mismatch
+        first = str(e).strip().splitlines()[-1].strip()
+        raise RunDirError(f"weights {path} do not fit the run's config: {first}; pick others with --checkpoint") from e
+    if missing or unexpected:
+        names = ", ".join(sorted([*missing, *unexpected])[:3])
+        raise RunDirError(f"weights {path} do not fit the run's config (missing or unexpected: {names}...)")
+    agent.eval()
+
+
+def load_agent(
+    run_dir: str | Path,
+    checkpoint: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    override: EnvOverride = EnvOverride(),
+) -> tuple[Any, ExperimentConfig]:
+    """The agent of a run with its trained weights (in eval mode), and the run's config.
+
+    The agent is built from RUN_DIR/spaces.json; a run without one (older icrl) builds its env, which
+    `override` must allow when config.json names code (`run_env_config`). Raises RunDirError (a ValueError)
+    with a one-line message for a missing config or weights file, a bad checkpoint path, or weights that
+    do not fit the config.
+    """
+    from icrl.spaces_json import read_spaces
+
+    cfg = load_config(run_dir)
+    path = resolve_weights(run_dir, checkpoint)
+    try:
+        spaces = read_spaces(run_dir)
+    except ValueError as e:
+        raise RunDirError(str(e)) from e
+    agent, _ = build_agent(cfg if spaces else run_env_config(cfg, run_dir, override), device, spaces)
+    load_weights(agent, path, device)
+    return agent, cfg
+
+
+def check_env_fits(venv, run_dir: str | Path, env_name: str) -> None:
+    """RunDirError when the env to act in does not give the observations and actions of the run's
+    spaces.json (an env chosen with --env instead of the run's); runs without the file are not checked."""
+    from icrl.spaces_json import read_spaces, spaces_wrapper
+    from icrl.types import ActionSpec
+
+    spaces = read_spaces(run_dir)
+    if spaces is None:
+        return
+    io = spaces_wrapper(*spaces)
+    obs, spec = venv.single_observation_space["obs"], ActionSpec.from_space(venv.single_action_space)
+    want_obs, want_spec = io.observation_space["obs"], io.action_spec
+    if spec != want_spec or obs != want_obs:
+        def show(o, s) -> str:
+            return ", ".join(f"{k} {b.dtype}{list(b.shape)}" for k, b in o.spaces.items()) + f"; {s.kind} actions x{s.dim}"
+
+        raise RunDirError(f"env {env_name!r} does not fit the run's agent: it gives {show(obs, spec)}, the agent was "
+                          f"trained on {show(want_obs, want_spec)}")
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    checkpoint: str | Path | None = None,
+    rollouts: int | None = None,
+    seed: int | None = None,
+    parallel_envs: int | None = None,
+    device: str = "cpu",
+    override: EnvOverride = EnvOverride(),
+) -> dict[str, Any]:
+    """Greedy evaluation of a run's weights; returns `icrl.run.loop.summarize_episodes` plus provenance.
+
+    The env is the run's when config.json names a built-in task or a registered id, else the one `override`
+    names (--env) or allows (--trust-run-env): a run directory never makes icrl run code on its own.
+
+    Defaults come from the run's config: its eval_rollouts, parallel_envs and seed (the eval envs are
+    seeded with derive_seed(seed, "eval-cli"), apart from the training-time evaluations).
+    """
+    from icrl.envs import Collector, make_vector_env
+    from icrl.run.loop import evaluate, resolve_device
+    from icrl.seeding import derive_seed, seed_everything
+    from icrl.types import ActionSpec
+
+    if rollouts is not None and rollouts < 1:
+        raise RunDirError(f"--rollouts must be >= 1, got {rollouts}")
+    if parallel_envs is not None and parallel_envs < 1:
+        raise RunDirError(f"--parallel-envs must be >= 1, got {parallel_envs}")
+    try:
+        dev = resolve_device(device)
+    except RuntimeError as e:
+        raise RunDirError(f"--device {device!r} is not a torch device ({e})") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RunDirError(f"--device {device}: this torch build has no usable CUDA device; use --device cpu")
+    agent, cfg = load_agent(run_dir, checkpoint, dev, override)
+    cfg = run_env_config(cfg, run_dir, override)
+    e = cfg.env
+    seed = cfg.train.seed if seed is None else seed
+    rollouts = e.eval_rollouts if rollouts is None else rollouts
+    n_envs = min(parallel_envs or e.parallel_envs, rollouts)
+    seed_everything(seed)
+    venv = make_vector_env(
+        e.env, e.kwargs, n_envs, episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon
+    )
+    try:
+        check_env_fits(venv, run_dir, e.env)
+        spec = ActionSpec.from_space(venv.single_action_space)
+        collector = Collector(venv, spec, seed=derive_seed(seed, "eval-cli"))
+        stats = evaluate(agent, collector, rollouts, dev, seed=derive_seed(seed, "eval-cli", "rollouts"),
+                         max_steps=e.eval_max_steps)
+    finally:
+        venv.close()
+    return {
+        "run_dir": str(run_dir),
+        "weights": str(resolve_weights(run_dir, checkpoint)),
+        "env": e.env,
+        "env_kwargs": e.kwargs,
+        "episodes_per_rollout": e.episodes_per_rollout,
+        "seed": seed,
+        "parallel_envs": n_envs,
+        **stats,
+    }
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    """Write JSON atomically (temp file, fsync, rename over `path`)."""
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+def write_eval(run_dir: str | Path, result: dict[str, Any]) -> Path:
+    return write_json_atomic(Path(run_dir) / "eval.json", result)
+
+
+def eval_table(result: dict[str, Any]):
+    """A rich Table of an `evaluate_run` result (plus the adaptation curve of multi-episode tasks)."""
+    from rich.table import Table
+
+    def num(v: float | None, fmt: str = "+.3f") -> str:
+        return "n/a" if v is None else format(v, fmt)
+
+    table = Table(title=f"eval of {result['run_dir']} ({result['env']} {json.dumps(result['env_kwargs'])})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    ret = num(result.get("return_mean"))
+    if result.get("return_std") is not None:
+        ret += f" ± {result['return_std']:.3f}"
+    table.add_row("return (mean ± std over rollouts)", ret)
+    table.add_row("success rate", num(result.get("success_rate"), ".2f"))
+    table.add_row("rollouts", str(result.get("rollouts")))
+    table.add_row("episode length (mean)", num(result.get("episode_length_mean"), ".1f"))
+    table.caption = f"weights: {result['weights']}, seed {result['seed']}"
+    by_ep = result.get("return_by_episode")
+    if by_ep:
+        succ = result.get("success_by_episode")
+        curve = Table(title="adaptation curve (by episode index within a rollout)")
+        curve.add_column("episode", justify="right")
+        curve.add_column("return", justify="right")
+        if succ:
+            curve.add_column("success", justify="right")
+        for i, r in enumerate(by_ep):
+            curve.add_row(str(i + 1), f"{r:+.3f}", *([f"{succ[i]:.2f}"] if succ else []))
+        return table, curve
+    return (table,)

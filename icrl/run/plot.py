@@ -1,0 +1,170 @@
+"""Learning curves from metrics.jsonl files (matplotlib, no display needed).
+
+Runs whose config.json agree except for the seed (and run dir) form one group, drawn as the mean over
+seeds with a min/max band; groups are labelled by the config fields that differ between them (or by the
+run dir's name). Multi-episode tasks also get an adaptation curve: return / success by episode index
+within a rollout, at each run's last evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from icrl.run.loggers import read_metrics  # noqa: E402
+
+X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
+_IGNORED = ("train.seed", "train.run_dir")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v) if isinstance(v, list) else v
+    return out
+
+
+def _config(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return _flatten(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def group_runs(run_dirs: list[str | Path]) -> list[tuple[str, list[Path]]]:
+    """[(label, run dirs)]: runs whose configs agree except seed and run dir share a group, in first-seen order."""
+    groups: dict[str, list[Path]] = {}
+    configs: dict[str, dict[str, Any] | None] = {}
+    for d in map(Path, run_dirs):
+        cfg = _config(d)
+        if cfg is None:
+            key = f"dir:{d}"
+        else:
+            key = json.dumps({k: v for k, v in cfg.items() if k not in _IGNORED}, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(d)
+        configs.setdefault(key, cfg)
+    known = [c for c in configs.values() if c is not None]
+    differing = sorted(
+        k for k in set().union(*known) if k not in _IGNORED and len({json.dumps(c.get(k)) for c in known}) > 1
+    ) if len(known) > 1 else []
+    out = []
+    for key, dirs in groups.items():
+        cfg = configs[key]
+        if cfg is not None and differing:
+            label = ", ".join(f"{k.split('.')[-1]}={cfg.get(k)}" for k in differing[:3])
+        else:
+            label = dirs[0].name if len(dirs) == 1 else f"{dirs[0].name} +{len(dirs) - 1}"
+        if len(dirs) > 1:
+            label += f" ({len(dirs)} seeds)"
+        out.append((label, dirs))
+    return out
+
+
+def _eval_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [r for r in read_metrics(path) if r.get("kind") == "eval" and r.get("return_mean") is not None]
+
+
+def _band(ax, xs: list[list[float]], ys: list[list[float]], label: str, color) -> None:
+    """Mean over runs with a min/max band, over the evaluations every run has (the shortest run)."""
+    n = min(len(y) for y in ys)
+    if n == 0:
+        return
+    x = np.mean([xi[:n] for xi in xs], axis=0)
+    y = np.array([yi[:n] for yi in ys], dtype=float)
+    ax.plot(x, y.mean(0), marker="o", ms=3, label=label, color=color)
+    if len(ys) > 1:
+        ax.fill_between(x, y.min(0), y.max(0), alpha=0.2, color=color)
+
+
+def plot_learning_curves(
+    run_dirs: list[str | Path], out: str | Path, title: str | None = None, x: str = "env_steps"
+) -> Path:
+    """Eval return and success rate vs env steps (or wall time), one line (mean, min/max band) per group."""
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {', '.join(X_AXES)}, got {x!r}")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for gi, (label, dirs) in enumerate(group_runs(run_dirs)):
+        runs = [rows for rows in map(_eval_rows, dirs) if rows]
+        if not runs:
+            continue
+        color = colors[gi % len(colors)]
+        xs = [[float(r.get(x) or 0.0) for r in rows] for rows in runs]
+        _band(axes[0], xs, [[r["return_mean"] for r in rows] for rows in runs], label, color)
+        if any(r.get("success_rate") is not None for rows in runs for r in rows):
+            _band(axes[1], xs, [[r.get("success_rate") or 0.0 for r in rows] for rows in runs], label, color)
+    axes[0].set_ylabel("eval return (mean over rollouts)")
+    axes[1].set_ylabel("eval success rate")
+    axes[1].set_ylim(-0.05, 1.05)
+    for ax in axes:
+        ax.set_xlabel(X_AXES[x])
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def adaptation_path(out: str | Path) -> Path:
+    """Where the adaptation curve goes beside a learning-curve PNG: `NAME_adaptation.png`."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}_adaptation.png")
+
+
+def plot_adaptation(run_dirs: list[str | Path], out: str | Path, title: str | None = None) -> Path | None:
+    """Return and success by episode index within a rollout at each run's last eval (mean, min/max over seeds).
+
+    Returns None (and writes nothing) when no run's eval rows carry `return_by_episode`.
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn = False
+    for gi, (label, dirs) in enumerate(group_runs(run_dirs)):
+        last = [rows[-1] for rows in map(_eval_rows, dirs) if rows and rows[-1].get("return_by_episode")]
+        if not last:
+            continue
+        color = colors[gi % len(colors)]
+        rets = [r["return_by_episode"] for r in last]
+        _band(axes[0], [list(range(1, len(y) + 1)) for y in rets], rets, label, color)
+        succ = [r["success_by_episode"] for r in last if r.get("success_by_episode")]
+        if succ:
+            _band(axes[1], [list(range(1, len(y) + 1)) for y in succ], succ, label, color)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    axes[0].set_ylabel("return of episode k (mean over rollouts)")
+    axes[1].set_ylabel("success of episode k")
+    axes[1].set_ylim(-0.05, 1.05)
+    for ax in axes:
+        ax.set_xlabel("episode index within the rollout (last eval)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(title or "adaptation curve")
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def _save(fig, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,134 @@
+import dataclasses
+
+import numpy as np
+import pytest
+import tyro
+
+from icrl.agent.exploration import Exploration
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ExploreConfig, ModelConfig, TrainConfig
+from icrl.seeding import derive_seed
+from icrl.types import ActionSpec
+
+
+def test_config_json_round_trip():
+    cfg = ExperimentConfig(model=ModelConfig(d_model=64, traj_encoder="gru"), train=TrainConfig(seed=7))
+    again = ExperimentConfig.from_json(cfg.to_json())
+    assert again == cfg
+
+
+def test_cli_flags_have_no_group_prefix():
+    cfg = tyro.cli(
+        ExperimentConfig,
+        args=["--env", "tmaze", "--env-kwargs", '{"length": 20}', "--d-model", "64", "--layers", "1", "--seed", "3",
+              "--traj-encoder", "lstm", "--gammas", "0.9", "0.99"],
+        config=(tyro.conf.OmitArgPrefixes,),
+    )
+    assert cfg.env.kwargs == {"length": 20}
+    assert (cfg.model.d_model, cfg.model.layers, cfg.model.traj_encoder) == (64, 1, "lstm")
+    assert cfg.train.seed == 3 and cfg.loss.gammas == (0.9, 0.99)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(model=ModelConfig(d_model=65, heads=4)), ["--d-model", "--heads"]),
+        (dict(env=dataclasses.replace(ExperimentConfig().env, env_kwargs="{length: 3}")), ["--env-kwargs", "JSON"]),
+        (dict(env=dataclasses.replace(ExperimentConfig().env, env_kwargs="[1]")), ["--env-kwargs", "object"]),
+        (dict(train=TrainConfig(steps_per_epoch=4)), ["--steps-per-epoch", "--parallel-envs"]),
+    ],
+)
+def test_validation_names_the_fields(change, words):
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig(**change).validate()
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_derive_seed_is_stable_and_distinct():
+    assert derive_seed(0, "a") == derive_seed(0, "a")
+    assert len({derive_seed(s, n) for s in range(5) for n in ("a", "b", "c")}) == 15
+
+
+def test_epsilon_greedy_is_uniform_per_env_and_decays_over_each_envs_steps():
+    spec = ActionSpec("discrete", 5)
+    cfg = ExploreConfig(eps_start=1.0, eps_end=0.0, eps_anneal_steps=100)
+    explore = Exploration(cfg, spec, num_envs=4000, seed=0)
+    explore.scale[:] = 1.0
+    greedy = np.zeros(4000, dtype=np.int64)
+    acts = explore(greedy, env_steps=0, time=np.zeros(4000))
+    counts = np.bincount(acts, minlength=5) / 4000
+    assert np.allclose(counts, 0.2, atol=0.03)  # uniform over all actions, the greedy one included
+    # the anneal counts steps of each env copy: 100 steps each is 400,000 steps of the collector
+    assert (explore(greedy, env_steps=100 * 4000, time=np.zeros(4000)) == 0).all()  # fully decayed
+    assert explore.level(50 * 4000) == pytest.approx(0.5)
+    assert Exploration(cfg, spec, num_envs=8, seed=0).level(50 * 8) == pytest.approx(0.5)  # any env count
+
+
+def test_per_env_scales_are_redrawn_only_for_new_rollouts():
+    explore = Exploration(ExploreConfig(), ActionSpec("discrete", 3), num_envs=6, seed=1)
+    before = explore.scale.copy()
+    mask = np.array([True, False, False, True, False, False])
+    explore.new_rollouts(mask)
+    assert (explore.scale[~mask] == before[~mask]).all() and (explore.scale[mask] != before[mask]).all()
+    flat = Exploration(ExploreConfig(per_env_scale=False), ActionSpec("discrete", 3), num_envs=6, seed=1)
+    flat.new_rollouts(mask)
+    assert (flat.scale == 1.0).all()
+
+
+def test_bilevel_decays_within_rollout_and_noise_for_continuous():
+    cfg = ExploreConfig(eps_start=1.0, eps_end=0.2, eps_shape="bilevel", shape_horizon=10, bilevel_end_start=0.1,
+                        bilevel_end_end=0.0, eps_anneal_steps=100)
+    explore = Exploration(cfg, ActionSpec("discrete", 3), num_envs=3, seed=0)
+    explore.scale[:] = 1.0
+    level = explore.per_env_level(0, np.array([0, 10, 10]))
+    assert level[0] == pytest.approx(1.0) and level[1] == pytest.approx(0.1)
+    level = explore.per_env_level(50 * 3, np.array([0, 5, 20]))  # half-way through the anneal
+    assert level == pytest.approx([0.6, 0.6 - 0.5 * (0.6 - 0.05), 0.05])
+    cont = Exploration(ExploreConfig(noise_start=0.3), ActionSpec("continuous", 2), num_envs=500, seed=0)
+    cont.scale[:] = 1.0
+    out = cont(np.zeros((500, 2), np.float32), env_steps=0, time=np.zeros(500))
+    assert out.dtype == np.float32 and np.abs(out).max() <= 1.0
+    assert np.std(out) == pytest.approx(0.3, rel=0.1)
+
+
+def test_window_shape_explores_at_the_ends_of_the_horizon_only():
+    """T-Maze's recipe: the annealed ε at t <= window_start and t >= H - window_end, a fixed small ε between
+    (not scaled per env)."""
+    cfg = ExploreConfig(eps_start=1.0, eps_shape="window", shape_horizon=100, window_start=1, window_end=4)
+    assert cfg.resolve().window_eps == pytest.approx(0.005)  # 0.5 / H when unset
+    explore = Exploration(cfg, ActionSpec("discrete", 4), num_envs=8, seed=0)
+    explore.scale[:] = 0.5
+    level = explore.per_env_level(0, np.array([0, 1, 50, 96, 97, 100, 101, 150]))
+    assert level == pytest.approx([0.5, 0.005, 0.005, 0.005, 0.5, 0.5, 0.005, 0.005])
+
+
+def test_unset_fields_take_the_task_recommendation_then_the_defaults():
+    from icrl.config import EXPLORE_DEFAULTS
+    from icrl.envs.make import task_exploration
+    from icrl.run.loop import with_task_defaults
+
+    rec = task_exploration("tmaze", {"length": 100})
+    assert rec["train_actions"] == "argmax" and rec["eps_shape"] == "window" and rec["shape_horizon"] == 100
+    assert task_exploration("tmaze_active", {"length": 10})["shape_horizon"] == 11  # one step more: the cue
+    assert task_exploration("cue_recall", {}) == {} and task_exploration("CartPole-v1", {}) == {}
+    assert task_exploration("tmaze", {"length": "abc"}) == {}  # advisory: building the env reports the bad kwarg
+    cfg = with_task_defaults(ExperimentConfig(env=EnvConfig(env="tmaze", env_kwargs='{"length": 100}')))
+    assert cfg.explore.train_actions == "argmax" and cfg.explore.window_eps == pytest.approx(0.005)
+    # a field the user sets wins over the task's recommendation; task_recommendation=False ignores it
+    mine = ExperimentConfig(env=EnvConfig(env="tmaze"), explore=ExploreConfig(train_actions="sample"))
+    assert with_task_defaults(mine).explore.train_actions == "sample"
+    off = ExperimentConfig(env=EnvConfig(env="tmaze"), explore=ExploreConfig(task_recommendation=False))
+    resolved = with_task_defaults(off).explore
+    assert all(getattr(resolved, k) == v for k, v in EXPLORE_DEFAULTS.items())
+    assert with_task_defaults(cfg) == cfg  # idempotent: resuming resolves to the same config
+    with pytest.raises(ConfigError, match="shape-horizon"):
+        ExperimentConfig(explore=ExploreConfig(eps_shape="window")).validate()
+
+
+def test_apply_overrides_parses_json_and_names_bad_keys():
+    from icrl.config import apply_overrides
+
+    cfg = apply_overrides(ExperimentConfig(), ["train.lr=0.001", "loss.gammas=[0.9, 0.99]", "env.env=tmaze_active"])
+    assert cfg.train.lr == 0.001 and cfg.loss.gammas == (0.9, 0.99) and cfg.env.env == "tmaze_active"
+    with pytest.raises(ConfigError, match="train.nope"):
+        apply_overrides(cfg, ["train.nope=1"])

@@ -1,0 +1,178 @@
+"""Units behind the hostile-input probe (tests/integration/test_probe.py): field validation, non-finite guards, the run-dir
+lock, checkpoint consistency checks, env-kwarg errors and the evaluation step cap."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.data import DiskReplay, make_loader
+from icrl.data.storage import CorruptRolloutError, load_rollout, save_rollout
+from icrl.envs import Collector, RandomPolicy, make_env, make_vector_env
+from icrl.guards import NonFiniteError, assert_finite_weights, check_env_arrays
+from icrl.run.runlock import RunDirLockedError, RunLock, check_not_locked
+from icrl.types import ActionSpec
+from icrl.validation import RULES, field_errors
+
+CFG = ExperimentConfig(
+    env=EnvConfig(env="tmaze", env_kwargs='{"length": 2}', parallel_envs=2, eval_rollouts=2),
+    model=ModelConfig(d_model=16, layers=1, heads=2, max_seq_len=8, max_time=16, head_hidden=16, head_layers=1),
+    loss=LossConfig(num_critics=2, redq_subset=2, gammas=(0.9, 0.99)),
+    train=TrainConfig(total_env_steps=16, steps_per_epoch=8, batch_size=4, warmup_updates=1, device="cpu"),
+)
+
+
+def _with(group: str, **kw) -> ExperimentConfig:
+    return dataclasses.replace(CFG, **{group: dataclasses.replace(getattr(CFG, group), **kw)})
+
+
+def test_every_range_rule_names_its_flag():
+    assert not field_errors(CFG.validate())
+    for key in RULES:
+        group, name = key.split(".")
+        hint = type(getattr(getattr(CFG, group), name))
+        bad = -(10**6) if hint in (int, type(None)) else -1e6  # below every lower bound
+        if key == "train.seed":
+            bad = -1
+        errors = field_errors(_with(group, **{name: bad}))
+        assert errors and errors[0].startswith("--" + name.replace("_", "-")), (key, errors)
+
+
+@pytest.mark.parametrize(("group", "kw", "word"), [
+    ("model", {"heads": "4"}, "integer"),  # a string where config.json should hold an int
+    ("loss", {"gammas": (0.9, float("inf"))}, "finite"),
+    ("model", {"traj_encoder": "banana"}, "one of"),
+    ("train", {"grad_clip": 0.0}, "> 0"),
+    ("train", {"run_dir": " "}, "--run-dir"),
+])
+def test_types_and_finiteness_are_checked(group, kw, word):
+    with pytest.raises(ConfigError, match=word):
+        _with(group, **kw).validate()
+
+
+def test_device_checked_unless_asked_not_to():
+    cfg = _with("train", device="cuda:99")
+    with pytest.raises(ConfigError, match="--device"):
+        cfg.validate()
+    cfg.validate(check_device=False)
+
+
+def test_env_outputs_must_be_finite():
+    check_env_arrays("E", 1, {"obs": np.ones(2, np.float32), "img": np.zeros((2, 2), np.uint8)}, 0.5)
+    with pytest.raises(NonFiniteError, match=r"reward \(inf\) at step 4"):
+        check_env_arrays("E", 4, {"obs": np.ones(2, np.float32)}, float("inf"))
+    with pytest.raises(NonFiniteError, match="key 'obs/pos'"):
+        check_env_arrays("E", 0, {"obs/pos": np.array([np.nan], np.float32)})
+
+
+def _batch(tmp_path: Path):
+    venv = make_vector_env("tmaze", {"length": 2}, 2)
+    spec = ActionSpec.from_space(venv.single_action_space)
+    rollouts, _ = Collector(venv, spec, seed=0).collect(RandomPolicy(spec, seed=1), 40)
+    replay = DiskReplay(tmp_path / "replay", capacity_timesteps=10_000, fsync=False)
+    paths = [replay.write(r) for r in rollouts]
+    with make_loader(replay.root, batch_size=4, max_seq_len=8, action_spec=spec, seed=0) as loader:
+        batch = next(loader)
+    return venv, spec, batch, paths
+
+
+def test_replay_file_with_nan_is_corrupt(tmp_path):
+    venv, _, _, paths = _batch(tmp_path)
+    venv.close()
+    r = load_rollout(paths[0])
+    r.reward[0] = np.nan
+    save_rollout(paths[0], r, fsync=False)
+    with pytest.raises(CorruptRolloutError, match="non-finite"):
+        load_rollout(paths[0])
+
+
+def test_non_finite_update_is_skipped_and_applies_nothing(tmp_path):
+    from icrl.agent.learner import Learner
+    from icrl.agent.model import Agent
+
+    venv, spec, batch, _ = _batch(tmp_path)
+    agent = Agent(venv.single_observation_space["obs"], spec, CFG.model, CFG.loss)
+    venv.close()
+    learner = Learner(agent, CFG, torch.device("cpu"))
+    # parameters, PopArt statistics and EMA targets (σReparam's power-iteration vectors and the observation
+    # normaliser legitimately move in the forward pass, from finite weights and observations)
+    def learned() -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in agent.state_dict().items() if not k.endswith((".u", ".v")) and "obs_norm" not in k}
+
+    before = learned()
+    poisoned = dataclasses.replace(batch, reward=batch.reward.clone().fill_(float("nan")))
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        learner.update(poisoned)
+    after = learned()
+    assert [k for k in before if not torch.equal(before[k], after[k])] == [] and learner.guard.skipped == 1
+    assert learner.scheduler.last_epoch == 0
+    assert_finite_weights(agent, "test")
+    learner.update(batch)  # a finite batch trains again
+    assert any(not torch.equal(before[k], v) for k, v in learned().items() if "critic" in k)
+    with torch.no_grad():
+        next(agent.parameters()).fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match="not finite"):
+        assert_finite_weights(agent, "checkpoint ckpt-000001")
+
+
+def test_run_lock_excludes_other_processes(tmp_path):
+    run = tmp_path / "run"
+    lock = RunLock.acquire(run)
+    code = ("import sys; from icrl.run.runlock import RunLock\n"
+            "try:\n    RunLock.acquire(sys.argv[1])\nexcept Exception as e:\n    print(e); sys.exit(3)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and "in use by process pid" in out.stdout, out
+    check_not_locked(run)  # this process holds it: not a conflict
+    lock.release()
+    out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out  # released: free again (and freed again by that process's exit)
+    RunLock.acquire(run).release()
+
+
+def test_lock_error_is_a_config_error():
+    assert issubclass(RunDirLockedError, ConfigError)
+
+
+@pytest.mark.parametrize(("kwargs", "word"), [
+    ({"length": None}, "'length' must be a number"),
+    ({"length": "abc"}, "'length' must be a number"),
+    ({"length": 0}, "length=0"),
+    ({"horizon": 1}, "horizon=1"),
+])
+def test_env_kwarg_errors_name_the_kwarg(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        make_env("tmaze", kwargs)
+
+
+def test_evaluation_step_cap_ends_endless_rollouts():
+    venv = make_vector_env("tmaze", {"length": 10**11}, 2)
+    spec = ActionSpec.from_space(venv.single_action_space)
+    collector = Collector(venv, spec, seed=0)
+    rollouts, stats = collector.collect_rollouts(RandomPolicy(spec, seed=0), 4, seed=0, max_steps=15)
+    venv.close()
+    assert collector.capped_rollouts == 2 and len(rollouts) == 2 and len(stats) == 2
+    assert all(r.truncated[-1] and len(r.action) == 15 for r in rollouts)
+
+
+@pytest.mark.parametrize(("at", "step"), [(0, 0), (4, 4)])  # the reset observation, an episode's final one
+def test_collector_checks_reset_and_final_observations(at, step):
+    import functools
+
+    import gymnasium as gym
+    from probe_envs import BadValueEnv
+
+    from icrl.envs import TimestepWrapper
+
+    thunk = functools.partial(lambda: TimestepWrapper(BadValueEnv("obs", at=at, length=4)))
+    venv = gym.vector.SyncVectorEnv([thunk] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    spec = ActionSpec.from_space(venv.single_action_space)
+    with pytest.raises(NonFiniteError, match=rf"BadValueEnv \(copy 0\) .*'obs'\) at step {step} "):
+        Collector(venv, spec, seed=0).collect(RandomPolicy(spec, seed=0), 16)
+    venv.close()

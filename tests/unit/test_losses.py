@@ -1,0 +1,282 @@
+"""TD targets, REDQ, critic and actor losses: hand-computed values, masking, gradient routing."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from icrl.agent.losses import (
+    DEFAULT_GAMMAS,
+    actor_loss,
+    advantage_filter,
+    align_next,
+    critic_loss,
+    frozen_critic,
+    redq_target_value,
+    td_targets,
+)
+from icrl.nets.dists import Categorical
+from icrl.nets.heads import Actor, Critic, q_at_action
+from icrl.types import ActionSpec
+
+NAN = float("nan")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# ---------------------------------------------------------------- TD targets
+
+
+def _td_case():
+    """Three windows of L=5, padding marked NaN where it must never be read.
+
+    row 0: terminal after step 2 (no bootstrap there); row 1: time-limit truncation after step 2
+    (bootstraps; the window's transitions end there); row 2: four transitions, no terminal.
+    """
+    reward = torch.tensor([[1.0, 2.0, 3.0, NAN, NAN], [1.0, 1.0, 1.0, NAN, NAN], [0.0, 0.0, 0.0, 0.0, NAN]])
+    terminated = torch.tensor([[0, 0, 1, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    valid = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    nv = torch.tensor([[10.0, 20.0, 30.0, NAN, NAN], [5.0, 6.0, 7.0, NAN, NAN], [1.0, 2.0, 3.0, 4.0, NAN]])
+    gammas = torch.tensor([0.5, 0.9])
+    next_value = nv.unsqueeze(-1).expand(3, 5, 2).clone()
+    next_value[..., 1] *= 2  # the second discount's critic predicts twice as much
+    return reward, terminated, valid, next_value, gammas
+
+
+def test_td_targets_one_step_table():
+    reward, terminated, valid, next_value, gammas = _td_case()
+    y = td_targets(reward, terminated, valid, next_value, gammas, reward_scale=2.0)
+    assert y.shape == (3, 5, 2) and torch.isfinite(y).all()
+    for gi, g in enumerate([0.5, 0.9]):
+        k = 2.0 if gi == 1 else 1.0  # value multiplier of this discount
+        expected = torch.tensor(
+            [
+                [2 * 1 + g * 10 * k, 2 * 2 + g * 20 * k, 2 * 3, 0, 0],  # terminal: no bootstrap
+                [2 + g * 5 * k, 2 + g * 6 * k, 2 + g * 7 * k, 0, 0],  # truncation bootstraps
+                [g * 1 * k, g * 2 * k, g * 3 * k, g * 4 * k, 0],
+            ]
+        )
+        torch.testing.assert_close(y[..., gi], expected)
+
+
+def test_td_targets_n_step_table():
+    reward, terminated, valid, next_value, gammas = _td_case()
+    y = td_targets(reward, terminated, valid, next_value, gammas, reward_scale=2.0, n_step=3)
+    assert torch.isfinite(y).all()
+    for gi, g in enumerate([0.5, 0.9]):
+        k = 2.0 if gi == 1 else 1.0
+        expected = torch.tensor(
+            [
+                # stops at the terminal after step 2, without bootstrapping
+                [2 + g * 4 + g**2 * 6, 4 + g * 6, 6, 0, 0],
+                # three steps, then two, then one as the window's transitions run out
+                [2 + 2 * g + 2 * g**2 + g**3 * 7 * k, 2 + 2 * g + g**2 * 7 * k, 2 + g * 7 * k, 0, 0],
+                [g**3 * 3 * k, g**3 * 4 * k, g**2 * 4 * k, g * 4 * k, 0],
+            ]
+        )
+        torch.testing.assert_close(y[..., gi], expected)
+
+
+def test_td_targets_n_step_one_equals_default_and_default_gammas():
+    reward, terminated, valid, next_value, _ = _td_case()
+    nv = next_value[..., :1].expand(3, 5, len(DEFAULT_GAMMAS))
+    y1 = td_targets(reward, terminated, valid, nv, DEFAULT_GAMMAS, n_step=1)
+    y = td_targets(reward, terminated, valid, nv, DEFAULT_GAMMAS)
+    assert torch.equal(y1, y) and y.shape == (3, 5, 7)
+    assert DEFAULT_GAMMAS[-1] == 0.999
+
+
+def test_align_next():
+    v = torch.arange(6.0).view(1, 6, 1)
+    assert align_next(v).flatten().tolist() == [1, 2, 3, 4, 5, 0]
+
+
+# ---------------------------------------------------------------- REDQ
+
+
+def test_redq_subset_min_and_mean():
+    C = 4
+    q = torch.randn(2, 3, C, 5)
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(60):
+        out = redq_target_value(q, num_sample=2, generator=gen)
+        pairs = [p for p in itertools.combinations(range(C), 2) if torch.equal(out, q[:, :, list(p)].amin(2))]
+        assert len(pairs) == 1  # one subset of size 2, the same for every timestep and discount
+        seen.add(pairs[0])
+    assert len(seen) == 6  # every pair gets drawn
+    out = redq_target_value(q, num_sample=2, generator=torch.Generator().manual_seed(1), reduce="mean")
+    assert any(torch.allclose(out, q[:, :, list(p)].mean(2)) for p in itertools.combinations(range(C), 2))
+    assert torch.equal(redq_target_value(q, num_sample=C), q.amin(2))
+
+
+# ---------------------------------------------------------------- critic loss
+
+
+def test_critic_loss_ignores_padding_exactly():
+    B, L, C, G = 2, 4, 3, 2
+    q = torch.randn(B, L, C, G, requires_grad=True)
+    y = torch.randn(B, L, G)
+    valid = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    y_pad = y.clone()
+    y_pad[~valid] = NAN
+    with torch.no_grad():
+        q_pad = q.clone()
+        q_pad[~valid] = 1e6
+    q_pad.requires_grad_(True)
+    loss, metrics = critic_loss(q_pad, y_pad, valid)
+    expected = ((q - y.unsqueeze(2)) ** 2)[valid].mean()
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert torch.all(q_pad.grad[~valid] == 0) and torch.isfinite(q_pad.grad).all()
+    assert set(metrics) >= {"critic_loss", "q_norm", "y_norm", "td_abs_err"}
+
+
+# ---------------------------------------------------------------- actor loss values
+
+
+def test_actor_loss_discrete_values():
+    B, L, C, G, A = 1, 2, 2, 2, 3
+    logits = torch.randn(B, L, G, A)
+    q_all = torch.randn(B, L, C, G, A)
+    action = F.one_hot(torch.tensor([[2, 0]]), A).float()  # [B, L, A]
+    valid = torch.tensor([[True, False]])
+    loss, m = actor_loss(Categorical(logits), action, valid, q_all=q_all, online_coeff=1.0, offline_coeff=0.1)
+    p, q = logits.softmax(-1), q_all.mean(2)  # [B, L, G, A]
+    v = (p * q).sum(-1)
+    a_id = 2
+    adv = q[0, 0, :, a_id] - v[0, 0]  # [G]
+    bc = -(adv > 0).float() * logits.log_softmax(-1)[0, 0, :, a_id]
+    expected = (-v[0, 0] + 0.1 * bc).mean()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(m["advantage"], adv.mean())
+
+
+def test_advantage_filters():
+    adv = torch.tensor([-1.0, 0.0, 0.5, 10.0])
+    assert advantage_filter(adv).tolist() == [0.0, 0.0, 1.0, 1.0]
+    torch.testing.assert_close(
+        advantage_filter(adv, "exp", beta=0.5, clip=20.0), torch.tensor([math.exp(-2), 1.0, math.e, 20.0])
+    )
+
+
+def test_actor_loss_continuous_bc_selects_good_data_actions():
+    """Q peaks at the data action: A > 0 there, so the BC term is exactly -log π(a_t) (online off)."""
+    spec = ActionSpec("continuous", 2)
+    B, L, G = 2, 3, 3
+    actor = Actor(8, spec, G, hidden=16)
+    dist = actor(torch.randn(B, L, 8))
+    action = torch.full((B, L, 2), 0.3)
+    valid = torch.ones(B, L, dtype=torch.bool)
+
+    def q_fn(a):  # [..., B, L, G, A] -> [..., B, L, C=2, G]
+        return (-(a - 0.3).square().sum(-1)).unsqueeze(-2).expand(*a.shape[:-2], 2, G)
+
+    loss, m = actor_loss(dist, action, valid, q_fn=q_fn, online_coeff=0.0, offline_coeff=0.1)
+    logp = dist.log_prob(action.unsqueeze(-2).expand(B, L, G, 2))
+    torch.testing.assert_close(loss, -0.1 * logp.mean())
+    assert m["bc_weight"].item() == 1.0
+
+
+def test_actor_loss_masks_invalid_steps():
+    spec = ActionSpec("discrete", 4)
+    logits = torch.randn(2, 3, 2, 4, requires_grad=True)
+    valid = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    action = F.one_hot(torch.randint(0, 4, (2, 3)), 4).float()
+    loss, _ = actor_loss(Categorical(logits), action, valid, q_all=torch.randn(2, 3, 3, 2, spec.dim))
+    loss.backward()
+    assert torch.all(logits.grad[~valid] == 0) and logits.grad[valid].abs().sum() > 0
+
+
+# ---------------------------------------------------------------- gradient routing
+
+
+def _setup(kind: str):
+    torch.manual_seed(1)
+    spec = ActionSpec(kind, 3)
+    B, L, G, d = 2, 4, 3, 8
+    upstream = torch.nn.Linear(5, d)  # stands in for the shared encoder
+    actor = Actor(d, spec, G, hidden=16)
+    critic = Critic(d, spec, G, num_critics=2, hidden=16)
+    x = torch.randn(B, L, 5)
+    if kind == "discrete":
+        action = F.one_hot(torch.randint(0, 3, (B, L)), 3).float()
+    elif kind == "continuous":
+        action = torch.rand(B, L, 3) * 2 - 1
+    else:
+        action = torch.randint(0, 2, (B, L, 3)).float()
+    valid = torch.ones(B, L, dtype=torch.bool)
+    valid[1, -1] = False
+    return upstream, actor, critic, x, action, valid
+
+
+def _actor_loss(actor, critic, s, action, valid, q_fn=None):
+    dist = actor(s)
+    if isinstance(dist, Categorical):
+        return actor_loss(dist, action, valid, q_all=critic(s))[0]
+    return actor_loss(dist, action, valid, q_fn=q_fn or frozen_critic(critic, s))[0]
+
+
+def _grads(module):
+    return [p.grad for p in module.parameters()]
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous", "multibinary"])
+def test_actor_loss_gradient_routing(kind):
+    upstream, actor, critic, x, action, valid = _setup(kind)
+    s = upstream(x)
+    torch.manual_seed(2)
+    _actor_loss(actor, critic, s, action, valid).backward()
+    assert all(g is None for g in _grads(critic)), "the actor loss must never reach critic parameters"
+    assert all(g is not None and g.abs().sum() > 0 for g in _grads(actor))
+    assert all(g is not None and g.abs().sum() > 0 for g in _grads(upstream))
+
+    # The encoder's gradient comes through the actor's input only: identical when the critic reads an
+    # unrelated constant copy of the state and is a separate frozen network.
+    got = [g.clone() for g in _grads(upstream)]
+    upstream.zero_grad()
+    frozen = copy.deepcopy(critic).requires_grad_(False)
+    s = upstream(x)
+    s_const = s.detach().clone()
+    torch.manual_seed(2)
+    dist = actor(s)
+    if kind == "discrete":
+        ref = actor_loss(dist, action, valid, q_all=frozen(s_const))[0]
+    else:
+        ref = actor_loss(dist, action, valid, q_fn=lambda a: frozen(s_const, a))[0]
+    ref.backward()
+    for g, r in zip(got, _grads(upstream)):
+        torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("kind", ["continuous", "multibinary"])
+def test_online_term_differentiates_through_action(kind):
+    """The online -Q term moves the policy: with BC off, the actor still gets a gradient via the action."""
+    upstream, actor, critic, x, action, valid = _setup(kind)
+    s = upstream(x)
+    loss, _ = actor_loss(actor(s), action, valid, q_fn=frozen_critic(critic, s), offline_coeff=0.0)
+    loss.backward()
+    assert actor.net[-1].weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in critic.parameters())
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous", "multibinary"])
+def test_critic_loss_gives_no_gradient_to_actor(kind):
+    upstream, actor, critic, x, action, valid = _setup(kind)
+    s = upstream(x)
+    G = actor.num_gammas
+    a_g = action.unsqueeze(-2).expand(*action.shape[:2], G, 3)
+    q_sa = q_at_action(critic(s), a_g) if kind == "discrete" else critic(s, a_g)
+    loss, _ = critic_loss(q_sa, torch.randn(*valid.shape, G), valid)
+    loss.backward()
+    assert all(g is None for g in _grads(actor))
+    assert all(g is not None and g.abs().sum() > 0 for g in _grads(critic))
+    assert all(g is not None and g.abs().sum() > 0 for g in _grads(upstream))  # the encoder learns from it
