@@ -29,7 +29,7 @@ import torch
 
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig
+from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, RandomPolicy, make_vector_env
 from icrl.run.distributed import init_replicas
@@ -44,8 +44,7 @@ def config(args: argparse.Namespace) -> ExperimentConfig:
     return ExperimentConfig(
         env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": args.seq_len}), parallel_envs=8),
         model=ModelConfig(d_model=args.d_model, layers=args.layers, heads=4, max_seq_len=args.seq_len),
-        train=TrainConfig(batch_size=args.batch_size, device=args.device, threads=args.threads, seed=0),
-    )
+    ).replace(batch_size=args.batch_size, device=args.device, threads=args.threads, seed=0)
 
 
 def fill_replay(cfg: ExperimentConfig, root: Path, env_steps: int) -> int:
@@ -62,15 +61,15 @@ def fill_replay(cfg: ExperimentConfig, root: Path, env_steps: int) -> int:
 def worker(args: argparse.Namespace) -> None:
     """One process of a timed run (rank 0 writes the result to --out)."""
     cfg = ExperimentConfig.from_json(Path(args.config).read_text())
-    replicas = init_replicas(cfg.train.device)
+    replicas = init_replicas(cfg.run.device)
     seed_everything(0, replicas.rank)
-    torch.set_num_threads(cfg.train.threads)
+    torch.set_num_threads(cfg.run.threads)
     venv = make_vector_env(cfg.env.env, cfg.env.kwargs, 1)
     spec = ActionSpec.from_space(venv.single_action_space)
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(replicas.device)
     venv.close()
     learner = Learner(agent, cfg, replicas.device, replicas)
-    loader = make_loader(args.replay, batch_size=cfg.train.batch_size, max_seq_len=training_window(cfg),
+    loader = make_loader(args.replay, batch_size=cfg.optim.batch_size, max_seq_len=training_window(cfg),
                          action_spec=spec, seed=derive_seed(replicas.rank_seed(0), "loader"))
     batches = [next(loader) for _ in range(8)]  # sampling is not what is timed: cycle through these
     for i in range(args.warmup):
@@ -87,7 +86,7 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps({
             "processes": world, "updates": args.updates, "seconds": seconds,
             "optimizer_steps_per_s": args.updates / seconds,
-            "windows_per_s": args.updates * world * cfg.train.batch_size / seconds,
+            "windows_per_s": args.updates * world * cfg.optim.batch_size / seconds,
         }))
     loader.close()
     replicas.close()

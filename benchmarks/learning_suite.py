@@ -16,7 +16,7 @@ runs go to `<run-root>/<suite>/<name>_seed<k>` (an old run of the same name is d
 
     python benchmarks/learning_suite.py --suite tmaze_lengths --lengths 10 20 50 --steps 10000 --seeds 0 1
     python benchmarks/learning_suite.py --suite popgym_easy meta_frozen_lake --steps 20000
-    python benchmarks/learning_suite.py --suite dark_key_door --steps 50000 --set train.lr=1e-4
+    python benchmarks/learning_suite.py --suite dark_key_door --steps 50000 --set optim.lr=1e-4
 
 Writes `<out>.json` (per run: final and best eval return / success, env steps, wall time, the effective config;
 per suite: aggregates) and PNGs `<out>_tmaze_lengths.png`, `<out>_popgym_easy.png`, `<out>_meta_frozen_lake.png`
@@ -28,7 +28,6 @@ the table's header line says which budget was used.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -44,7 +43,6 @@ from icrl.config import (
     ExploreConfig,
     LossConfig,
     ModelConfig,
-    TrainConfig,
     apply_overrides,
 )
 
@@ -97,31 +95,28 @@ def popgym_config(name: str) -> ExperimentConfig:
     """A small Transformer for one POPGym task; the context covers a whole episode when it is <= 256 steps."""
     length = popgym_episode_length(name)
     return ExperimentConfig(
-        env=EnvConfig(env=name, parallel_envs=8, eval_rollouts=16),
+        env=EnvConfig(env=name, parallel_envs=8),
         model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=min(256, length + 1) if length else 256),
-        train=TrainConfig(steps_per_epoch=1000, updates_per_epoch=200),
-    )
+    ).replace(eval_rollouts=16, steps_per_epoch=1000, updates_per_epoch=200)
 
 
 def meta_frozen_lake_config() -> ExperimentConfig:
     """Meta-Frozen-Lake (5×5, 50-step episodes), 3 episodes of one hidden lake per rollout."""
     return ExperimentConfig(
-        env=EnvConfig(env="meta_frozen_lake", episodes_per_rollout=3, parallel_envs=8, eval_rollouts=16),
+        env=EnvConfig(env="meta_frozen_lake", episodes_per_rollout=3, parallel_envs=8),
         model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=256),
         loss=LossConfig(entropy_coeff=0.02),
         explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=2_500),  # per env: 20,000 env steps of the 8
-        train=TrainConfig(steps_per_epoch=1000, updates_per_epoch=200),
-    )
+    ).replace(eval_rollouts=16, steps_per_epoch=1000, updates_per_epoch=200)
 
 
 def dark_key_door_config() -> ExperimentConfig:
     """Dark Key-To-Door (9×9, 50-step episodes) with 500-step rollouts of one room."""
     return ExperimentConfig(
-        env=EnvConfig(env="dark_key_door", rollout_horizon=500, parallel_envs=8, eval_rollouts=16),
+        env=EnvConfig(env="dark_key_door", rollout_horizon=500, parallel_envs=8),
         model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=512, max_time=4096),
         explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=6_250),  # per env: 50,000 env steps of the 8
-        train=TrainConfig(steps_per_epoch=1000, updates_per_epoch=200),
-    )
+    ).replace(eval_rollouts=16, steps_per_epoch=1000, updates_per_epoch=200)
 
 
 def popgym_easy_names() -> list[str]:
@@ -153,17 +148,16 @@ def with_budget(
 ) -> ExperimentConfig:
     """Set the run's budget, seed and directory; shrink the epoch (keeping updates per env step) to fit tiny
     budgets, and spread about EVALS_PER_RUN evaluations over the run."""
-    t = cfg.train
-    spe = max(cfg.env.parallel_envs, min(t.steps_per_epoch, steps))
-    upe = max(1, round(t.updates_per_epoch * spe / t.steps_per_epoch)) if t.updates_per_epoch else 0
+    s = cfg.schedule
+    spe = max(cfg.env.parallel_envs, min(s.steps_per_epoch, steps))
+    upe = max(1, round(s.updates_per_epoch * spe / s.steps_per_epoch)) if s.updates_per_epoch else 0
     epochs = max(1, steps // spe)
     every = max(1, epochs // EVALS_PER_RUN)
-    train = dataclasses.replace(
-        t, run_dir=str(run_dir), seed=seed, total_env_steps=max(steps, spe), steps_per_epoch=spe,
+    return cfg.replace(
+        run_dir=str(run_dir), seed=seed, total_env_steps=max(steps, spe), steps_per_epoch=spe,
         updates_per_epoch=upe, eval_every=every, log_every=every, checkpoint_every=max(every, epochs),
         keep_checkpoints=1, threads=threads, device=device, resume=False,
     )  # fmt: skip
-    return dataclasses.replace(cfg, train=train)
 
 
 # ----------------------------------------------------------------------------------------------- running

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from learning_suite import run_one  # benchmarks/ is on sys.path when this file runs as a script
 
-from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 
 MODES = ("none", "some", "all")
 PUBLISHED = {
@@ -52,12 +52,11 @@ def task_config(task: str) -> ExperimentConfig:
     # (the instruction is in every observation, so the agent needs no memory to follow it).
     seq_len, batch = (64, 16) if task == "crafter" else (min(horizon + 1, 512), 32)
     return ExperimentConfig(
-        env=EnvConfig(env=task, env_kwargs=json.dumps(kwargs), parallel_envs=8, eval_rollouts=32),
+        env=EnvConfig(env=task, env_kwargs=json.dumps(kwargs), parallel_envs=8),
         model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=seq_len, head_hidden=64),
         loss=LossConfig(entropy_coeff=0.02),
         explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=500),  # per env: 4,000 env steps of the 8
-        train=TrainConfig(steps_per_epoch=200, updates_per_epoch=40, batch_size=batch, warmup_updates=50),
-    )
+    ).replace(eval_rollouts=32, steps_per_epoch=200, updates_per_epoch=40, batch_size=batch, warmup_updates=50)
 
 
 def plot(out: Path, runs: list[dict]) -> Path:
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     for task in args.tasks:
         base = task_config(task)
         for mode in args.modes:
-            cfg = dataclasses.replace(base, train=dataclasses.replace(base.train, relabel=mode))
+            cfg = dataclasses.replace(base).replace(relabel=mode)
             for seed in args.seeds:
                 r = run_one(task, mode, {"task": task, "mode": mode}, cfg, seed, args)
                 runs.append(r)

@@ -3,8 +3,8 @@
 (a) Learner: `Learner.update` on real `Batch`es sampled (make_loader) from a DiskReplay filled with
     synthetic T-Maze-like rollouts longer than the window. Agent for the T-Maze spaces with the library's
     heads (4 critics, 7 discounts, 2-layer MLPs of --head-hidden 256 units). `--dtype bf16` sets
-    `TrainConfig.dtype="bf16"` (the library's autocast of the forward and losses), `--compile` sets
-    `TrainConfig.compile`. Reports updates/s,
+    `OptimConfig.dtype="bf16"` (the library's autocast of the forward and losses), `--compile` sets
+    `OptimConfig.compile`. Reports updates/s,
     a forward / backward / optimiser split and the peak memory of the timed updates (CPU: peak RSS above
     the RSS before them, VmHWM reset via /proc/self/clear_refs; CUDA: max_memory_allocated).
 (b) Acting: env steps/s of the whole collection loop, `Collector.collect` with `AgentPolicy(greedy=False)`
@@ -44,7 +44,7 @@ import torch
 from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, AgentPolicy
-from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env, make_wrapped_env
 from icrl.nets.popart import ema_update_
@@ -66,7 +66,7 @@ SDPA_BACKEND = "default"  # --sdpa: which scaled_dot_product_attention kernel th
 @contextmanager
 def autocast_ctx(device: torch.device, dtype: str):
     """Pins the SDPA backend of the learner when --sdpa asks for one (an experiment: no library change
-    needed). The precision is the library's now (`TrainConfig.dtype`), so `dtype` is unused here."""
+    needed). The precision is the library's now (`OptimConfig.dtype`), so `dtype` is unused here."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = {"math": [SDPBackend.MATH], "flash": [SDPBackend.FLASH_ATTENTION],
@@ -177,10 +177,7 @@ def build(args: argparse.Namespace, device: torch.device):
             head_hidden=args.head_hidden,
         ),
         loss=LossConfig(),  # library defaults: 4 critics, 7 discounts
-        train=TrainConfig(
-            batch_size=args.batch_size, seed=0, threads=args.threads, dtype=args.dtype, compile=args.compile
-        ),
-    )
+    ).replace(batch_size=args.batch_size, seed=0, threads=args.threads, dtype=args.dtype, compile=args.compile)
     env = make_wrapped_env("tmaze", {"length": args.seq_len})
     spec = ActionSpec.from_space(env.action_space)
     torch.manual_seed(0)
@@ -206,7 +203,7 @@ def update_with_breakdown(learner: Learner, batch, device: torch.device) -> dict
     loss.backward()
     sync(device)
     t2 = time.perf_counter()
-    torch.nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.train.grad_clip)
+    torch.nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.optim.grad_clip)
     learner.optimizer.step()
     learner.scheduler.step()
     with torch.no_grad():
@@ -499,7 +496,7 @@ def main() -> None:
                    help="pin the attention kernel of the learner update (experiment)")
     p.add_argument("--peak-n", type=int, default=2048, help="matrix side of the peak-FLOP/s mm loop")
     p.add_argument("--peak-seconds", type=float, default=1.5)
-    p.add_argument("--compile", action="store_true", help="TrainConfig.compile: torch.compile the loss computation")
+    p.add_argument("--compile", action="store_true", help="OptimConfig.compile: torch.compile the loss computation")
     p.add_argument("--skip-learner", action="store_true")
     p.add_argument("--skip-acting", action="store_true")
     p.add_argument("--profile", action="store_true", help="print cProfile (acting) and torch.profiler (update) tops")

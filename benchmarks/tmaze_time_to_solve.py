@@ -6,7 +6,7 @@ env steps, updates and wall time (seconds since the run started, evaluation time
 never get there within `--total-env-steps` report null.
 
     python benchmarks/tmaze_time_to_solve.py --length 10 --seeds 0 1 2
-    python benchmarks/tmaze_time_to_solve.py --length 100 --total-env-steps 200000 --set train.lr=3e-4
+    python benchmarks/tmaze_time_to_solve.py --length 100 --total-env-steps 200000 --set optim.lr=3e-4
 
 `--set group.field=value` overrides any ExperimentConfig field (value parsed as JSON, else a string).
 The last line printed is one JSON object (also written to benchmarks/results/tmaze_solve_<tag>.json).
@@ -15,7 +15,6 @@ The last line printed is one JSON object (also written to benchmarks/results/tma
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig, apply_overrides
+from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, apply_overrides
 from icrl.run.loggers import read_metrics
 
 
@@ -40,18 +39,18 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--threshold", type=float, default=0.95)
     p.add_argument("--total-env-steps", type=int, default=50_000)
-    p.add_argument("--steps-per-epoch", type=int, default=None, help="default: TrainConfig's")
-    p.add_argument("--updates-per-epoch", type=int, default=None, help="default: TrainConfig's")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="default: the library's")
+    p.add_argument("--updates-per-epoch", type=int, default=None, help="default: the library's")
     p.add_argument("--eval-every", type=int, default=1, help="epochs between evaluations (finer = sharper timing)")
     p.add_argument("--eval-rollouts", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=None, help="default: TrainConfig's")
+    p.add_argument("--batch-size", type=int, default=None, help="default: the library's")
     p.add_argument("--max-seq-len", type=int, default=None, help="default: length + 1 (the whole rollout in context)")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--traj-encoder", default="transformer", choices=["transformer", "gru", "lstm", "ff"])
     p.add_argument("--parallel-envs", type=int, default=8)
-    p.add_argument("--threads", type=int, default=None, help="default: TrainConfig's")
+    p.add_argument("--threads", type=int, default=None, help="default: the library's")
     p.add_argument("--device", default="auto")
     p.add_argument("--set", action="append", default=[], metavar="GROUP.FIELD=VALUE")
     p.add_argument("--preset", action="store_true",
@@ -75,7 +74,6 @@ def main() -> None:
                 env="tmaze",
                 env_kwargs=json.dumps({"length": args.length}),
                 parallel_envs=args.parallel_envs,
-                eval_rollouts=args.eval_rollouts,
             ),
             model=ModelConfig(
                 traj_encoder=args.traj_encoder,
@@ -84,28 +82,14 @@ def main() -> None:
                 heads=args.heads,
                 max_seq_len=args.max_seq_len or args.length + 1,
             ),
-            train=TrainConfig(
-                run_dir=str(run_dir),
-                seed=seed,
-                total_env_steps=args.total_env_steps,
-                eval_every=args.eval_every,
-                device=args.device,
-                **{k: getattr(args, k) for k in ("steps_per_epoch", "updates_per_epoch", "batch_size", "threads")
-                   if getattr(args, k) is not None},
-            ),
-        )
+        ).replace(**{k: getattr(args, k) for k in ("steps_per_epoch", "updates_per_epoch", "batch_size", "threads")
+                     if getattr(args, k) is not None})
         if args.preset:
             from icrl.presets import tmaze
 
-            base = tmaze(args.length)
-            cfg = dataclasses.replace(
-                base,
-                env=dataclasses.replace(base.env, eval_rollouts=args.eval_rollouts),
-                train=dataclasses.replace(
-                    base.train, run_dir=str(run_dir), seed=seed, total_env_steps=args.total_env_steps,
-                    eval_every=args.eval_every, device=args.device,
-                ),
-            )
+            cfg = tmaze(args.length)
+        cfg = cfg.replace(eval_rollouts=args.eval_rollouts, run_dir=str(run_dir), seed=seed,
+                          total_env_steps=args.total_env_steps, eval_every=args.eval_every, device=args.device)
         cfg = apply_overrides(cfg, args.set)
         effective = json.loads(cfg.to_json())
         t0 = time.perf_counter()

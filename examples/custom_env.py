@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 import icrl
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig
+from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 
 
 class Signpost(gym.Env):
@@ -66,14 +66,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6000, help="env steps to train for (default: 6 epochs)")
     parser.add_argument("--quick", action="store_true", help="a tiny model and few updates (smoke test)")
     args = parser.parse_args()
-    cfg = ExperimentConfig(train=TrainConfig(run_dir=args.run_dir, total_env_steps=args.steps))
+    cfg = ExperimentConfig().replace(run_dir=args.run_dir, total_env_steps=args.steps)
     if args.quick:
         cfg = dataclasses.replace(
             cfg,
-            env=EnvConfig(parallel_envs=4, eval_rollouts=8),
+            env=EnvConfig(parallel_envs=4),
             model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=16),
-            train=dataclasses.replace(cfg.train, steps_per_epoch=min(400, args.steps), updates_per_epoch=4, device="cpu"),
-        )
+        ).replace(eval_rollouts=8, steps_per_epoch=min(400, args.steps), updates_per_epoch=4, device="cpu")
     result = icrl.train(cfg, env=Signpost)
     print(f"trained: eval return {result['return_mean']:.2f}; greedy returns of 5 fresh episodes: "
           f"{play(args.run_dir)}")

@@ -332,7 +332,7 @@ def _eval(argv: list[str]) -> None:
     from icrl.run.loggers import console
 
     try:
-        threads = load_config(args.run_dir).train.threads
+        threads = load_config(args.run_dir).run.threads
         if threads > 0:
             torch.set_num_threads(threads)
         result = evaluate_run(

@@ -34,11 +34,6 @@ class EnvConfig:
     """Meta-RL: instead of a fixed episode count, repeat episodes of one task for this many steps."""
     chunk_len: int | None = None
     """Store very long rollouts as chunks of this many steps (None: whole rollouts)."""
-    eval_rollouts: int = 32
-    """Rollouts per evaluation (results average over rollouts, not episodes)."""
-    eval_max_steps: int = 50_000
-    """Evaluation stops a rollout after this many steps (counted as it stands, with a warning), so an env
-    whose episodes never end cannot hang evaluation."""
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -49,6 +44,19 @@ class EnvConfig:
         if not isinstance(value, dict):
             raise ConfigError(f"--env-kwargs must be a JSON object like '{{\"length\": 20}}', got {self.env_kwargs!r}")
         return value
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Greedy evaluation during training (and the defaults of `icrl eval`)."""
+
+    eval_every: int = 5
+    """Evaluate every this many epochs (and after the last)."""
+    eval_rollouts: int = 32
+    """Rollouts per evaluation (results average over rollouts, not episodes)."""
+    eval_max_steps: int = 50_000
+    """Evaluation stops a rollout after this many steps (counted as it stands, with a warning), so an env
+    whose episodes never end cannot hang evaluation."""
 
 
 @dataclass(frozen=True)
@@ -209,17 +217,9 @@ class ExploreConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    run_dir: str = "runs/icrl"
-    """Folder for metrics, replay, checkpoints and plots."""
-    seed: int = 0
-    """Seeds Python, numpy, torch, every env copy and every loader worker."""
-    total_env_steps: int = 100_000
-    """Stop after this many env steps."""
-    steps_per_epoch: int = 1_000
-    """Env steps collected per epoch (across all parallel envs)."""
-    updates_per_epoch: int = 200
-    """Gradient updates per epoch (updates per env step = this / steps_per_epoch)."""
+class OptimConfig:
+    """One gradient update: batch, optimiser, precision."""
+
     batch_size: int = 24
     """Sequences per update."""
     lr: float = 1e-4
@@ -232,24 +232,6 @@ class TrainConfig:
     """AdamW weight decay (not applied to norms, biases and embeddings)."""
     grad_clip: float = 1.0
     """Max global gradient norm."""
-    replay_capacity: int = 1_000_000
-    """FIFO replay capacity in timesteps."""
-    start_updates_after: int = 0
-    """Collect at least this many env steps before the first update."""
-    eval_every: int = 5
-    """Evaluate every this many epochs (and after the last)."""
-    num_workers: int = 0
-    """DataLoader worker processes (0: load in the learner process)."""
-    device: str = "auto"
-    """`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`..."""
-    threads: int = 1
-    """torch CPU threads (0: torch's default). 1 is fastest for small models on shared cores: with env
-    processes or other jobs on the machine, OpenMP threads oversubscribe the cores and an update gets
-    several times slower. Raise it for large models on a CPU of your own."""
-    log_backends: tuple[Literal["tensorboard", "wandb"], ...] = ()
-    """Extra logging back-ends beside RUN_DIR/metrics.jsonl (each needs its package installed)."""
-    log_every: int = 1
-    """Print a progress line every this many epochs."""
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Precision of the learner's forward and loss: `bf16` runs them under torch.autocast(bfloat16) (matmuls
     and attention in bf16; heads' outputs, losses, PopArt, gradients and the optimiser stay float32).
@@ -257,15 +239,16 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the learner's loss computation (the encoder pass, heads and losses). Costs tens of
     seconds of compilation at start; on CPU it gained little (0-20% per update), so it is off by default."""
-    checkpoint_every: int = 10
-    """Write a checkpoint (RUN_DIR/checkpoints/ckpt-EPOCH) every this many epochs, and after the last one."""
-    keep_checkpoints: int = 3
-    """Keep only the newest this many checkpoints."""
-    resume: bool = False
-    """Continue the run in --run-dir from its newest readable checkpoint: same counters, exploration level
-    and RNG states, the replay buffer reused (rollouts in progress at the checkpoint are dropped). The
-    config must match the run's config.json except for --total-env-steps. Without it, a run dir that
-    already holds a run is refused."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """What the learner samples from: the replay on disk, its loader, hindsight relabeling and offline data."""
+
+    replay_capacity: int = 1_000_000
+    """FIFO replay capacity in timesteps."""
+    num_workers: int = 0
+    """DataLoader worker processes (0: load in the learner process)."""
     relabel: Literal["none", "some", "all"] = "none"
     """Hindsight instruction relabeling of sampled rollouts (goal-conditioned tasks, DESIGN §7): "some"
     adds a random number of goals the rollout achieved, "all" turns every rollout into a success."""
@@ -286,12 +269,60 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class ScheduleConfig:
+    """How long to train and how collection and updates alternate (one epoch = collect, then update)."""
+
+    total_env_steps: int = 100_000
+    """Stop after this many env steps."""
+    steps_per_epoch: int = 1_000
+    """Env steps collected per epoch (across all parallel envs)."""
+    updates_per_epoch: int = 200
+    """Gradient updates per epoch (updates per env step = this / steps_per_epoch)."""
+    start_updates_after: int = 0
+    """Collect at least this many env steps before the first update."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where and how this process runs: the run directory, seed, device, logging and checkpoints. Apart from
+    the seed, nothing here changes what is learned, so most of it may change on --resume."""
+
+    run_dir: str = "runs/icrl"
+    """Folder for metrics, replay, checkpoints and plots."""
+    seed: int = 0
+    """Seeds Python, numpy, torch, every env copy and every loader worker."""
+    device: str = "auto"
+    """`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`..."""
+    threads: int = 1
+    """torch CPU threads (0: torch's default). 1 is fastest for small models on shared cores: with env
+    processes or other jobs on the machine, OpenMP threads oversubscribe the cores and an update gets
+    several times slower. Raise it for large models on a CPU of your own."""
+    resume: bool = False
+    """Continue the run in --run-dir from its newest readable checkpoint: same counters, exploration level
+    and RNG states, the replay buffer reused (rollouts in progress at the checkpoint are dropped). The
+    config must match the run's config.json except for --total-env-steps. Without it, a run dir that
+    already holds a run is refused."""
+    log_backends: tuple[Literal["tensorboard", "wandb"], ...] = ()
+    """Extra logging back-ends beside RUN_DIR/metrics.jsonl (each needs its package installed)."""
+    log_every: int = 1
+    """Print a progress line every this many epochs."""
+    checkpoint_every: int = 10
+    """Write a checkpoint (RUN_DIR/checkpoints/ckpt-EPOCH) every this many epochs, and after the last one."""
+    keep_checkpoints: int = 3
+    """Keep only the newest this many checkpoints."""
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     explore: ExploreConfig = field(default_factory=ExploreConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self, check_device: bool = True) -> ExperimentConfig:
         """Raise ConfigError naming the fields of the first impossible value or combination.
@@ -301,7 +332,7 @@ class ExperimentConfig:
         errors = field_errors(self)  # every field's type and range first: the checks below assume them
         if errors:
             raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
-        e, m, lo, t = self.env, self.model, self.loss, self.train
+        e, m, lo, r, sc = self.env, self.model, self.loss, self.replay, self.schedule
         e.kwargs  # noqa: B018 - parses the JSON, raising a clear error
         self.explore.validate()
         checks = [
@@ -320,80 +351,102 @@ class ExperimentConfig:
             ),
             (lo.n_step >= 1, "--n-step must be >= 1"),
             (0 < lo.tau <= 1, "--tau must lie in (0, 1]"),
-            (t.batch_size >= 1 and t.updates_per_epoch >= 0, "--batch-size must be >= 1, --updates-per-epoch >= 0"),
+            (self.optim.batch_size >= 1 and sc.updates_per_epoch >= 0, "--batch-size must be >= 1, --updates-per-epoch >= 0"),
             (
-                t.steps_per_epoch >= e.parallel_envs,
-                f"--steps-per-epoch {t.steps_per_epoch} is below --parallel-envs {e.parallel_envs}: "
+                sc.steps_per_epoch >= e.parallel_envs,
+                f"--steps-per-epoch {sc.steps_per_epoch} is below --parallel-envs {e.parallel_envs}: "
                 "each epoch steps every env at least once",
             ),
             (
-                t.total_env_steps >= t.steps_per_epoch or (t.total_env_steps == 0 and t.offline_updates > 0),
+                sc.total_env_steps >= sc.steps_per_epoch or (sc.total_env_steps == 0 and r.offline_updates > 0),
                 "--total-env-steps must be >= --steps-per-epoch (or 0 with --offline-updates: offline training)",
             ),
-            (t.offline_updates >= 0, "--offline-updates must be >= 0"),
+            (r.offline_updates >= 0, "--offline-updates must be >= 0"),
             (
-                t.offline_fraction is None or 0.0 <= t.offline_fraction <= 1.0,
-                f"--offline-fraction {t.offline_fraction} must lie in [0, 1]",
+                r.offline_fraction is None or 0.0 <= r.offline_fraction <= 1.0,
+                f"--offline-fraction {r.offline_fraction} must lie in [0, 1]",
             ),
             (
-                t.offline_data is not None or (t.offline_updates == 0 and t.offline_fraction is None),
+                r.offline_data is not None or (r.offline_updates == 0 and r.offline_fraction is None),
                 "--offline-updates and --offline-fraction need --offline-data PATH_OR_MINARI_ID",
             ),
             (
-                t.offline_updates == 0 or (t.updates_per_epoch >= 1 and t.start_updates_after == 0),
+                r.offline_updates == 0 or (sc.updates_per_epoch >= 1 and sc.start_updates_after == 0),
                 "--offline-updates trains before any env step: it needs --updates-per-epoch >= 1 and "
                 "--start-updates-after 0",
             ),
             (e.chunk_len is None or e.chunk_len >= 2, "--chunk-len must be >= 2"),
             (
-                t.relabel == "none"
+                r.relabel == "none"
                 or (e.chunk_len is None and e.episodes_per_rollout == 1 and e.rollout_horizon is None),
-                f"--relabel {t.relabel} needs whole single-episode rollouts: unset --chunk-len, "
+                f"--relabel {r.relabel} needs whole single-episode rollouts: unset --chunk-len, "
                 "--episodes-per-rollout and --rollout-horizon",
             ),
             (m.goal_dim >= 1, "--goal-dim must be >= 1"),
-            (t.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
-            (t.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
+            (self.run.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
+            (self.run.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        device = device_error(t.device) if check_device else None
+        device = device_error(self.run.device) if check_device else None
         if device is not None:
             raise ConfigError(device)
         return self
+
+    def replace(self, **fields: Any) -> ExperimentConfig:
+        """A copy with the named fields changed, wherever they live: field names are unique across the
+        groups, so `cfg.replace(lr=3e-4, run_dir="runs/a")` needs no group (unknown names raise ConfigError)."""
+        owners = field_groups()
+        unknown = sorted(set(fields) - set(owners))
+        if unknown:
+            raise ConfigError(f"ExperimentConfig has no field {', '.join(unknown)} (see `icrl train --help`)")
+        by_group: dict[str, dict[str, Any]] = {}
+        for name, value in fields.items():
+            by_group.setdefault(owners[name], {})[name] = value
+        return dataclasses.replace(
+            self, **{g: dataclasses.replace(getattr(self, g), **values) for g, values in by_group.items()}
+        )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> ExperimentConfig:
+        """The config a run's config.json holds. Fields are found by name, whichever group the file puts
+        them in, so config.json files of older versions (one `train` group) still load."""
         raw = json.loads(text)
         if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
-            raise ConfigError("expected a JSON object of config groups (env, model, loss, explore, train)")
-        parts = {f.name: f.type for f in dataclasses.fields(cls)}
-        sub = {"env": EnvConfig, "model": ModelConfig, "loss": LossConfig, "explore": ExploreConfig, "train": TrainConfig}
-        kwargs = {}
-        for name in parts:
-            values = dict(raw.get(name, {}))
-            values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}  # JSON has no tuples
-            kwargs[name] = sub[name](**values)
-        return cls(**kwargs)
+            raise ConfigError(f"expected a JSON object of config groups ({', '.join(GROUPS)})")
+        fields = {k: tuple(v) if isinstance(v, list) else v for group in raw.values() for k, v in group.items()}
+        return cls().replace(**fields)  # JSON has no tuples: lists become tuples
+
+
+GROUPS: dict[str, type] = {
+    "env": EnvConfig, "model": ModelConfig, "loss": LossConfig, "explore": ExploreConfig, "optim": OptimConfig,
+    "replay": ReplayConfig, "schedule": ScheduleConfig, "eval": EvalConfig, "run": RunConfig,
+}
+
+
+def field_groups() -> dict[str, str]:
+    """Every field name of ExperimentConfig -> the group holding it (names are unique across groups)."""
+    return {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}
 
 
 def apply_overrides(cfg: ExperimentConfig, sets: list[str]) -> ExperimentConfig:
-    """`["group.field=value", ...]` applied to a config (value parsed as JSON, else kept as a string;
-    JSON lists become tuples). Used by the benchmark scripts' `--set`; raises ConfigError naming a bad key."""
+    """`["field=value", ...]` (or `group.field=value`) applied to a config (value parsed as JSON, else kept
+    as a string; JSON lists become tuples). Used by the benchmark scripts' `--set`; raises ConfigError naming
+    a bad key."""
+    owners = field_groups()
     for item in sets:
         key, _, text = item.partition("=")
-        group, _, name = key.partition(".")
-        if not name or not hasattr(cfg, group) or not hasattr(getattr(cfg, group), name):
-            raise ConfigError(f"--set {item!r}: expected group.field=value naming a field of ExperimentConfig")
+        group, _, name = key.rpartition(".")
+        if name not in owners or group not in ("", owners[name]):
+            raise ConfigError(f"--set {item!r}: expected field=value naming a field of ExperimentConfig")
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
             value = text
-        value = tuple(value) if isinstance(value, list) else value
-        cfg = dataclasses.replace(cfg, **{group: dataclasses.replace(getattr(cfg, group), **{name: value})})
+        cfg = cfg.replace(**{name: tuple(value) if isinstance(value, list) else value})
     return cfg
 

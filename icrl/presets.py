@@ -7,16 +7,15 @@ it in `PRESETS`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 
-from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 
 
-def _small_run(run_dir: str, total_env_steps: int, eval_every: int) -> TrainConfig:
+def _small_run(cfg: ExperimentConfig, run_dir: str, total_env_steps: int, eval_every: int, eval_rollouts: int) -> ExperimentConfig:
     """Short CPU runs: 200 env steps then 40 updates per epoch (0.2 updates per env step)."""
-    return TrainConfig(
+    return cfg.replace(
         run_dir=run_dir,
         total_env_steps=total_env_steps,
         steps_per_epoch=200,
@@ -25,6 +24,7 @@ def _small_run(run_dir: str, total_env_steps: int, eval_every: int) -> TrainConf
         lr=3e-4,
         warmup_updates=50,
         eval_every=eval_every,
+        eval_rollouts=eval_rollouts,
         log_every=eval_every,
     )
 
@@ -34,28 +34,23 @@ def tmaze(length: int = 20) -> ExperimentConfig:
 
     The learning test runs exactly this preset, so the README's first command is known to work.
     """
-    return ExperimentConfig(
-        env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": length}), parallel_envs=8, eval_rollouts=16),
+    cfg = ExperimentConfig(
+        env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": length}), parallel_envs=8),
         model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=length + 1, head_hidden=64),
         # exploration: T-Maze's own recommendation (TMaze.recommended_exploration), losses: the defaults
-        train=_small_run(f"runs/tmaze{length}", total_env_steps=max(10_000, 500 * length), eval_every=10),
     )
+    return _small_run(cfg, f"runs/tmaze{length}", max(10_000, 500 * length), eval_every=10, eval_rollouts=16)
 
 
 def cue_recall(delay: int = 5, continuous: bool = True) -> ExperimentConfig:
     """Cue recall with continuous answers: the smallest continuous-action memory task (~20 s)."""
-    return ExperimentConfig(
-        env=EnvConfig(
-            env="cue_recall",
-            env_kwargs=json.dumps({"delay": delay, "continuous": continuous}),
-            parallel_envs=8,
-            eval_rollouts=16,
-        ),
+    cfg = ExperimentConfig(
+        env=EnvConfig(env="cue_recall", env_kwargs=json.dumps({"delay": delay, "continuous": continuous}), parallel_envs=8),
         model=ModelConfig(d_model=32, layers=1, heads=2, max_seq_len=delay + 3, head_hidden=64),
         loss=LossConfig(gammas=(0.9, 0.99)),
         explore=ExploreConfig(eps_anneal_steps=150),  # per env: 1,200 env steps of the 8 together
-        train=_small_run(f"runs/cue_recall{delay}", total_env_steps=2400, eval_every=6),
     )
+    return _small_run(cfg, f"runs/cue_recall{delay}", total_env_steps=2400, eval_every=6, eval_rollouts=16)
 
 
 def goal_grid(relabel: str = "all", size: int = 5, num_goals: int = 3) -> ExperimentConfig:
@@ -63,17 +58,14 @@ def goal_grid(relabel: str = "all", size: int = 5, num_goals: int = 3) -> Experi
 
     The relabeling learning test runs this preset with `relabel="all"` and `"none"` on the same budget.
     """
-    return ExperimentConfig(
-        env=EnvConfig(
-            env="goal_grid", env_kwargs=json.dumps({"size": size, "num_goals": num_goals}), parallel_envs=8, eval_rollouts=32
-        ),
+    cfg = ExperimentConfig(
+        env=EnvConfig(env="goal_grid", env_kwargs=json.dumps({"size": size, "num_goals": num_goals}), parallel_envs=8),
         model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=64, head_hidden=64, goal_dim=32),
         loss=LossConfig(entropy_coeff=0.02),
         explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=500),  # per env: 4,000 env steps of the 8 together
-        train=dataclasses.replace(
-            _small_run(f"runs/goal_grid_{relabel}", total_env_steps=10_000, eval_every=10), relabel=relabel
-        ),
     )
+    cfg = _small_run(cfg, f"runs/goal_grid_{relabel}", total_env_steps=10_000, eval_every=10, eval_rollouts=32)
+    return cfg.replace(relabel=relabel)
 
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {"tmaze": tmaze, "cue_recall": cue_recall, "goal_grid": goal_grid}

@@ -17,8 +17,6 @@ import types
 import typing
 from typing import Any, Callable, Literal
 
-_GROUPS = ("env", "model", "loss", "explore", "train")
-
 
 def flag(name: str) -> str:
     """The command-line flag of a config field (`icrl train` omits the group prefixes)."""
@@ -45,8 +43,8 @@ def _in(lo: float, hi: float, *, open_hi: bool = False, open_lo: bool = False) -
 # not repeated here.
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "env.rollout_horizon": _ge(1),
-    "env.eval_rollouts": _ge(1),
-    "env.eval_max_steps": _ge(1),
+    "eval.eval_rollouts": _ge(1),
+    "eval.eval_max_steps": _ge(1),
     "model.d_model": _ge(1),
     "model.layers": _ge(1),
     "model.heads": _ge(1),
@@ -72,19 +70,19 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "explore.window_eps": _in(0.0, 1.0),
     "explore.noise_start": _ge(0.0),
     "explore.noise_end": _ge(0.0),
-    "train.seed": _in(0, 2**63 - 1),
-    "train.total_env_steps": _ge(0),
-    "train.steps_per_epoch": _ge(1),
-    "train.lr": _gt(0.0),
-    "train.warmup_updates": _ge(0),
-    "train.weight_decay": _ge(0.0),
-    "train.grad_clip": _gt(0.0),
-    "train.replay_capacity": _ge(1),
-    "train.start_updates_after": _ge(0),
-    "train.eval_every": _ge(1),
-    "train.num_workers": _ge(0),
-    "train.threads": _ge(0),
-    "train.log_every": _ge(1),
+    "run.seed": _in(0, 2**63 - 1),
+    "schedule.total_env_steps": _ge(0),
+    "schedule.steps_per_epoch": _ge(1),
+    "optim.lr": _gt(0.0),
+    "optim.warmup_updates": _ge(0),
+    "optim.weight_decay": _ge(0.0),
+    "optim.grad_clip": _gt(0.0),
+    "replay.replay_capacity": _ge(1),
+    "schedule.start_updates_after": _ge(0),
+    "eval.eval_every": _ge(1),
+    "replay.num_workers": _ge(0),
+    "run.threads": _ge(0),
+    "run.log_every": _ge(1),
 }
 
 
@@ -141,8 +139,10 @@ def _numbers(value: Any) -> list[float]:
 def field_errors(cfg: Any) -> list[str]:
     """One message per field of `cfg` (an ExperimentConfig) whose value has the wrong type, is not finite
     or is out of its range; empty when every field is fine. Devices are checked by `device_error`."""
+    from icrl.config import GROUPS  # icrl.config imports this module inside ExperimentConfig.validate
+
     errors: list[str] = []
-    for group in _GROUPS:
+    for group in GROUPS:
         sub = getattr(cfg, group)
         hints = typing.get_type_hints(type(sub))
         for f in dataclasses.fields(sub):
@@ -161,7 +161,7 @@ def field_errors(cfg: Any) -> list[str]:
                 errors.append(f"{flag(f.name)} must be {rule[1]}, got {value!r}")
     if not isinstance(cfg.env.env, str) or not cfg.env.env.strip():
         errors.append("--env must name a task (see `icrl envs`), got an empty string")
-    if isinstance(cfg.train.run_dir, str) and not cfg.train.run_dir.strip():
+    if isinstance(cfg.run.run_dir, str) and not cfg.run.run_dir.strip():
         errors.append("--run-dir must name a folder, got an empty string")
     return errors
 

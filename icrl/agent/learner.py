@@ -112,9 +112,9 @@ class LossModule(nn.Module):
 class Learner:
     """Owns the optimiser, the warm-up schedule and the REDQ generator of one agent.
 
-    `TrainConfig.dtype == "bf16"` runs the forward pass and the losses under torch.autocast(bfloat16); the
+    `OptimConfig.dtype == "bf16"` runs the forward pass and the losses under torch.autocast(bfloat16); the
     backward pass follows the forward's dtypes, and parameters, gradients and AdamW stay float32.
-    `TrainConfig.compile` wraps `compute_loss` in torch.compile.
+    `OptimConfig.compile` wraps `compute_loss` in torch.compile.
 
     Data parallel (`replicas` of world size > 1, see icrl.run.distributed): the loss runs inside DDP, which
     averages gradients over the ranks, and the batch statistics (observation RunningNorm, PopArt) are
@@ -125,16 +125,15 @@ class Learner:
         self, agent: Agent, cfg: ExperimentConfig, device: torch.device, replicas: Replicas | None = None
     ) -> None:
         self.agent, self.cfg, self.device = agent, cfg, device
-        t = cfg.train
         self.replicas = replicas if replicas is not None and replicas.world_size > 1 else None
-        self.optimizer = torch.optim.AdamW(param_groups(agent, t.weight_decay), lr=t.lr, fused=True)
-        warmup = max(t.warmup_updates, 1)
+        self.optimizer = torch.optim.AdamW(param_groups(agent, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=True)
+        warmup = max(cfg.optim.warmup_updates, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
-        self.generator = torch.Generator().manual_seed(t.seed)
+        self.generator = torch.Generator().manual_seed(cfg.run.seed)
         self.updates = 0
         self.guard = UpdateGuard()  # skipped updates: self.guard.skipped
-        self.autocast_enabled = t.dtype == "bf16"
-        self.compute_loss = torch.compile(compute_loss) if t.compile else compute_loss
+        self.autocast_enabled = cfg.optim.dtype == "bf16"
+        self.compute_loss = torch.compile(compute_loss) if cfg.optim.compile else compute_loss
         self.ddp = None
         if self.replicas is not None:
             # Rank 0's initial weights and buffers on every rank (in place: the optimiser's parameters stay
@@ -174,7 +173,7 @@ class Learner:
             y, valid = self.replicas.gather_padded(y.float(), valid, length)  # [N*B, L, G]: every rank's targets
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.train.grad_clip)
+        grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.optim.grad_clip)
         # A non-finite loss or gradient applies nothing (icrl.guards). Under DDP only the all-reduced gradient
         # norm decides, so every rank skips the same updates.
         if self.guard.ok(grad_norm) if self.ddp is not None else self.guard.ok(loss, grad_norm):

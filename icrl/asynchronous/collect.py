@@ -157,14 +157,14 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
     cfg = run_env_config(cfg, paths.run_dir, override or EnvOverride())
     if not wait_for(paths.weights, wait_s, learn_cmd, stop):
         return {}
-    e, t = cfg.env, cfg.train
+    e = cfg.env
     path = paths.counter(collector_id)
     counters = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     starts = int(counters.get("starts", 0)) + 1
-    seed = derive_seed(t.seed, "collector", collector_id, "start", starts)  # a restart draws new tasks
+    seed = derive_seed(cfg.run.seed, "collector", collector_id, "start", starts)  # a restart draws new tasks
     seed_everything(seed)
-    if t.threads > 0:
-        torch.set_num_threads(t.threads)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
     dev = torch.device(device)
     venv_kwargs = dict(episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
     venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
@@ -176,7 +176,7 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
         agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(dev)
         weights_stamp = os.stat(paths.weights).st_mtime_ns
         meta = load_weights(agent, paths.weights)
-        replay = DiskReplay(paths.replay, capacity_timesteps=t.replay_capacity, fsync=False)
+        replay = DiskReplay(paths.replay, capacity_timesteps=cfg.replay.replay_capacity, fsync=False)
         exploration = Exploration(cfg.explore, spec, e.parallel_envs, seed=derive_seed(seed, "explore"))
         others = others_stored = 0  # env steps the other collectors have taken / stored (at the last look)
 
@@ -200,7 +200,7 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
             rest = [c for c in read_counters(paths) if c.get("collector_id") != collector_id]
             others = sum(int(c.get("env_steps", 0)) for c in rest)
             others_stored = sum(int(c.get("stored_env_steps", 0)) for c in rest)
-            if stop or paths.done.exists() or run_env_steps() >= t.total_env_steps or (
+            if stop or paths.done.exists() or run_env_steps() >= cfg.schedule.total_env_steps or (
                 max_env_steps is not None and collector.total_env_steps - start_steps >= max_env_steps
             ):
                 break
@@ -212,7 +212,7 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
                 continue
             agent.eval()
             episodes: list[EpisodeStats] = []
-            round_end = collector.total_env_steps + t.steps_per_epoch
+            round_end = collector.total_env_steps + cfg.schedule.steps_per_epoch
             while collector.total_env_steps < round_end and not stop:  # one vector step at a time
                 rollouts, eps = collector.collect(policy, e.parallel_envs)
                 for rollout in rollouts:

@@ -79,42 +79,42 @@ class _NoExploration:
 
 def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int | None = None,
           stop: StopFlag | None = None) -> dict:
-    """Train from the collectors' rollouts in cfg.train.run_dir; returns the final evaluation (or {} when
+    """Train from the collectors' rollouts in cfg.run.run_dir; returns the final evaluation (or {} when
     stopped early). `utd`: max updates per stored env step (default updates_per_epoch / steps_per_epoch);
     `publish_every`: publish weights every this many updates (default updates_per_epoch)."""
     cfg = with_task_defaults(cfg).validate()
-    e, t = cfg.env, cfg.train
-    if t.updates_per_epoch < 1:
+    e = cfg.env
+    if cfg.schedule.updates_per_epoch < 1:
         raise ConfigError("icrl learn needs --updates-per-epoch >= 1 (its epochs are counted in updates)")
-    ratio = t.updates_per_epoch / t.steps_per_epoch if utd is None else float(utd)
+    ratio = cfg.schedule.updates_per_epoch / cfg.schedule.steps_per_epoch if utd is None else float(utd)
     if ratio <= 0:
         raise ConfigError(f"--utd {utd} must be positive (max updates per env step stored)")
-    publish_every = publish_every or t.updates_per_epoch
-    check_run_dir_usable(t.run_dir)
-    check_not_locked(t.run_dir)  # one learner (or icrl train) per run dir; collectors take no lock
+    publish_every = publish_every or cfg.schedule.updates_per_epoch
+    check_run_dir_usable(cfg.run.run_dir)
+    check_not_locked(cfg.run.run_dir)  # one learner (or icrl train) per run dir; collectors take no lock
     check_run_dir(cfg)
-    seed_everything(t.seed)
-    if t.threads > 0:
-        torch.set_num_threads(t.threads)
-    device = resolve_device(t.device)
+    seed_everything(cfg.run.seed)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    device = resolve_device(cfg.run.device)
     venv_kwargs = dict(episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
     eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
     spec = ActionSpec.from_space(eval_venv.single_action_space)
-    relabeler = make_relabeler(t, eval_venv)
-    paths = AsyncPaths(t.run_dir)
+    relabeler = make_relabeler(cfg.replay, eval_venv)
+    paths = AsyncPaths(cfg.run.run_dir)
     run_dir = paths.run_dir
     lock = RunLock.acquire(run_dir)  # released by the OS if this process dies (icrl.run.runlock)
     check_run_dir(cfg)  # again, under the lock
     paths.collectors.mkdir(parents=True, exist_ok=True)
-    eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs"))
+    eval_collector = Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
     agent = Agent(eval_venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
     learner = Learner(agent, cfg, device)
-    DiskReplay(paths.replay, capacity_timesteps=t.replay_capacity, fsync=False)  # the folders collectors fill
+    DiskReplay(paths.replay, capacity_timesteps=cfg.replay.replay_capacity, fsync=False)  # the folders collectors fill
     prepare_offline(cfg, paths.replay, log=say)  # --offline-data into replay/protected, once
     schedule = Exploration(cfg.explore, spec, 1, seed=0)  # only to log the collectors' epsilon
     counts = _RunCounters(paths).read()
     start_epoch, wall_offset = 0, 0.0
-    if t.resume:
+    if cfg.run.resume:
         found = load_latest_checkpoint(run_dir, agent=agent, log=say, learner=learner)
         if found is not None:
             ckpt, state = found
@@ -133,19 +133,19 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
         return learner.updates
 
     published = publish()  # collectors may start acting
-    log = make_loggers(run_dir, ("jsonl", *t.log_backends), json.loads(cfg.to_json()))
+    log = make_loggers(run_dir, ("jsonl", *cfg.run.log_backends), json.loads(cfg.to_json()))
     # --offline-updates come on top of the ratio: they may run before any env step is stored
-    total_updates = t.offline_updates + math.floor(ratio * t.total_env_steps)
-    num_epochs = math.ceil(total_updates / t.updates_per_epoch)
+    total_updates = cfg.replay.offline_updates + math.floor(ratio * cfg.schedule.total_env_steps)
+    num_epochs = math.ceil(total_updates / cfg.schedule.updates_per_epoch)
     say(f"icrl learn: {total_updates:,} updates (<= {ratio:g} per env step stored) on {device}; start "
         f"collectors with `icrl collect {run_dir} --collector-id K`")
 
     def allowed() -> int:  # updates the stored data allows now
-        if counts.env_steps >= t.total_env_steps:  # collection is over: finish the run's updates
+        if counts.env_steps >= cfg.schedule.total_env_steps:  # collection is over: finish the run's updates
             return total_updates
-        if counts.env_steps < t.start_updates_after or counts.rollouts == 0:
-            return t.offline_updates
-        return min(total_updates, t.offline_updates + math.floor(ratio * counts.stored_env_steps))
+        if counts.env_steps < cfg.schedule.start_updates_after or counts.rollouts == 0:
+            return cfg.replay.offline_updates
+        return min(total_updates, cfg.replay.offline_updates + math.floor(ratio * counts.stored_env_steps))
 
     loader, last_eval, epoch, last_ckpt = None, None, start_epoch, learner.updates
     start = time.perf_counter() - wall_offset
@@ -155,7 +155,7 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
             t_sample = t_update = t_wait = 0.0
             steps0, time0, sums0 = counts.env_steps, time.perf_counter(), dict(counts.sums)
             metrics: dict[str, float] = {}
-            target = min(epoch * t.updates_per_epoch, total_updates)
+            target = min(epoch * cfg.schedule.updates_per_epoch, total_updates)
             while learner.updates < target and not stop:
                 n = min(target, allowed()) - learner.updates
                 if n <= 0:  # ahead of the data: wait for the collectors
@@ -168,7 +168,7 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
                     continue
                 if loader is None:
                     loader = make_train_loader(cfg, paths.replay, spec, device, transform=relabeler,
-                                               seed=derive_seed(t.seed, "loader", "async", start_epoch),
+                                               seed=derive_seed(cfg.run.seed, "loader", "async", start_epoch),
                                                auto_refresh=True)  # files arrive at any time
                 n = min(n, publish_every - learner.updates % publish_every)
                 metrics, ts, tu = run_updates(learner, loader, n)
@@ -189,21 +189,21 @@ def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int
                 "async/collectors": counts.collectors,
                 "time/sample_s": t_sample, "time/update_s": t_update, "time/wait_s": t_wait,
                 "time/env_steps_per_s": (counts.env_steps - steps0) / max(time.perf_counter() - time0, 1e-9),
-                "time/updates_per_s": t.updates_per_epoch / max(t_update, 1e-9),
+                "time/updates_per_s": cfg.schedule.updates_per_epoch / max(t_update, 1e-9),
                 **{f"train/{k}": v for k, v in metrics.items()},
             }
             log.write(row)
-            if epoch % t.eval_every == 0 or epoch == num_epochs:
+            if epoch % cfg.eval.eval_every == 0 or epoch == num_epochs:
                 last_eval = eval_row(agent, eval_collector, cfg, device, epoch=epoch, env_steps=counts.env_steps,
                                      updates=learner.updates, start=start)
                 log.write(last_eval)
-            if epoch % t.log_every == 0 or epoch == num_epochs:
+            if epoch % cfg.run.log_every == 0 or epoch == num_epochs:
                 say(progress_line(row, last_eval))
-            if epoch % t.checkpoint_every == 0 or epoch == num_epochs:
+            if epoch % cfg.run.checkpoint_every == 0 or epoch == num_epochs:
                 _checkpoint(run_dir, agent, learner, counts, epoch, start, cfg)
                 last_ckpt = learner.updates
         if stop and learner.updates > last_ckpt:  # keep the updates made since the last checkpoint
-            partial = learner.updates // t.updates_per_epoch
+            partial = learner.updates // cfg.schedule.updates_per_epoch
             _checkpoint(run_dir, agent, learner, counts.read(), partial, start, cfg)
             truncate_metrics(run_dir / "metrics.jsonl", partial)
         elif not stop and last_eval is None:  # resumed a run that had already made all its updates
@@ -229,4 +229,4 @@ def _checkpoint(run_dir: Path, agent: Agent, learner: Learner, counts: _RunCount
                 cfg: ExperimentConfig) -> None:
     save_checkpoint(run_dir, agent=agent, learner=learner, collector=counts, exploration=_NoExploration(),
                     epoch=epoch, extra={"wall_time": time.perf_counter() - start, "config": json.loads(cfg.to_json()),
-                                        "mode": "async"}, keep=cfg.train.keep_checkpoints)
+                                        "mode": "async"}, keep=cfg.run.keep_checkpoints)

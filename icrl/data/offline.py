@@ -136,7 +136,7 @@ def import_offline_data(cfg: ExperimentConfig, replay_root: str | os.PathLike, s
     message for a missing or corrupt source, spaces that do not fit the env, or a replay that already
     holds a different offline dataset.
     """
-    source = cfg.train.offline_data if source is None else source
+    source = cfg.replay.offline_data if source is None else source
     if source is None:
         raise ConfigError("no offline data given: pass --offline-data PATH_OR_MINARI_ID")
     root = Path(replay_root)
@@ -179,14 +179,13 @@ def import_offline_data(cfg: ExperimentConfig, replay_root: str | os.PathLike, s
 
 def offline_epochs(cfg: ExperimentConfig) -> int:
     """Epochs of `--updates-per-epoch` updates without env steps that `--offline-updates` asks for."""
-    t = cfg.train
-    return -(-t.offline_updates // t.updates_per_epoch) if t.offline_updates else 0
+    return -(-cfg.replay.offline_updates // cfg.schedule.updates_per_epoch) if cfg.replay.offline_updates else 0
 
 
 def prepare_offline(cfg: ExperimentConfig, replay_root: str | os.PathLike, log=print, import_data: bool = True) -> int:
     """Train-time entry: import `--offline-data` once (if given and `import_data`: one process of a
     data-parallel run does it); returns the number of offline epochs (without env steps)."""
-    if cfg.train.offline_data is None or not import_data:
+    if cfg.replay.offline_data is None or not import_data:
         return offline_epochs(cfg)
     record = import_offline_data(cfg, replay_root)
     log(f"icrl: offline data {record['source']}: {record['rollouts']:,} rollouts, {record['timesteps']:,} "

@@ -69,7 +69,7 @@ def resolve_weights(run_dir: str | Path, checkpoint: str | Path | None = None) -
 
 
 def build_agent(cfg: ExperimentConfig, device: str | torch.device = "cpu", spaces: tuple | None = None):
-    """A fresh agent (random weights) built as train.py builds it; returns (agent, action spec).
+    """A fresh agent (random weights) built as icrl.run.loop builds it; returns (agent, action spec).
 
     `spaces` (the env's (observation space, action space), e.g. from RUN_DIR/spaces.json) builds it without
     the env; otherwise the env of `cfg` is built once to read them (check it with `run_env_config` first)."""
@@ -192,8 +192,8 @@ def evaluate_run(
     agent, cfg = load_agent(run_dir, checkpoint, dev, override)
     cfg = run_env_config(cfg, run_dir, override)
     e = cfg.env
-    seed = cfg.train.seed if seed is None else seed
-    rollouts = e.eval_rollouts if rollouts is None else rollouts
+    seed = cfg.run.seed if seed is None else seed
+    rollouts = cfg.eval.eval_rollouts if rollouts is None else rollouts
     n_envs = min(parallel_envs or e.parallel_envs, rollouts)
     seed_everything(seed)
     venv = make_vector_env(
@@ -204,7 +204,7 @@ def evaluate_run(
         spec = ActionSpec.from_space(venv.single_action_space)
         collector = Collector(venv, spec, seed=derive_seed(seed, "eval-cli"))
         stats = evaluate(agent, collector, rollouts, dev, seed=derive_seed(seed, "eval-cli", "rollouts"),
-                         max_steps=e.eval_max_steps)
+                         max_steps=cfg.eval.eval_max_steps)
     finally:
         venv.close()
     return {

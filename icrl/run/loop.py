@@ -18,7 +18,7 @@ from safetensors.torch import save_model
 from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, AgentPolicy
-from icrl.config import ConfigError, ExperimentConfig, TrainConfig
+from icrl.config import ConfigError, ExperimentConfig, ReplayConfig
 from icrl.data import DiskReplay, ReplayLoader, make_loader
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
@@ -106,9 +106,9 @@ def train_stats_all_ranks(episodes: list[EpisodeStats], replicas: Replicas) -> d
 # that say where and how this process runs but not what it learns (the folder's spelling or location, the
 # device, threads, workers, logging, checkpoint retention). The rest is the run's learning config.
 RESUMABLE_CHANGES = (
-    "train.resume", "train.total_env_steps", "train.run_dir", "train.device", "train.threads", "train.num_workers",
-    "train.log_backends", "train.log_every", "train.keep_checkpoints", "train.compile", "env.async_envs",
-    "env.eval_max_steps",
+    "run.resume", "schedule.total_env_steps", "run.run_dir", "run.device", "run.threads", "replay.num_workers",
+    "run.log_backends", "run.log_every", "run.keep_checkpoints", "optim.compile", "env.async_envs",
+    "eval.eval_max_steps",
 )
 
 
@@ -130,8 +130,8 @@ def holds_run(run_dir: Path) -> bool:
 
 def check_run_dir(cfg: ExperimentConfig) -> None:
     """Refuse to overwrite an existing run without --resume, and to resume one with a different config."""
-    run_dir = Path(cfg.train.run_dir)
-    if not cfg.train.resume:
+    run_dir = Path(cfg.run.run_dir)
+    if not cfg.run.resume:
         if holds_run(run_dir):
             raise ConfigError(
                 f"--run-dir {run_dir} already holds a run (checkpoints or metrics.jsonl): pass --resume to "
@@ -187,16 +187,16 @@ def evaluate(agent: Agent, collector: Collector, num_rollouts: int, device: torc
     return summarize_episodes(episodes)
 
 
-def make_relabeler(t: TrainConfig, venv: gym.vector.VectorEnv) -> HindsightRelabeler | None:
+def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRelabeler | None:
     """The sample-time hindsight relabeler `--relabel` asks for; the env must report achieved goals."""
-    if t.relabel == "none":
+    if r.relabel == "none":
         return None
     if "achieved" not in venv.single_observation_space.spaces:
         raise ConfigError(
-            f"--relabel {t.relabel}: this env does not report the goals it achieved (docs/CONTRACTS.md, "
+            f"--relabel {r.relabel}: this env does not report the goals it achieved (docs/CONTRACTS.md, "
             "goal-conditioned tasks such as mazerunner or package_delivery); use --relabel none"
         )
-    return HindsightRelabeler(t.relabel, rare_goals=t.relabel_rare_goals)
+    return HindsightRelabeler(r.relabel, rare_goals=r.relabel_rare_goals)
 
 
 def training_window(cfg: ExperimentConfig) -> int:
@@ -217,16 +217,15 @@ def make_train_loader(
 ) -> ReplayLoader:
     """The learner's endless batches from the replay (`train` and the asynchronous learner share it);
     `kwargs` go to `make_loader` (e.g. `auto_refresh`)."""
-    t = cfg.train
     return make_loader(
         replay_root,
-        batch_size=t.batch_size,
+        batch_size=cfg.optim.batch_size,
         max_seq_len=training_window(cfg),
         action_spec=spec,
         seed=seed,
-        num_workers=t.num_workers,
+        num_workers=cfg.replay.num_workers,
         pin_memory=device.type == "cuda",
-        offline_fraction=t.offline_fraction,
+        offline_fraction=cfg.replay.offline_fraction,
         **kwargs,
     )
 
@@ -252,8 +251,8 @@ def eval_row(agent: Agent, collector: Collector, cfg: ExperimentConfig, device: 
              env_steps: int, updates: int, start: float) -> dict:
     """The metrics row of one greedy evaluation (seeded by the epoch, so every run meets the same tasks)."""
     t5 = time.perf_counter()
-    stats = evaluate(agent, collector, cfg.env.eval_rollouts, device, seed=derive_seed(cfg.train.seed, "eval", epoch),
-                     max_steps=cfg.env.eval_max_steps)
+    stats = evaluate(agent, collector, cfg.eval.eval_rollouts, device, seed=derive_seed(cfg.run.seed, "eval", epoch),
+                     max_steps=cfg.eval.eval_max_steps)
     return {"kind": "eval", "epoch": epoch, "env_steps": env_steps, "updates": updates,
             "wall_time": time.perf_counter() - start, "time/eval_s": time.perf_counter() - t5, **stats}
 
@@ -296,23 +295,23 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     """
     cfg, source = apply_env(cfg or ExperimentConfig(), env)
     cfg = with_task_defaults(cfg, source.factories[0] if source.factories else None).validate()
-    e, t = cfg.env, cfg.train
-    replicas = init_replicas(t.device)  # one process, or this rank of a data-parallel run
+    e = cfg.env
+    replicas = init_replicas(cfg.run.device)  # one process, or this rank of a data-parallel run
     world, main = replicas.world_size, replicas.is_main
-    steps_per_rank = t.steps_per_epoch // world
+    steps_per_rank = cfg.schedule.steps_per_epoch // world
     if steps_per_rank < e.parallel_envs:
         raise ConfigError(
-            f"--steps-per-epoch {t.steps_per_epoch} split over {world} processes is below --parallel-envs "
+            f"--steps-per-epoch {cfg.schedule.steps_per_epoch} split over {world} processes is below --parallel-envs "
             f"{e.parallel_envs}: raise --steps-per-epoch to at least {world * e.parallel_envs}"
         )
-    check_run_dir_usable(t.run_dir)  # a file, an unwritable folder: refused before anything is built
-    check_not_locked(t.run_dir)  # another live process trains in it
+    check_run_dir_usable(cfg.run.run_dir)  # a file, an unwritable folder: refused before anything is built
+    check_not_locked(cfg.run.run_dir)  # another live process trains in it
     check_run_dir(cfg)  # before anything is created or written
     replicas.barrier()  # every rank has checked the run dir before any of them writes to it
-    seed_everything(t.seed, replicas.rank)
-    seed = replicas.rank_seed(t.seed)  # this rank's envs, exploration and sampler (the run's seed on rank 0)
-    if t.threads > 0:
-        torch.set_num_threads(t.threads)
+    seed_everything(cfg.run.seed, replicas.rank)
+    seed = replicas.rank_seed(cfg.run.seed)  # this rank's envs, exploration and sampler (the run's seed on rank 0)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
     device = replicas.device
     venv_kwargs = dict(episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
     venv_kwargs.update(asynchronous=e.async_envs, factories=source.factories)
@@ -320,8 +319,8 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, **venv_kwargs) if main else None
     spaces = venv_spaces_record(venv, e.env, e.kwargs, source.rebuild)  # RUN_DIR/spaces.json, checkpoints
     spec = ActionSpec.from_space(venv.single_action_space)
-    relabeler = make_relabeler(t, venv)  # before the run dir exists: a wrong --relabel leaves nothing behind
-    run_dir = Path(t.run_dir)  # created only once the envs exist, so a bad env name leaves nothing behind
+    relabeler = make_relabeler(cfg.replay, venv)  # before the run dir exists: a wrong --relabel leaves nothing behind
+    run_dir = Path(cfg.run.run_dir)  # created only once the envs exist, so a bad env name leaves nothing behind
     # One process per run dir (icrl.run.runlock): the lock is taken before the first write and released by the
     # OS if this process dies; the run dir is checked again under the lock (a run may have started meanwhile).
     lock = RunLock.acquire(run_dir) if main else None
@@ -329,13 +328,13 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
         check_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(seed, "train-envs"))
-    eval_collector = Collector(eval_venv, spec, seed=derive_seed(t.seed, "eval-envs")) if main else None
+    eval_collector = Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs")) if main else None
 
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
     learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
     # The FIFO part skips fsync: the atomic rename already keeps readers from torn files after a crash;
     # fsync would only add power-loss durability for data that is cheap to collect again.
-    replay = DiskReplay(run_dir / "replay", capacity_timesteps=t.replay_capacity, fsync=False)
+    replay = DiskReplay(run_dir / "replay", capacity_timesteps=cfg.replay.replay_capacity, fsync=False)
     # --offline-data: loaded once into replay/protected (rank 0); --offline-updates: epochs without env steps
     offline_epochs = prepare_offline(cfg, replay.root, log=say, import_data=main)
     replicas.barrier()  # the offline data is on disk before any rank samples
@@ -349,7 +348,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
         env_steps=lambda: collector.total_env_steps, sample=cfg.explore.train_actions == "sample",
     )
     start_epoch, wall_offset = 0, 0.0
-    if t.resume:
+    if cfg.run.resume:
         # The newest checkpoint consistent with this run (the checks come before anything is applied); the
         # checkpoint holds rank 0's exploration and RNG states, the other ranks keep their own.
         found = load_latest_checkpoint(run_dir, agent=agent, log=say if main else None, learner=learner,
@@ -378,7 +377,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     if main:  # one writer of the run directory
         write_text_atomic(run_dir / "config.json", cfg.to_json())
         write_spaces(run_dir, spaces)
-        log = make_loggers(run_dir, ("jsonl", *t.log_backends), json.loads(cfg.to_json()))
+        log = make_loggers(run_dir, ("jsonl", *cfg.run.log_backends), json.loads(cfg.to_json()))
         say(
             f"icrl: training on [bold]{e.env}[/bold] {e.kwargs or ''} with a {cfg.model.traj_encoder} "
             f"({sum(p.numel() for p in agent.online_parameters()):,} parameters) on {device}"
@@ -388,11 +387,11 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
         log = MultiLogger([])
 
     loader, hinted = None, False
-    bar, bar_task = progress_bar(t.total_env_steps)
+    bar, bar_task = progress_bar(cfg.schedule.total_env_steps)
     bar.disable = bar.disable or not main
     bar.start()
     try:
-        num_epochs = max(1, offline_epochs + t.total_env_steps // t.steps_per_epoch)
+        num_epochs = max(1, offline_epochs + cfg.schedule.total_env_steps // cfg.schedule.steps_per_epoch)
         start, last_eval = time.perf_counter() - wall_offset, None
         for epoch in range(start_epoch + 1, num_epochs + 1):
             # Acting phase. Eval mode once for the whole phase (AgentPolicy.act would switch too, once);
@@ -411,7 +410,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
 
             # Learning phase: sampling and updates timed apart.
             metrics, t_sample, t_update, n_updates = {}, 0.0, 0.0, 0
-            ready = env_steps() >= t.start_updates_after and replay.num_rollouts() > 0
+            ready = env_steps() >= cfg.schedule.start_updates_after and replay.num_rollouts() > 0
             if main and not hinted and not rollouts and epoch > offline_epochs and replay.num_rollouts() == 0:
                 hinted = True  # e.g. MountainCar: no episode ends within one epoch, so there is nothing to learn from
                 say(f"icrl: epoch {epoch} finished no rollout: no episode ended within the {steps_per_rank // e.parallel_envs} "
@@ -427,8 +426,8 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
                         transform=relabeler,
                     )
                     t_sample += time.perf_counter() - t1
-                metrics, t_sample_u, t_update = run_updates(learner, loader, t.updates_per_epoch)
-                t_sample, n_updates = t_sample + t_sample_u, t.updates_per_epoch
+                metrics, t_sample_u, t_update = run_updates(learner, loader, cfg.schedule.updates_per_epoch)
+                t_sample, n_updates = t_sample + t_sample_u, cfg.schedule.updates_per_epoch
                 if world > 1:  # the logged losses average over the ranks' batches
                     metrics = dict(zip(metrics, (v / world for v in replicas.sum(list(metrics.values())))))
 
@@ -452,15 +451,15 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
                 **{f"train/{k}": v for k, v in metrics.items()},
             }
             log.write(row)
-            if main and (epoch % t.eval_every == 0 or epoch == num_epochs):
+            if main and (epoch % cfg.eval.eval_every == 0 or epoch == num_epochs):
                 last_eval = eval_row(agent, eval_collector, cfg, device, epoch=epoch, env_steps=env_steps(),
                                      updates=learner.updates, start=start)
                 log.write(last_eval)
             if main:
                 bar.update(bar_task, completed=env_steps(), description=progress_line(row, last_eval))
-            if main and (epoch % t.log_every == 0 or epoch == num_epochs):
+            if main and (epoch % cfg.run.log_every == 0 or epoch == num_epochs):
                 say(progress_line(row, last_eval))
-            if epoch % t.checkpoint_every == 0 or epoch == num_epochs:
+            if epoch % cfg.run.checkpoint_every == 0 or epoch == num_epochs:
                 extra = {"wall_time": time.perf_counter() - start, "config": json.loads(cfg.to_json()), "spaces": spaces}
                 if world > 1:  # every rank hashes its state (raising if they differ); rank 0 records them
                     extra.update(world_size=world, replica_sha256=replicas.fingerprints(agent))
@@ -473,11 +472,11 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
                         exploration=exploration,
                         epoch=epoch,
                         extra=extra,
-                        keep=t.keep_checkpoints,
+                        keep=cfg.run.keep_checkpoints,
                     )
         if main and last_eval is None:  # resumed a run that had already reached its last epoch
-            stats = evaluate(agent, eval_collector, e.eval_rollouts, device, seed=derive_seed(t.seed, "eval", num_epochs),
-                             max_steps=e.eval_max_steps)
+            stats = evaluate(agent, eval_collector, cfg.eval.eval_rollouts, device, seed=derive_seed(cfg.run.seed, "eval", num_epochs),
+                             max_steps=cfg.eval.eval_max_steps)
             last_eval = {"kind": "eval", "epoch": max(start_epoch, num_epochs), "env_steps": env_steps(),
                          "updates": learner.updates, "wall_time": time.perf_counter() - start, **stats}
     except BaseException:  # an error or Ctrl-C: the run dir is free again at once

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from icrl.run.loggers import read_metrics  # noqa: E402
 
 X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
-_IGNORED = ("train.seed", "train.run_dir")
+_IGNORED = ("run.seed", "run.run_dir")
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -62,7 +62,7 @@ def record_video(
         for i in range(num_rollouts):
             step, _ = env.reset(seed=seed + i)
             new_rollout, done, steps = np.ones(1, bool), False, 0
-            while not done and steps < e.eval_max_steps:  # an episode that never ends is cut, as in evaluation
+            while not done and steps < cfg.eval.eval_max_steps:  # an episode that never ends is cut, as in evaluation
                 steps += 1
                 frame = env.render()
                 if not isinstance(frame, np.ndarray) or frame.ndim != 3:

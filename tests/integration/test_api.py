@@ -15,7 +15,7 @@ import torch
 
 import icrl
 from icrl.agent.model import AgentPolicy
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig
+from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs import Collector, make_env, make_vector_env
 from icrl.envs.user import apply_env, resolve_env
 from icrl.envs.wrapper import agent_to_env_action
@@ -28,11 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def tiny(run_dir, env="tmaze", env_kwargs="{}", **env_fields) -> ExperimentConfig:
     return ExperimentConfig(
-        env=EnvConfig(env=env, env_kwargs=env_kwargs, parallel_envs=2, eval_rollouts=2, **env_fields),
+        env=EnvConfig(env=env, env_kwargs=env_kwargs, parallel_envs=2, **env_fields),
         model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=32),
-        train=TrainConfig(run_dir=str(run_dir), total_env_steps=64, steps_per_epoch=32, updates_per_epoch=1,
-                          batch_size=2, eval_every=2, device="cpu", threads=1),
-    )
+    ).replace(run_dir=str(run_dir), total_env_steps=64, steps_per_epoch=32, updates_per_epoch=1, batch_size=2,
+              eval_every=2, eval_rollouts=2, device="cpu", threads=1)
 
 
 class Ring(gym.Env):
@@ -70,7 +69,7 @@ def runs(tmp_path_factory):
         icrl.train(cfg)
         out[name] = root / name
     out["ring"] = root / "ring"  # through the ExperimentConfig route, with an env class in EnvConfig.env
-    icrl.train(dataclasses.replace(tiny(out["ring"]), env=EnvConfig(env=Ring, parallel_envs=2, eval_rollouts=2)))
+    icrl.train(dataclasses.replace(tiny(out["ring"]), env=EnvConfig(env=Ring, parallel_envs=2)))
     return out
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import icrl
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig
+from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs.user import RunEnvError
 from icrl.run.evaluate import RunDirError
 from icrl.seeding import derive_seed
@@ -150,10 +150,11 @@ def evil_run(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("evil")
     cfg = ExperimentConfig(
-        env=EnvConfig(env="tmaze", env_kwargs='{"length": 3}', parallel_envs=2, eval_rollouts=2),
+        env=EnvConfig(env="tmaze", env_kwargs='{"length": 3}', parallel_envs=2),
         model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=16),
-        train=TrainConfig(run_dir=str(root / "run"), total_env_steps=32, steps_per_epoch=16, updates_per_epoch=1,
-                          batch_size=2, device="cpu", threads=1),
+    ).replace(
+        eval_rollouts=2, run_dir=str(root / "run"), total_env_steps=32, steps_per_epoch=16,
+        updates_per_epoch=1, batch_size=2, device="cpu", threads=1,
     )
     icrl.train(cfg)
     marker = root / "pwned"

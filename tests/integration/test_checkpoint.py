@@ -21,7 +21,6 @@ from icrl.config import (
     ExploreConfig,
     LossConfig,
     ModelConfig,
-    TrainConfig,
 )
 from icrl.run.checkpoint import (
     CheckpointError,
@@ -45,16 +44,15 @@ def tiny(run_dir: Path, total: int = 32, **train_kw) -> ExperimentConfig:
     )
     kw.update(train_kw)
     return ExperimentConfig(
-        env=EnvConfig(env="tmaze", env_kwargs='{"length": 1}', parallel_envs=2, eval_rollouts=2),
+        env=EnvConfig(env="tmaze", env_kwargs='{"length": 1}', parallel_envs=2),
         model=ModelConfig(d_model=16, layers=1, heads=2, max_seq_len=8, max_time=16, head_hidden=16, head_layers=1),
         loss=LossConfig(num_critics=2, redq_subset=2, gammas=(0.9, 0.99)),
         explore=ExploreConfig(eps_anneal_steps=100),
-        train=TrainConfig(**kw),
-    )
+    ).replace(eval_rollouts=2, **kw)
 
 
 def _resume(cfg: ExperimentConfig, **kw) -> ExperimentConfig:
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume=True, **kw))
+    return cfg.replace(resume=True, **kw)
 
 
 def _state(path: Path) -> dict:
@@ -126,7 +124,7 @@ def test_resume_continues_like_a_straight_run(tmp_path):
     assert [r["epoch"] for r in rb] == [1, 2, 3, 4]
     assert [r["train/epsilon"] for r in ra] == [r["train/epsilon"] for r in rb]
     assert [r["env_steps"] for r in ra] == [r["env_steps"] for r in rb]
-    assert json.loads((b / "config.json").read_text())["train"]["total_env_steps"] == 32
+    assert json.loads((b / "config.json").read_text())["schedule"]["total_env_steps"] == 32
 
 
 def test_resume_skips_a_corrupt_checkpoint_and_truncates_metrics(tmp_path):
@@ -181,7 +179,7 @@ def test_existing_run_needs_resume_and_same_config(tmp_path):
     with pytest.raises(ConfigError, match="--resume"):
         train(tiny(run, total=8))
     assert sorted(str(p) for p in run.rglob("*")) == before
-    with pytest.raises(ConfigError, match=r"train\.lr"):
+    with pytest.raises(ConfigError, match=r"optim\.lr"):
         train(_resume(tiny(run, total=8), lr=5e-4))
     with pytest.raises(ConfigError, match=r"model\.d_model"):
         cfg = _resume(tiny(run, total=8))

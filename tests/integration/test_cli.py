@@ -30,7 +30,7 @@ def test_preset_with_flags_on_top(tmp_path):
     assert out.returncode == 0, out.stderr
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["env"]["env_kwargs"] == '{"length": 3}' and cfg["model"]["d_model"] == 32  # preset kept, flag applied
-    assert cfg["train"]["total_env_steps"] == 32
+    assert cfg["schedule"]["total_env_steps"] == 32
 
 
 def test_unknown_preset_and_command_exit_2():

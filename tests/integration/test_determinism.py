@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import list_rollout_files, load_rollout
 from icrl.run.loggers import read_metrics
 from icrl.run.loop import train, with_task_defaults
@@ -25,23 +25,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def tiny_config(run_dir: Path, seed: int) -> ExperimentConfig:
     return ExperimentConfig(
-        env=EnvConfig(env="tmaze", env_kwargs='{"length": 4}', parallel_envs=2, eval_rollouts=2),
+        env=EnvConfig(env="tmaze", env_kwargs='{"length": 4}', parallel_envs=2),
         model=ModelConfig(
             d_model=32, layers=1, heads=2, max_seq_len=16, max_time=64, head_hidden=32, head_layers=1
         ),
         loss=LossConfig(num_critics=2, redq_subset=2),
-        train=TrainConfig(
-            run_dir=str(run_dir),
-            seed=seed,
-            total_env_steps=64,
-            steps_per_epoch=32,
-            updates_per_epoch=2,
-            batch_size=4,
-            warmup_updates=1,
-            lr=1e-3,
-            device="cpu",
-            threads=1,  # tiny models: more threads only add contention on a shared CPU
-        ),
+    ).replace(
+        eval_rollouts=2, run_dir=str(run_dir), seed=seed, total_env_steps=64, steps_per_epoch=32, updates_per_epoch=2,
+        batch_size=4, warmup_updates=1, lr=1e-3, device="cpu",
+        threads=1,  # tiny models: more threads only add contention on a shared CPU
     )
 
 

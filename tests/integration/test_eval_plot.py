@@ -27,13 +27,10 @@ def tiny(run_dir, seed=0, episodes_per_rollout=1):
     c = tmaze(length=3)
     return dataclasses.replace(
         c,
-        env=dataclasses.replace(c.env, parallel_envs=2, eval_rollouts=2, episodes_per_rollout=episodes_per_rollout),
+        env=dataclasses.replace(c.env, parallel_envs=2, episodes_per_rollout=episodes_per_rollout),
         model=dataclasses.replace(c.model, d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=32),
-        train=dataclasses.replace(
-            c.train, run_dir=str(run_dir), seed=seed, total_env_steps=64, steps_per_epoch=32, updates_per_epoch=1,
-            batch_size=2, eval_every=1, log_every=1, device="cpu", threads=1,
-        ),
-    )
+    ).replace(run_dir=str(run_dir), seed=seed, total_env_steps=64, steps_per_epoch=32, updates_per_epoch=1, batch_size=2,
+              eval_every=1, eval_rollouts=2, log_every=1, device="cpu", threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +93,7 @@ def test_eval_explicit_checkpoint_and_final_weights(runs):
 def test_load_agent_matches_trained_agent(runs):
     trained = runs["agent_s0"]
     loaded, cfg = load_agent(runs["s0"], checkpoint=runs["s0"] / "agent.safetensors")
-    assert cfg.train.seed == 0 and cfg.env.env == "tmaze"
+    assert cfg.run.seed == 0 and cfg.env.env == "tmaze"
     a, b = trained.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     default, _ = load_agent(runs["s0"])  # latest checkpoint (or final weights): the same weights after training

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from icrl.cli import main
-from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, list_rollout_files, load_rollout, make_loader, rollout_file_name
 from icrl.data.minari_io import OfflineDataNotFoundError, SpaceMismatchError
 from icrl.data.offline import MANIFEST, import_offline_data, resolve_source
@@ -83,7 +83,7 @@ def test_offline_fraction_falls_back_only_strictly_between_0_and_1(tmp_path):
 # ------------------------------------------------------------------------------------------------- config
 def test_config_validates_the_offline_fields():
     def cfg(**train):
-        return ExperimentConfig(train=TrainConfig(**train)).validate()
+        return ExperimentConfig().replace(**train).validate()
 
     cfg(offline_data="x", total_env_steps=0, offline_updates=10)  # purely offline is valid
     for kwargs, match in [
@@ -102,13 +102,12 @@ def test_config_validates_the_offline_fields():
 def _config(run_dir: Path, source: str | Path, env: str = "tmaze", env_kwargs: str = '{"length": 3}',
             **train) -> ExperimentConfig:
     return ExperimentConfig(
-        env=EnvConfig(env=env, env_kwargs=env_kwargs, parallel_envs=2, eval_rollouts=2),
+        env=EnvConfig(env=env, env_kwargs=env_kwargs, parallel_envs=2),
         model=ModelConfig(d_model=16, layers=1, heads=1, max_seq_len=8, head_hidden=16, head_layers=1),
         loss=LossConfig(gammas=(0.9, 0.99), num_critics=2),
-        train=TrainConfig(**{"run_dir": str(run_dir), "offline_data": str(source), "batch_size": 4,
+    ).replace(eval_rollouts=2, **{"run_dir": str(run_dir), "offline_data": str(source), "batch_size": 4,
                              "warmup_updates": 1, "steps_per_epoch": 20, "updates_per_epoch": 2,
-                             "total_env_steps": 40, "eval_every": 1, **train}),
-    )
+                             "total_env_steps": 40, "eval_every": 1, **train})
 
 
 def _collected_run(root: Path, env: str = "tmaze", kwargs: dict | None = None) -> Path:
@@ -196,7 +195,7 @@ def test_offline_then_online_by_resume_and_mixed_sampling(tmp_path, monkeypatch)
     assert [r["env_steps"] for r in _rows(run, "train")] == [0, 0]
 
     # fine-tune online from the offline checkpoint: the data is not imported twice
-    result = train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume=True, total_env_steps=40)))
+    result = train(dataclasses.replace(cfg).replace(resume=True, total_env_steps=40))
     assert result["env_steps"] == 40 and result["updates"] == 8
     assert [r["env_steps"] for r in _rows(run, "train")] == [0, 0, 20, 40]
     assert len(list_rollout_files(run / "replay" / "protected")) == n_src
@@ -287,9 +286,9 @@ def test_offline_filtered_bc_learns_tmaze_from_a_minari_dataset(tmp_path, minari
     cfg = dataclasses.replace(
         cfg,
         loss=dataclasses.replace(cfg.loss, online_coeff=0.0, offline_coeff=1.0),  # filtered BC only
-        train=dataclasses.replace(cfg.train, run_dir=str(tmp_path / "run"), total_env_steps=0, offline_updates=300,
-                                  updates_per_epoch=100, eval_every=1, warmup_updates=50,
-                                  offline_data="test/tmaze6-mixed-v0", offline_fraction=1.0),
+    ).replace(
+        run_dir=str(tmp_path / "run"), total_env_steps=0, offline_updates=300, updates_per_epoch=100,
+        eval_every=1, warmup_updates=50, offline_data="test/tmaze6-mixed-v0", offline_fraction=1.0,
     )
     t0 = time.perf_counter()
     result = train(cfg)

@@ -134,7 +134,7 @@ def test_unwritable_run_dir(tmp_path):
 # --------------------------------------------------------------------------- refused on an existing run
 EXISTING = [
     (["train", "{tiny}", "--total-env-steps", "40", "--run-dir", "{run}"], "--resume"),
-    (["train", "{tiny}", "--total-env-steps", "48", "--run-dir", "{run}", "--resume", "--lr", "0.01"], "train.lr"),
+    (["train", "{tiny}", "--total-env-steps", "48", "--run-dir", "{run}", "--resume", "--lr", "0.01"], "optim.lr"),
     (["train", "{tiny}", "--total-env-steps", "48", "--run-dir", "{run}", "--resume", "--heads", "0"], "--heads"),
     (["eval", "{run}", "--rollouts", "0"], "--rollouts"),
     (["eval", "{run}", "--device", "banana"], "device"),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, TrainConfig
+from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs.tasks.tmaze import TMaze
 from icrl.run.loop import train
 
@@ -22,9 +22,10 @@ def test_tmaze_frames_show_cue_only_at_start():
 
 def _tiny_run(run_dir, env: str, kwargs: str):
     cfg = ExperimentConfig(
-        env=EnvConfig(env=env, env_kwargs=kwargs, parallel_envs=2, eval_rollouts=2),
+        env=EnvConfig(env=env, env_kwargs=kwargs, parallel_envs=2),
         model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=16),
-        train=TrainConfig(run_dir=str(run_dir), total_env_steps=32, steps_per_epoch=16, updates_per_epoch=1),
+    ).replace(
+        eval_rollouts=2, run_dir=str(run_dir), total_env_steps=32, steps_per_epoch=16, updates_per_epoch=1,
     )
     train(cfg)
 

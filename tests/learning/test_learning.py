@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from icrl.config import EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.presets import cue_recall, goal_grid, tmaze
 from icrl.run.loop import train
 
@@ -31,13 +31,12 @@ def _in(cfg, run_dir, **model):
     return dataclasses.replace(
         cfg,
         model=dataclasses.replace(cfg.model, **model),
-        train=dataclasses.replace(cfg.train, run_dir=str(run_dir)),
-    )
+    ).replace(run_dir=str(run_dir))
 
 
 def test_transformer_recalls_the_tmaze_cue(tmp_path):
     cfg = tmaze(length=20)
-    assert cfg.train.total_env_steps == 10_000 and cfg.train.seed == 0
+    assert cfg.schedule.total_env_steps == 10_000 and cfg.run.seed == 0
     result = train(_in(cfg, tmp_path / "transformer"))
     assert result["success_rate"] >= 0.95, result
     assert result["return_mean"] >= 0.9, result
@@ -72,14 +71,15 @@ def repeat_previous_config(run_dir) -> ExperimentConfig:
     value normalisation, reward scale and exploration (nothing task-specific set), and the presets' short-run
     optimiser settings (lr 3e-4, 200 warm-up updates: the library's 1e-4 and 500 need ~3x the budget here)."""
     return ExperimentConfig(
-        env=EnvConfig(env="popgym/RepeatPreviousEasy", parallel_envs=8, eval_rollouts=16),
+        env=EnvConfig(env="popgym/RepeatPreviousEasy", parallel_envs=8),
         model=ModelConfig(d_model=128, layers=2, heads=4, max_seq_len=64),
         # rewards unscaled: the returns of the short discounts are then ~0.03, so the critics learn only if
         # PopArt's statistics track them (the uncorrected ones stayed near σ = 1 and this run near chance)
         loss=LossConfig(reward_scale=1.0),
-        train=TrainConfig(run_dir=str(run_dir), total_env_steps=4896, steps_per_epoch=816, updates_per_epoch=100,
-                          batch_size=24, lr=3e-4, warmup_updates=200, eval_every=6, log_every=6, seed=0,
-                          device="cpu"),
+    ).replace(
+        eval_rollouts=16, run_dir=str(run_dir), total_env_steps=4896, steps_per_epoch=816,
+        updates_per_epoch=100, batch_size=24, lr=3e-4, warmup_updates=200, eval_every=6, log_every=6, seed=0,
+        device="cpu",
     )
 
 

@@ -43,7 +43,7 @@ def test_learning_suite_tiny_budget(tmp_path, capsys):
         ):
             assert key in run, key
         assert run["env_steps"] >= 64
-        assert run["config"]["train"]["total_env_steps"] == 64
+        assert run["config"]["schedule"]["total_env_steps"] == 64
         assert Path(run["run_dir"]).parent.parent == tmp_path / "runs"
         assert not (Path(run["run_dir"]) / "replay").exists()
     assert data["runs"][2]["config"]["env"]["episodes_per_rollout"] == 3

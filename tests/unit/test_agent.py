@@ -18,7 +18,7 @@ import torch
 from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner, compute_loss
 from icrl.agent.model import Agent, AgentPolicy
-from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, RandomPolicy, TimestepWrapper, TMaze, make_vector_env
 from icrl.types import ActionSpec, Batch, Timesteps
@@ -253,8 +253,7 @@ def _experiment(**train_kw) -> ExperimentConfig:
     return ExperimentConfig(
         model=model_cfg(),
         loss=loss_cfg(tau=0.25, popart_beta=0.2),
-        train=TrainConfig(lr=1e-3, warmup_updates=1, seed=0, device="cpu", **train_kw),
-    )
+    ).replace(lr=1e-3, warmup_updates=1, seed=0, device="cpu", **train_kw)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -315,7 +314,7 @@ def test_weight_decay_only_on_weight_matrices():
     for kind in ("discrete", "continuous"):
         torch.manual_seed(0)
         agent = Agent(obs_space, ActionSpec(kind, 3), model_cfg(), loss_cfg())
-        cfg = ExperimentConfig(model=model_cfg(), loss=loss_cfg(), train=TrainConfig(weight_decay=0.1))
+        cfg = ExperimentConfig(model=model_cfg(), loss=loss_cfg()).replace(weight_decay=0.1)
         learner = Learner(agent, cfg, torch.device("cpu"))
         names = {id(p): n for n, p in agent.named_parameters() if not n.startswith("target_")}
         groups_ = learner.optimizer.param_groups

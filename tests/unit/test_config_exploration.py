@@ -5,13 +5,13 @@ import pytest
 import tyro
 
 from icrl.agent.exploration import Exploration
-from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ExploreConfig, ModelConfig, TrainConfig
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ExploreConfig, ModelConfig, ScheduleConfig
 from icrl.seeding import derive_seed
 from icrl.types import ActionSpec
 
 
 def test_config_json_round_trip():
-    cfg = ExperimentConfig(model=ModelConfig(d_model=64, traj_encoder="gru"), train=TrainConfig(seed=7))
+    cfg = ExperimentConfig(model=ModelConfig(d_model=64, traj_encoder="gru")).replace(seed=7)
     again = ExperimentConfig.from_json(cfg.to_json())
     assert again == cfg
 
@@ -25,7 +25,7 @@ def test_cli_flags_have_no_group_prefix():
     )
     assert cfg.env.kwargs == {"length": 20}
     assert (cfg.model.d_model, cfg.model.layers, cfg.model.traj_encoder) == (64, 1, "lstm")
-    assert cfg.train.seed == 3 and cfg.loss.gammas == (0.9, 0.99)
+    assert cfg.run.seed == 3 and cfg.loss.gammas == (0.9, 0.99)
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ def test_cli_flags_have_no_group_prefix():
         (dict(model=ModelConfig(d_model=65, heads=4)), ["--d-model", "--heads"]),
         (dict(env=dataclasses.replace(ExperimentConfig().env, env_kwargs="{length: 3}")), ["--env-kwargs", "JSON"]),
         (dict(env=dataclasses.replace(ExperimentConfig().env, env_kwargs="[1]")), ["--env-kwargs", "object"]),
-        (dict(train=TrainConfig(steps_per_epoch=4)), ["--steps-per-epoch", "--parallel-envs"]),
+        (dict(schedule=ScheduleConfig(steps_per_epoch=4)), ["--steps-per-epoch", "--parallel-envs"]),
     ],
 )
 def test_validation_names_the_fields(change, words):
@@ -128,7 +128,7 @@ def test_unset_fields_take_the_task_recommendation_then_the_defaults():
 def test_apply_overrides_parses_json_and_names_bad_keys():
     from icrl.config import apply_overrides
 
-    cfg = apply_overrides(ExperimentConfig(), ["train.lr=0.001", "loss.gammas=[0.9, 0.99]", "env.env=tmaze_active"])
-    assert cfg.train.lr == 0.001 and cfg.loss.gammas == (0.9, 0.99) and cfg.env.env == "tmaze_active"
+    cfg = apply_overrides(ExperimentConfig(), ["optim.lr=0.001", "loss.gammas=[0.9, 0.99]", "env.env=tmaze_active"])
+    assert cfg.optim.lr == 0.001 and cfg.loss.gammas == (0.9, 0.99) and cfg.env.env == "tmaze_active"
     with pytest.raises(ConfigError, match="train.nope"):
         apply_overrides(cfg, ["train.nope=1"])

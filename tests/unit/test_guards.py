@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.data.storage import CorruptRolloutError, load_rollout, save_rollout
 from icrl.envs import Collector, RandomPolicy, make_env, make_vector_env
@@ -22,11 +22,10 @@ from icrl.types import ActionSpec
 from icrl.validation import RULES, field_errors
 
 CFG = ExperimentConfig(
-    env=EnvConfig(env="tmaze", env_kwargs='{"length": 2}', parallel_envs=2, eval_rollouts=2),
+    env=EnvConfig(env="tmaze", env_kwargs='{"length": 2}', parallel_envs=2),
     model=ModelConfig(d_model=16, layers=1, heads=2, max_seq_len=8, max_time=16, head_hidden=16, head_layers=1),
     loss=LossConfig(num_critics=2, redq_subset=2, gammas=(0.9, 0.99)),
-    train=TrainConfig(total_env_steps=16, steps_per_epoch=8, batch_size=4, warmup_updates=1, device="cpu"),
-)
+).replace(eval_rollouts=2, total_env_steps=16, steps_per_epoch=8, batch_size=4, warmup_updates=1, device="cpu")
 
 
 def _with(group: str, **kw) -> ExperimentConfig:
@@ -39,7 +38,7 @@ def test_every_range_rule_names_its_flag():
         group, name = key.split(".")
         hint = type(getattr(getattr(CFG, group), name))
         bad = -(10**6) if hint in (int, type(None)) else -1e6  # below every lower bound
-        if key == "train.seed":
+        if key == "run.seed":
             bad = -1
         errors = field_errors(_with(group, **{name: bad}))
         assert errors and errors[0].startswith("--" + name.replace("_", "-")), (key, errors)
@@ -49,8 +48,8 @@ def test_every_range_rule_names_its_flag():
     ("model", {"heads": "4"}, "integer"),  # a string where config.json should hold an int
     ("loss", {"gammas": (0.9, float("inf"))}, "finite"),
     ("model", {"traj_encoder": "banana"}, "one of"),
-    ("train", {"grad_clip": 0.0}, "> 0"),
-    ("train", {"run_dir": " "}, "--run-dir"),
+    ("optim", {"grad_clip": 0.0}, "> 0"),
+    ("run", {"run_dir": " "}, "--run-dir"),
 ])
 def test_types_and_finiteness_are_checked(group, kw, word):
     with pytest.raises(ConfigError, match=word):
@@ -58,7 +57,7 @@ def test_types_and_finiteness_are_checked(group, kw, word):
 
 
 def test_device_checked_unless_asked_not_to():
-    cfg = _with("train", device="cuda:99")
+    cfg = _with("run", device="cuda:99")
     with pytest.raises(ConfigError, match="--device"):
         cfg.validate()
     cfg.validate(check_device=False)

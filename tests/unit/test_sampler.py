@@ -339,8 +339,7 @@ def test_training_windows_hold_a_full_context_and_the_step_after_it(tmp_path: Pa
 
     spec = ActionSpec("discrete", 4)
     context = 11
-    cfg = ExperimentConfig(model=ModelConfig(max_seq_len=context), train=dataclasses.replace(
-        ExperimentConfig().train, batch_size=4))
+    cfg = ExperimentConfig(model=ModelConfig(max_seq_len=context)).replace(batch_size=4)
     assert training_window(cfg) == context + 1
     fill(tmp_path / "replay", [context], spec)  # `context` actions: context + 1 timesteps
     loader = make_train_loader(cfg, tmp_path / "replay", spec, torch.device("cpu"), seed=0)

@@ -1,0 +1,43 @@
+"""The config tree: groups by concern, field names unique across groups, and old config.json files load."""
+
+import dataclasses
+import json
+
+import pytest
+
+from icrl.config import GROUPS, ConfigError, ExperimentConfig, apply_overrides, field_groups
+
+
+def test_every_group_is_a_field_and_field_names_are_unique():
+    assert [f.name for f in dataclasses.fields(ExperimentConfig)] == list(GROUPS)
+    names = [f.name for cls in GROUPS.values() for f in dataclasses.fields(cls)]
+    assert len(names) == len(set(names)), "flags omit the group prefix, so a name may live in one group only"
+    assert len(field_groups()) == len(names)
+
+
+def test_replace_routes_each_field_to_its_group_and_refuses_unknown_names():
+    cfg = ExperimentConfig().replace(lr=3e-4, run_dir="runs/x", eval_rollouts=3, d_model=16)
+    assert (cfg.optim.lr, cfg.run.run_dir, cfg.eval.eval_rollouts, cfg.model.d_model) == (3e-4, "runs/x", 3, 16)
+    assert cfg.loss == ExperimentConfig().loss
+    with pytest.raises(ConfigError, match="no field learning_rate"):
+        ExperimentConfig().replace(learning_rate=1.0)
+
+
+def test_config_json_round_trips_and_an_old_single_train_group_still_loads():
+    cfg = ExperimentConfig().replace(lr=3e-4, gammas=(0.9, 0.99), seed=3, eval_max_steps=10)
+    assert ExperimentConfig.from_json(cfg.to_json()) == cfg
+    raw = json.loads(cfg.to_json())
+    old = {"env": {**raw["env"], "eval_max_steps": 10}, "model": raw["model"], "loss": raw["loss"],
+           "explore": raw["explore"], "train": {**raw["optim"], **raw["replay"], **raw["schedule"], **raw["run"],
+                                                 "eval_every": raw["eval"]["eval_every"]}}
+    old["env"]["eval_rollouts"] = raw["eval"]["eval_rollouts"]
+    assert ExperimentConfig.from_json(json.dumps(old)) == cfg
+    with pytest.raises(ConfigError, match="no field bogus"):
+        ExperimentConfig.from_json(json.dumps({"train": {"bogus": 1}}))
+
+
+def test_overrides_take_a_field_with_or_without_its_group():
+    cfg = apply_overrides(ExperimentConfig(), ["lr=0.001", "loss.gammas=[0.9, 0.99]"])
+    assert cfg.optim.lr == 0.001 and cfg.loss.gammas == (0.9, 0.99)
+    with pytest.raises(ConfigError, match="model.lr"):
+        apply_overrides(cfg, ["model.lr=1"])
