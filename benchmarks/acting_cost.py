@@ -4,7 +4,7 @@ With the cache, one acting step writes one K/V slot per layer and attends over a
 O(W) work per step. Recomputing means a full causal forward over the last W timesteps for every
 action: O(W^2) attention plus O(W) MLP work. This script times both for the default-size encoder
 (d_model 128, 2 layers, 4 heads) with 8 parallel envs, with the cache already full (the steady state of
-a long rollout), prints a table and writes benchmarks/results/acting_cost.json.
+a long rollout), prints a table and writes benchmarks/results/acting_cost/acting_cost.json.
 
     python benchmarks/acting_cost.py [--threads 1] [--contexts 256 1024 4096]
 """
@@ -70,7 +70,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1 avoids oversubscription)")
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 4096])
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "acting_cost.json")
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).parent / "results" / "acting_cost" / "acting_cost.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -10,7 +10,8 @@ asynchronous learner's default --utd is that ratio) and evaluate every `--eval-e
     python benchmarks/async_vs_sync.py --length 10 --seeds 0
     python benchmarks/async_vs_sync.py --length 20 --seeds 0 1 2 --collectors 2
 
-The last line printed is one JSON object (also written to benchmarks/results/async_vs_sync_N<length>.json).
+The last line printed is one JSON object (also written to
+benchmarks/results/async_vs_sync/async_vs_sync_N<length>.json).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from icrl.run.loggers import read_metrics
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "async_vs_sync"
 
 
 def first_solve(run_dir: Path, threshold: float) -> dict | None:

@@ -7,7 +7,7 @@ time spent inside `venv.step` is reported separately, so the collector's own sha
     python benchmarks/collection.py
     python benchmarks/collection.py --envs 1 8 --modes sync --steps 4000
 
-Prints a table; the last line is one JSON object (also written to benchmarks/results/collection.json).
+Prints a table; the last line is one JSON object (also written to benchmarks/results/collection/collection.json).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async"])
     p.add_argument("--steps", type=int, default=8000, help="timed env steps (all envs together) per setting")
     p.add_argument("--tmaze-length", type=int, default=256)
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "collection.json")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "collection" / "collection.json")
     args = p.parse_args()
     torch.set_num_threads(1)
 

@@ -10,7 +10,8 @@ windows: the numbers to compare are optimiser steps/s and windows/s (= steps/s x
     python benchmarks/distributed_throughput.py --procs 1 2 4 --device cuda
 
 The LAST line printed is one JSON object (also written to
-benchmarks/results/distributed_throughput_<device>_d<d-model>_l<layers>_L<seq-len>_b<batch-size>.json).
+benchmarks/results/distributed_throughput/
+distributed_throughput_<device>_d<d-model>_l<layers>_L<seq-len>_b<batch-size>.json).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from icrl.run.loop import training_window
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "distributed_throughput"
 
 
 def config(args: argparse.Namespace) -> ExperimentConfig:

@@ -396,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS), help="T-Maze corridor lengths"
     )
     p.add_argument("--popgym-tasks", nargs="*", default=[], help="POPGym names (default: every *Easy task)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/learning_suite"),
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/learning_suite/learning_suite"),
                    help="writes OUT.json and OUT_*.png")  # fmt: skip
     p.add_argument("--run-root", type=Path, default=Path("runs/learning_suite"))
     p.add_argument("--threads", type=int, default=1)

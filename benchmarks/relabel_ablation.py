@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--set", action="append", default=[], help="config override group.field=value (repeatable)")
     p.add_argument("--run-root", default="runs/relabel_ablation")
     p.add_argument("--keep-replay", action="store_true")
-    p.add_argument("--out", default="benchmarks/results/relabel_ablation")
+    p.add_argument("--out", default="benchmarks/results/relabel_ablation/relabel_ablation")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ re-scan after one new file, a scan of an unchanged folder whose mtime is trusted
     python benchmarks/replay_write.py                      # N = 100, 1000, 10000
     python benchmarks/replay_write.py --sizes 100 80000    # 80k files: 1M timesteps of T-Maze rollouts
 
-Prints a table and writes JSON to benchmarks/results/replay_write.json (see --out).
+Prints a table and writes JSON to benchmarks/results/replay_write/replay_write.json (see --out).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def main() -> None:
     p.add_argument("--old-writes", type=int, default=200, help="timed writes listing on every write")
     p.add_argument("--rollout-len", type=int, default=12, help="actions per rollout (T-Maze: 12-22)")
     p.add_argument("--dir", type=Path, default=None, help="where to make the buffers (default: temp dir)")
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "replay_write.json")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "replay_write" / "replay_write.json")
     args = p.parse_args()
 
     rollout = tmaze_rollout(args.rollout_len, np.random.default_rng(0))

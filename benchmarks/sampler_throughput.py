@@ -7,7 +7,7 @@ the sampler to stay well ahead of its update rate; this tells you how many worke
     python benchmarks/sampler_throughput.py --num-rollouts 200 --rollout-len 500 --workers 0 1 2
     python benchmarks/sampler_throughput.py --image 64      # 64x64x3 uint8 frames, exceeds the cache
 
-Prints a table and writes JSON to benchmarks/results/sampler.json (see --out).
+Prints a table and writes JSON to benchmarks/results/sampler/sampler.json (see --out).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def main() -> None:
     p.add_argument("--learner-ms", type=float, default=0.0, help="simulated GPU update per batch (sleep)")
     p.add_argument("--cache-mb", type=int, default=256, help="per-worker LRU cache")
     p.add_argument("--root", type=Path, default=None, help="replay folder (default: a temp dir)")
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sampler.json")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sampler" / "sampler.json")
     args = p.parse_args()
 
     torch.set_num_threads(1)

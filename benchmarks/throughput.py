@@ -18,7 +18,7 @@
     python benchmarks/throughput.py                         # the reference settings, fp32
     python benchmarks/throughput.py --dtype bf16 --threads 1 --profile
 
-The LAST line printed is one JSON object (also written to benchmarks/results/throughput_<tag>.json).
+The LAST line printed is one JSON object (also written to benchmarks/results/throughput/throughput_<tag>.json).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from icrl.nets.popart import ema_update_
 from icrl.nets.transformer import invalidate_weight_caches
 from icrl.types import ActionSpec, Rollout, Timesteps
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "throughput"
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -500,7 +500,7 @@ def main() -> None:
     p.add_argument("--skip-learner", action="store_true")
     p.add_argument("--skip-acting", action="store_true")
     p.add_argument("--profile", action="store_true", help="print cProfile (acting) and torch.profiler (update) tops")
-    p.add_argument("--tag", default=None, help="results/throughput_<tag>.json (default: from the settings)")
+    p.add_argument("--tag", default=None, help="results/throughput/throughput_<tag>.json (default: from the settings)")
     args = p.parse_args()
 
     global SDPA_BACKEND

@@ -9,7 +9,8 @@ never get there within `--total-env-steps` report null.
     python benchmarks/tmaze_time_to_solve.py --length 100 --total-env-steps 200000 --set optim.lr=3e-4
 
 `--set group.field=value` overrides any ExperimentConfig field (value parsed as JSON, else a string).
-The last line printed is one JSON object (also written to benchmarks/results/tmaze_solve_<tag>.json).
+The last line printed is one JSON object (also written to
+benchmarks/results/tmaze_time_to_solve/tmaze_solve_<tag>.json).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def main() -> None:
         "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         "per_seed": per_seed,
     }
-    out = Path(__file__).parent / "results" / f"tmaze_solve_{tag}.json"
+    out = Path(__file__).parent / "results" / "tmaze_time_to_solve" / f"tmaze_solve_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
