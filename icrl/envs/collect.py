@@ -182,6 +182,28 @@ class Collector:
         self, policy: Policy, chunk_len: int | None
     ) -> tuple[list[tuple[int, int, Rollout, bool]], list[EpisodeStats]]:
         """One vector step. Returns (env index, rollout id, rollout or chunk, rollout finished) and stats."""
+        actions = self._act(policy)
+        obs, rewards, terms, truncs, info = self.venv.step(actions)
+        self._check_finite(obs, rewards)
+        self._current = obs
+        finished: list[tuple[int, int, Rollout, bool]] = []
+        stats: list[EpisodeStats] = []
+        for i in range(self.num_envs):
+            buf = self._buffers[i]
+            done = bool(terms[i] or truncs[i])
+            reward = float(rewards[i])
+            buf.actions.append(np.array(actions[i]))
+            buf.rewards.append(reward)
+            buf.terminated.append(bool(terms[i]))
+            buf.truncated.append(bool(truncs[i]))
+            next_ts, step_info = self._next_timestep(i, done, obs, info)
+            buf.timesteps.append(next_ts)
+            self._track_episode(i, next_ts, reward, step_info, stats)
+            self._cut(i, done, next_ts, obs, chunk_len, finished)
+        return finished, stats
+
+    def _act(self, policy: Policy) -> np.ndarray:
+        """The policy's actions for the current timesteps: storage format, as the env will execute them."""
         ts = Timesteps.from_numpy(self._current)
         new_rollout = self._new_rollout.copy()
         self._new_rollout[:] = False
@@ -190,58 +212,64 @@ class Collector:
         actions = actions.astype(spec.storage_dtype, copy=False).reshape(spec.storage_shape(self.num_envs))
         if spec.kind == "continuous":
             actions = np.clip(actions, -1.0, 1.0)  # stored actions are what the env executed
-        obs, rewards, terms, truncs, info = self.venv.step(actions)
-        self._check_finite(obs, rewards)
-        self._current = obs
-        finished: list[tuple[int, int, Rollout, bool]] = []
-        stats: list[EpisodeStats] = []
-        for i in range(self.num_envs):
-            buf, tr = self._buffers[i], self._trackers[i]
-            done = bool(terms[i] or truncs[i])
-            buf.actions.append(np.array(actions[i]))
-            buf.rewards.append(float(rewards[i]))
-            buf.terminated.append(bool(terms[i]))
-            buf.truncated.append(bool(truncs[i]))
-            if done:
-                next_ts = _index_object(info["final_obs"][i])
-                step_info = info.get("final_info", {})
-                bad = nonfinite_keys(next_ts["obs"])  # an episode's final observation is not in the batch
-                if bad:
-                    raise nonfinite_env_error(self._env_label(i), len(buf.actions), bad[0])
-            else:
-                next_ts = _index(obs, i)
-                step_info = info
-            buf.timesteps.append(next_ts)
+        return actions
 
-            # Episode bookkeeping. A step that lands on a reset timestep is the bridge between two
-            # episodes of one rollout: it belongs to no episode.
-            if not int(next_ts["reset"]):
-                tr.ret += float(rewards[i])
-                tr.length += 1
-                if _info_at(step_info, "episode_end", i):
-                    success = _info_at(step_info, "success", i)
-                    stats.append(
-                        EpisodeStats(
-                            env_index=i,
-                            rollout_id=tr.rollout_id,
-                            episode_index=tr.episode_index,
-                            ret=tr.ret,
-                            length=tr.length,
-                            success=None if success is None else float(success),
-                        )
-                    )
-                    tr.episode_index += 1
-                    tr.ret, tr.length = 0.0, 0
+    def _next_timestep(self, i: int, done: bool, obs: dict, info: dict) -> tuple[dict, dict]:
+        """Env i's timestep after this step and the info describing the step. When its rollout ended, the
+        batch already holds the next rollout's reset timestep (SAME_STEP), so the final timestep and its
+        info come from `final_obs` / `final_info`, checked here as the batch check cannot see them."""
+        if not done:
+            return _index(obs, i), info
+        next_ts = _index_object(info["final_obs"][i])
+        bad = nonfinite_keys(next_ts["obs"])
+        if bad:
+            raise nonfinite_env_error(self._env_label(i), len(self._buffers[i].actions), bad[0])
+        return next_ts, info.get("final_info", {})
 
-            if done:
-                finished.append((i, tr.rollout_id, buf.to_rollout(spec), True))
-                self._buffers[i] = _Buffer(timesteps=[_index(obs, i)])
-                self._trackers[i] = _EpisodeTracker(rollout_id=self._new_id())
-                self._new_rollout[i] = True
-            elif chunk_len is not None and len(buf.actions) >= chunk_len:
-                finished.append((i, tr.rollout_id, buf.to_rollout(spec), False))
-                self._buffers[i] = _Buffer(timesteps=[next_ts])  # the boundary timestep is shared
-        return finished, stats
+    def _track_episode(
+        self, i: int, next_ts: dict, reward: float, step_info: dict, stats: list[EpisodeStats]
+    ) -> None:
+        """Episode bookkeeping for env i; appends the EpisodeStats of an episode that ended.
+
+        A step that lands on a reset timestep is the bridge between two episodes of one rollout: it belongs
+        to no episode.
+        """
+        if int(next_ts["reset"]):
+            return
+        tr = self._trackers[i]
+        tr.ret += reward
+        tr.length += 1
+        if _info_at(step_info, "episode_end", i):
+            success = _info_at(step_info, "success", i)
+            stats.append(
+                EpisodeStats(
+                    env_index=i,
+                    rollout_id=tr.rollout_id,
+                    episode_index=tr.episode_index,
+                    ret=tr.ret,
+                    length=tr.length,
+                    success=None if success is None else float(success),
+                )
+            )
+            tr.episode_index += 1
+            tr.ret, tr.length = 0.0, 0
+
+    def _cut(
+        self, i: int, done: bool, next_ts: dict, obs: dict, chunk_len: int | None,
+        finished: list[tuple[int, int, Rollout, bool]],
+    ) -> None:
+        """Hand over env i's buffer to `finished` when its rollout ended (the next one starts from the reset
+        timestep in `obs`, with a new id) or when it holds `chunk_len` actions (the next chunk of the same
+        rollout starts from the boundary timestep, which both chunks share)."""
+        buf, tr = self._buffers[i], self._trackers[i]
+        if done:
+            finished.append((i, tr.rollout_id, buf.to_rollout(self.action_spec), True))
+            self._buffers[i] = _Buffer(timesteps=[_index(obs, i)])
+            self._trackers[i] = _EpisodeTracker(rollout_id=self._new_id())
+            self._new_rollout[i] = True
+        elif chunk_len is not None and len(buf.actions) >= chunk_len:
+            finished.append((i, tr.rollout_id, buf.to_rollout(self.action_spec), False))
+            self._buffers[i] = _Buffer(timesteps=[next_ts])
 
     # --------------------------------------------------------------------------------------------- API
     def collect(self, policy: Policy, num_env_steps: int) -> tuple[list[Rollout], list[EpisodeStats]]:
