@@ -123,7 +123,8 @@ def test_aggregate_means_over_seeds():
 
     curves = [[0.0, 0.5, 1.0], [0.2, 0.3, 0.4, 0.9]]
     mfl = [
-        {**_run("meta_frozen_lake", "meta_frozen_lake", k, 0.0, 0.0), "success_by_episode": c, "return_by_episode": c}
+        {**_run("meta_frozen_lake", "meta_frozen_lake", k, 0.0, 0.0), "success_by_episode": c,
+         "return_by_episode": c}
         for k, c in enumerate(curves)
     ]
     out = suite.aggregate("meta_frozen_lake", mfl)
