@@ -196,7 +196,10 @@ class Collector:
             buf.rewards.append(reward)
             buf.terminated.append(bool(terms[i]))
             buf.truncated.append(bool(truncs[i]))
-            next_ts, step_info = self._next_timestep(i, done, obs, info)
+            if done:
+                next_ts, step_info = self._final_timestep(i, info)
+            else:
+                next_ts, step_info = _index(obs, i), info
             buf.timesteps.append(next_ts)
             self._track_episode(i, next_ts, reward, step_info, stats)
             self._cut(i, done, next_ts, obs, chunk_len, finished)
@@ -214,12 +217,10 @@ class Collector:
             actions = np.clip(actions, -1.0, 1.0)  # stored actions are what the env executed
         return actions
 
-    def _next_timestep(self, i: int, done: bool, obs: dict, info: dict) -> tuple[dict, dict]:
-        """Env i's timestep after this step and the info describing the step. When its rollout ended, the
-        batch already holds the next rollout's reset timestep (SAME_STEP), so the final timestep and its
-        info come from `final_obs` / `final_info`, checked here as the batch check cannot see them."""
-        if not done:
-            return _index(obs, i), info
+    def _final_timestep(self, i: int, info: dict) -> tuple[dict, dict]:
+        """Env i's final timestep and the info of its last step, when its rollout just ended: with SAME_STEP
+        autoreset the batch already holds the next rollout's reset timestep, so both come from
+        `final_obs` / `final_info`, checked here as the batch check cannot see them."""
         next_ts = _index_object(info["final_obs"][i])
         bad = nonfinite_keys(next_ts["obs"])
         if bad:
