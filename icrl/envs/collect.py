@@ -201,8 +201,14 @@ class Collector:
             else:
                 next_ts, step_info = _index(obs, i), info
             buf.timesteps.append(next_ts)
-            self._track_episode(i, next_ts, reward, step_info, stats)
-            self._cut(i, done, next_ts, obs, chunk_len, finished)
+            # A step that lands on a reset timestep is the bridge between two episodes of one rollout: it
+            # belongs to no episode.
+            if not int(next_ts["reset"]):
+                self._track_episode(i, reward, step_info, stats)
+            if done:
+                self._end_rollout(i, obs, finished)
+            elif chunk_len is not None and len(buf.actions) >= chunk_len:
+                self._end_chunk(i, next_ts, finished)
         return finished, stats
 
     def _act(self, policy: Policy) -> np.ndarray:
@@ -227,16 +233,8 @@ class Collector:
             raise nonfinite_env_error(self._env_label(i), len(self._buffers[i].actions), bad[0])
         return next_ts, info.get("final_info", {})
 
-    def _track_episode(
-        self, i: int, next_ts: dict, reward: float, step_info: dict, stats: list[EpisodeStats]
-    ) -> None:
-        """Episode bookkeeping for env i; appends the EpisodeStats of an episode that ended.
-
-        A step that lands on a reset timestep is the bridge between two episodes of one rollout: it belongs
-        to no episode.
-        """
-        if int(next_ts["reset"]):
-            return
+    def _track_episode(self, i: int, reward: float, step_info: dict, stats: list[EpisodeStats]) -> None:
+        """Add a step to env i's current episode; append its EpisodeStats when the step ended it."""
         tr = self._trackers[i]
         tr.ret += reward
         tr.length += 1
@@ -255,22 +253,21 @@ class Collector:
             tr.episode_index += 1
             tr.ret, tr.length = 0.0, 0
 
-    def _cut(
-        self, i: int, done: bool, next_ts: dict, obs: dict, chunk_len: int | None,
-        finished: list[tuple[int, int, Rollout, bool]],
-    ) -> None:
-        """Hand over env i's buffer to `finished` when its rollout ended (the next one starts from the reset
-        timestep in `obs`, with a new id) or when it holds `chunk_len` actions (the next chunk of the same
-        rollout starts from the boundary timestep, which both chunks share)."""
-        buf, tr = self._buffers[i], self._trackers[i]
-        if done:
-            finished.append((i, tr.rollout_id, buf.to_rollout(self.action_spec), True))
-            self._buffers[i] = _Buffer(timesteps=[_index(obs, i)])
-            self._trackers[i] = _EpisodeTracker(rollout_id=self._new_id())
-            self._new_rollout[i] = True
-        elif chunk_len is not None and len(buf.actions) >= chunk_len:
-            finished.append((i, tr.rollout_id, buf.to_rollout(self.action_spec), False))
-            self._buffers[i] = _Buffer(timesteps=[next_ts])
+    def _end_rollout(self, i: int, obs: dict, finished: list[tuple[int, int, Rollout, bool]]) -> None:
+        """Env i's rollout ended: hand it over; the next one starts from the reset timestep in the batch, with
+        a new id, and the policy is told to clear env i's memory."""
+        tr = self._trackers[i]
+        finished.append((i, tr.rollout_id, self._buffers[i].to_rollout(self.action_spec), True))
+        self._buffers[i] = _Buffer(timesteps=[_index(obs, i)])
+        self._trackers[i] = _EpisodeTracker(rollout_id=self._new_id())
+        self._new_rollout[i] = True
+
+    def _end_chunk(self, i: int, next_ts: dict, finished: list[tuple[int, int, Rollout, bool]]) -> None:
+        """Env i's buffer holds `chunk_len` actions: hand it over as a chunk; the rollout goes on in a new
+        buffer that starts from the boundary timestep, which both chunks share."""
+        rollout_id = self._trackers[i].rollout_id
+        finished.append((i, rollout_id, self._buffers[i].to_rollout(self.action_spec), False))
+        self._buffers[i] = _Buffer(timesteps=[next_ts])
 
     # --------------------------------------------------------------------------------------------- API
     def collect(self, policy: Policy, num_env_steps: int) -> tuple[list[Rollout], list[EpisodeStats]]:
