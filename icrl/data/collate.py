@@ -6,6 +6,8 @@ padding rules (zeros, `mask == False`, `has_action == False` after a rollout's l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
@@ -44,8 +46,21 @@ def collate_windows(windows: list[tuple[Rollout, int]], length: int, action_spec
     A rollout with n timesteps has n - 1 actions: `has_action` is False at its last timestep, where
     action / reward / terminated / truncated stay zero.
     """
-    B, L, A = len(windows), length, action_spec.dim
     first = windows[0][0]
+    tensors = _carve(_batch_specs(windows, length, action_spec.dim))
+    x = {name: t.numpy() for name, t in tensors.items()}  # numpy views, filled in place
+    for b, (r, s) in enumerate(windows):
+        _check_window(r, first, action_spec)
+        _copy_window(x, b, r, s, length, action_spec)
+    return _as_batch(tensors, first.obs.keys())
+
+
+def _batch_specs(
+    windows: list[tuple[Rollout, int]], L: int, A: int
+) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of every Batch tensor, named as `_as_batch` reads them (obs keys from the first
+    rollout; `achieved` only when every rollout records goals, wide enough for the widest)."""
+    B, first = len(windows), windows[0][0]
     with_goals = [r.achieved is not None for r, _ in windows]
     if any(with_goals) and not all(with_goals):
         raise ValueError("some rollouts in the batch record achieved goals and others do not")
@@ -58,37 +73,46 @@ def collate_windows(windows: list[tuple[Rollout, int]], length: int, action_spec
     if all(with_goals):
         K = max(r.achieved.shape[1] for r, _ in windows)  # type: ignore[union-attr]
         specs["achieved"] = ((B, L, K), i64)  # [B, L, K]
-    tensors = _carve(specs)
-    x = {name: t.numpy() for name, t in tensors.items()}  # numpy views, filled in place
+    return specs
 
-    for b, (r, s) in enumerate(windows):
-        n = r.num_timesteps
-        e = min(n, s + L)  # timesteps [s, e)
-        ea = min(n - 1, e)  # actions [s, ea)
-        m, ma = e - s, max(0, ea - s)
-        if r.obs.keys() != first.obs.keys():
-            raise ValueError(f"rollouts disagree on observation keys: {sorted(r.obs)} vs {sorted(first.obs)}")
-        if r.prev_action.shape[1:] != (A,):
-            raise ValueError(f"stored prev_action shape {r.prev_action.shape} does not match {action_spec}")
-        for k, v in r.obs.items():
-            x[f"obs/{k}"][b, :m] = v[s:e]
-        for name in ("prev_action", "prev_reward", "time", "reset"):
-            x[name][b, :m] = getattr(r, name)[s:e]
-        x["mask"][b, :m] = True
-        if ma > 0:
-            x["action"][b, :ma] = action_spec.to_vector(r.action[s:ea])
-            for name in ("reward", "terminated", "truncated"):
-                x[name][b, :ma] = getattr(r, name)[s:ea]
-            x["has_action"][b, :ma] = True
-        if "achieved" in x:  # rollouts with fewer goal slots get -1 ("no goal") in the extra ones
-            k = r.achieved.shape[1]  # type: ignore[union-attr]
-            x["achieved"][b, :m, :k] = r.achieved[s:e]  # type: ignore[index]
-            x["achieved"][b, :m, k:] = -1
 
-    t = tensors
+def _check_window(r: Rollout, first: Rollout, action_spec: ActionSpec) -> None:
+    """Refuse a rollout that does not fit the batch laid out from the first one."""
+    if r.obs.keys() != first.obs.keys():
+        raise ValueError(f"rollouts disagree on observation keys: {sorted(r.obs)} vs {sorted(first.obs)}")
+    if r.prev_action.shape[1:] != (action_spec.dim,):
+        raise ValueError(f"stored prev_action shape {r.prev_action.shape} does not match {action_spec}")
+
+
+def _copy_window(
+    x: dict[str, np.ndarray], b: int, r: Rollout, s: int, L: int, action_spec: ActionSpec
+) -> None:
+    """Fill row b of the batch arrays with timesteps [s, s + L) of r; the rest stays zero (padding)."""
+    n = r.num_timesteps
+    e = min(n, s + L)  # timesteps [s, e)
+    ea = min(n - 1, e)  # actions [s, ea)
+    m, ma = e - s, max(0, ea - s)
+    for k, v in r.obs.items():
+        x[f"obs/{k}"][b, :m] = v[s:e]
+    for name in ("prev_action", "prev_reward", "time", "reset"):
+        x[name][b, :m] = getattr(r, name)[s:e]
+    x["mask"][b, :m] = True
+    if ma > 0:
+        x["action"][b, :ma] = action_spec.to_vector(r.action[s:ea])
+        for name in ("reward", "terminated", "truncated"):
+            x[name][b, :ma] = getattr(r, name)[s:ea]
+        x["has_action"][b, :ma] = True
+    if "achieved" in x:  # rollouts with fewer goal slots get -1 ("no goal") in the extra ones
+        k = r.achieved.shape[1]  # type: ignore[union-attr]
+        x["achieved"][b, :m, :k] = r.achieved[s:e]  # type: ignore[index]
+        x["achieved"][b, :m, k:] = -1
+
+
+def _as_batch(t: dict[str, torch.Tensor], obs_keys: Iterable[str]) -> Batch:
+    """The carved tensors, arranged as a Batch."""
     return Batch(
         inputs=Timesteps(
-            obs={k: t[f"obs/{k}"] for k in first.obs},
+            obs={k: t[f"obs/{k}"] for k in obs_keys},
             prev_action=t["prev_action"],
             prev_reward=t["prev_reward"],
             time=t["time"],

@@ -331,10 +331,8 @@ def write_minari(
     no partial dataset. An existing dataset with this id is refused unless `overwrite`, and then replaced
     only once the new one is complete. Returns (dataset folder, episodes, steps).
     """
-    minari = require_minari()
+    require_minari()
     from minari.dataset.minari_dataset import parse_dataset_id
-    from minari.dataset.minari_storage import MinariStorage
-    from minari.namespace import create_namespace, list_local_namespaces
     from minari.storage.datasets_root_dir import get_dataset_path
 
     try:
@@ -349,46 +347,92 @@ def write_minari(
         )
     root = get_dataset_path()
     tmp = root / f".icrl-export-{uuid.uuid4().hex[:8]}"
-    trash = None
-    episodes = steps = 0
     try:
         tmp.mkdir()
-        storage = MinariStorage.new(tmp / "data", observation_space=observation_space, action_space=action_space,
-                                    data_format="hdf5", jpeg_encoding=False)
-        info = {"dataset_id": dataset_id, "minari_version": minari.__version__, "algorithm_name": "icrl"}
-        if description:
-            info["description"] = description
-        storage.update_metadata({**info, "icrl": metadata or {}})
-        buffers: list = []
-        metas: list[dict] = []
-        for i, rollout in enumerate(rollouts):
-            for buffer, meta in _episodes_of(i, rollout, observation_space):
-                buffers.append(buffer)
-                metas.append(meta)
-                steps += len(buffer.rewards)
-            if len(buffers) >= _FLUSH_EPISODES:
-                storage.update_episodes(buffers)
-                episodes, buffers = episodes + len(buffers), []
-        if buffers:
-            storage.update_episodes(buffers)
-            episodes += len(buffers)
+        storage = _new_storage(tmp / "data", dataset_id, observation_space, action_space,
+                               description, metadata)
+        episodes, steps = _write_episodes(storage, rollouts, observation_space)
         if episodes == 0:
             raise ValueError(f"nothing to export to {dataset_id!r}: no rollout with at least one action")
+        _ensure_namespace(namespace)
+        _move_into_place(tmp, target, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target, episodes, steps
+
+
+def _new_storage(
+    data_path: Path,
+    dataset_id: str,
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    description: str | None,
+    metadata: dict[str, Any] | None,
+) -> Any:
+    """An empty Minari storage (HDF5, lossless images) holding the dataset's metadata, icrl's under "icrl"."""
+    minari = require_minari()
+    from minari.dataset.minari_storage import MinariStorage
+
+    storage = MinariStorage.new(data_path, observation_space=observation_space, action_space=action_space,
+                                data_format="hdf5", jpeg_encoding=False)
+    info = {"dataset_id": dataset_id, "minari_version": minari.__version__, "algorithm_name": "icrl"}
+    if description:
+        info["description"] = description
+    storage.update_metadata({**info, "icrl": metadata or {}})
+    return storage
+
+
+def _write_episodes(
+    storage: Any, rollouts: Iterable[Rollout], observation_space: gym.Space
+) -> tuple[int, int]:
+    """Write every episode of the rollouts with its icrl_* attributes; returns (episodes, steps).
+
+    Episodes go to HDF5 about `_FLUSH_EPISODES` at a time (checked after each rollout), so a large export
+    never holds all its episodes in memory; the attributes are written once at the end.
+    """
+    buffers: list = []
+    metas: list[dict] = []
+    episodes = steps = 0
+    for i, rollout in enumerate(rollouts):
+        for buffer, meta in _episodes_of(i, rollout, observation_space):
+            buffers.append(buffer)
+            metas.append(meta)
+            steps += len(buffer.rewards)
+        if len(buffers) >= _FLUSH_EPISODES:
+            storage.update_episodes(buffers)
+            episodes, buffers = episodes + len(buffers), []
+    if buffers:
+        storage.update_episodes(buffers)
+        episodes += len(buffers)
+    if episodes:
         storage.update_episode_metadata(metas, range(episodes))
-        if namespace is not None and namespace not in list_local_namespaces():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                create_namespace(namespace)
-        target.parent.mkdir(parents=True, exist_ok=True)
+    return episodes, steps
+
+
+def _ensure_namespace(namespace: str | None) -> None:
+    """Create the dataset's local Minari namespace if it is new (minari's warnings about it silenced)."""
+    from minari.namespace import create_namespace, list_local_namespaces
+
+    if namespace is not None and namespace not in list_local_namespaces():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            create_namespace(namespace)
+
+
+def _move_into_place(tmp: Path, target: Path, root: Path) -> None:
+    """Rename the finished dataset folder `tmp` to `target`. An existing dataset there is moved aside first
+    and deleted only once the new one is in place; if the move fails (or is interrupted), it is put back."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    trash = None
+    try:
         if target.exists():
             trash = root / f".icrl-replaced-{uuid.uuid4().hex[:8]}"
             os.rename(target, trash)
         os.rename(tmp, target)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         if trash is not None and not target.exists():
             os.rename(trash, target)  # put the old dataset back
         raise
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
-    return target, episodes, steps

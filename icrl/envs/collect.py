@@ -182,6 +182,37 @@ class Collector:
         self, policy: Policy, chunk_len: int | None
     ) -> tuple[list[tuple[int, int, Rollout, bool]], list[EpisodeStats]]:
         """One vector step. Returns (env index, rollout id, rollout or chunk, rollout finished) and stats."""
+        actions = self._act(policy)
+        obs, rewards, terms, truncs, info = self.venv.step(actions)
+        self._check_finite(obs, rewards)
+        self._current = obs
+        finished: list[tuple[int, int, Rollout, bool]] = []
+        stats: list[EpisodeStats] = []
+        for i in range(self.num_envs):
+            buf = self._buffers[i]
+            done = bool(terms[i] or truncs[i])
+            reward = float(rewards[i])
+            buf.actions.append(np.array(actions[i]))
+            buf.rewards.append(reward)
+            buf.terminated.append(bool(terms[i]))
+            buf.truncated.append(bool(truncs[i]))
+            if done:
+                next_ts, step_info = self._final_timestep(i, info)
+            else:
+                next_ts, step_info = _index(obs, i), info
+            buf.timesteps.append(next_ts)
+            # A step that lands on a reset timestep is the bridge between two episodes of one rollout: it
+            # belongs to no episode.
+            if not int(next_ts["reset"]):
+                self._track_episode(i, reward, step_info, stats)
+            if done:
+                self._end_rollout(i, obs, finished)
+            elif chunk_len is not None and len(buf.actions) >= chunk_len:
+                self._end_chunk(i, next_ts, finished)
+        return finished, stats
+
+    def _act(self, policy: Policy) -> np.ndarray:
+        """The policy's actions for the current timesteps: storage format, as the env will execute them."""
         ts = Timesteps.from_numpy(self._current)
         new_rollout = self._new_rollout.copy()
         self._new_rollout[:] = False
@@ -190,58 +221,53 @@ class Collector:
         actions = actions.astype(spec.storage_dtype, copy=False).reshape(spec.storage_shape(self.num_envs))
         if spec.kind == "continuous":
             actions = np.clip(actions, -1.0, 1.0)  # stored actions are what the env executed
-        obs, rewards, terms, truncs, info = self.venv.step(actions)
-        self._check_finite(obs, rewards)
-        self._current = obs
-        finished: list[tuple[int, int, Rollout, bool]] = []
-        stats: list[EpisodeStats] = []
-        for i in range(self.num_envs):
-            buf, tr = self._buffers[i], self._trackers[i]
-            done = bool(terms[i] or truncs[i])
-            buf.actions.append(np.array(actions[i]))
-            buf.rewards.append(float(rewards[i]))
-            buf.terminated.append(bool(terms[i]))
-            buf.truncated.append(bool(truncs[i]))
-            if done:
-                next_ts = _index_object(info["final_obs"][i])
-                step_info = info.get("final_info", {})
-                bad = nonfinite_keys(next_ts["obs"])  # an episode's final observation is not in the batch
-                if bad:
-                    raise nonfinite_env_error(self._env_label(i), len(buf.actions), bad[0])
-            else:
-                next_ts = _index(obs, i)
-                step_info = info
-            buf.timesteps.append(next_ts)
+        return actions
 
-            # Episode bookkeeping. A step that lands on a reset timestep is the bridge between two
-            # episodes of one rollout: it belongs to no episode.
-            if not int(next_ts["reset"]):
-                tr.ret += float(rewards[i])
-                tr.length += 1
-                if _info_at(step_info, "episode_end", i):
-                    success = _info_at(step_info, "success", i)
-                    stats.append(
-                        EpisodeStats(
-                            env_index=i,
-                            rollout_id=tr.rollout_id,
-                            episode_index=tr.episode_index,
-                            ret=tr.ret,
-                            length=tr.length,
-                            success=None if success is None else float(success),
-                        )
-                    )
-                    tr.episode_index += 1
-                    tr.ret, tr.length = 0.0, 0
+    def _final_timestep(self, i: int, info: dict) -> tuple[dict, dict]:
+        """Env i's final timestep and the info of its last step, when its rollout just ended: with SAME_STEP
+        autoreset the batch already holds the next rollout's reset timestep, so both come from
+        `final_obs` / `final_info`, checked here as the batch check cannot see them."""
+        next_ts = _index_object(info["final_obs"][i])
+        bad = nonfinite_keys(next_ts["obs"])
+        if bad:
+            raise nonfinite_env_error(self._env_label(i), len(self._buffers[i].actions), bad[0])
+        return next_ts, info.get("final_info", {})
 
-            if done:
-                finished.append((i, tr.rollout_id, buf.to_rollout(spec), True))
-                self._buffers[i] = _Buffer(timesteps=[_index(obs, i)])
-                self._trackers[i] = _EpisodeTracker(rollout_id=self._new_id())
-                self._new_rollout[i] = True
-            elif chunk_len is not None and len(buf.actions) >= chunk_len:
-                finished.append((i, tr.rollout_id, buf.to_rollout(spec), False))
-                self._buffers[i] = _Buffer(timesteps=[next_ts])  # the boundary timestep is shared
-        return finished, stats
+    def _track_episode(self, i: int, reward: float, step_info: dict, stats: list[EpisodeStats]) -> None:
+        """Add a step to env i's current episode; append its EpisodeStats when the step ended it."""
+        tr = self._trackers[i]
+        tr.ret += reward
+        tr.length += 1
+        if _info_at(step_info, "episode_end", i):
+            success = _info_at(step_info, "success", i)
+            stats.append(
+                EpisodeStats(
+                    env_index=i,
+                    rollout_id=tr.rollout_id,
+                    episode_index=tr.episode_index,
+                    ret=tr.ret,
+                    length=tr.length,
+                    success=None if success is None else float(success),
+                )
+            )
+            tr.episode_index += 1
+            tr.ret, tr.length = 0.0, 0
+
+    def _end_rollout(self, i: int, obs: dict, finished: list[tuple[int, int, Rollout, bool]]) -> None:
+        """Env i's rollout ended: hand it over; the next one starts from the reset timestep in the batch, with
+        a new id, and the policy is told to clear env i's memory."""
+        tr = self._trackers[i]
+        finished.append((i, tr.rollout_id, self._buffers[i].to_rollout(self.action_spec), True))
+        self._buffers[i] = _Buffer(timesteps=[_index(obs, i)])
+        self._trackers[i] = _EpisodeTracker(rollout_id=self._new_id())
+        self._new_rollout[i] = True
+
+    def _end_chunk(self, i: int, next_ts: dict, finished: list[tuple[int, int, Rollout, bool]]) -> None:
+        """Env i's buffer holds `chunk_len` actions: hand it over as a chunk; the rollout goes on in a new
+        buffer that starts from the boundary timestep, which both chunks share."""
+        rollout_id = self._trackers[i].rollout_id
+        finished.append((i, rollout_id, self._buffers[i].to_rollout(self.action_spec), False))
+        self._buffers[i] = _Buffer(timesteps=[next_ts])
 
     # --------------------------------------------------------------------------------------------- API
     def collect(self, policy: Policy, num_env_steps: int) -> tuple[list[Rollout], list[EpisodeStats]]:

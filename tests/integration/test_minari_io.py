@@ -5,6 +5,7 @@ Datasets are created locally in a temporary MINARI_DATASETS_PATH; nothing is dow
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import gymnasium as gym
@@ -226,6 +227,27 @@ def test_existing_dataset_id_is_refused_unless_overwrite(minari_home):
     assert hidden == [], hidden  # no temporary or replaced folders left behind
     with pytest.raises(ValueError, match="Malformed dataset ID"):
         write_minari("no version", rollouts, obs_space, act_space)
+
+
+def test_failed_move_into_place_puts_the_old_dataset_back(minari_home, monkeypatch):
+    """The new dataset is complete but moving it into place fails: the dataset moved aside comes back."""
+    import icrl.data.minari_io as minari_io
+
+    rollouts, obs_space, act_space = _tmaze_rollouts()
+    path, n, _ = write_minari("test/tmaze-v0", rollouts, obs_space, act_space)
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if os.path.basename(src).startswith(".icrl-export-"):
+            raise OSError("disk gone")
+        real_rename(src, dst)
+
+    with monkeypatch.context() as patch, pytest.raises(OSError, match="disk gone"):
+        patch.setattr(minari_io.os, "rename", rename)
+        write_minari("test/tmaze-v0", rollouts[:2], obs_space, act_space, overwrite=True)
+    assert minari_home.load_dataset("test/tmaze-v0").total_episodes == n
+    hidden = [p.name for p in path.parent.parent.iterdir() if p.name.startswith(".")]
+    assert hidden == [], hidden
 
 
 def test_missing_dataset_is_a_clear_error_and_never_downloaded(minari_home):

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import math
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from icrl.agent.losses import (
-    DEFAULT_GAMMAS,
     actor_loss,
     advantage_filter,
     align_next,
@@ -20,9 +22,12 @@ from icrl.agent.losses import (
     redq_target_value,
     td_targets,
 )
+from icrl.agent.model import Agent
+from icrl.config import LossConfig, ModelConfig
+from icrl.data.collate import collate_windows
 from icrl.nets.dists import Categorical
 from icrl.nets.heads import Actor, Critic, q_at_action
-from icrl.types import ActionSpec
+from icrl.types import ActionSpec, Rollout
 
 NAN = float("nan")
 
@@ -85,13 +90,63 @@ def test_td_targets_n_step_table():
         torch.testing.assert_close(y[..., gi], expected)
 
 
-def test_td_targets_n_step_one_equals_default_and_default_gammas():
-    reward, terminated, valid, next_value, _ = _td_case()
-    nv = next_value[..., :1].expand(3, 5, len(DEFAULT_GAMMAS))
-    y1 = td_targets(reward, terminated, valid, nv, DEFAULT_GAMMAS, n_step=1)
-    y = td_targets(reward, terminated, valid, nv, DEFAULT_GAMMAS)
-    assert torch.equal(y1, y) and y.shape == (3, 5, 7)
-    assert DEFAULT_GAMMAS[-1] == 0.999
+def test_td_targets_n_step_one_equals_default():
+    reward, terminated, valid, next_value, gammas = _td_case()
+    y1 = td_targets(reward, terminated, valid, next_value, gammas, n_step=1)
+    y = td_targets(reward, terminated, valid, next_value, gammas)
+    assert torch.equal(y1, y) and y.shape == (3, 5, 2)
+
+
+# AMAGO's discounts (Grigsby et al. 2024): the default a run trains with. Written out here on purpose, so
+# the test fails when the running default changes and nobody updated this expectation.
+AMAGO_GAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
+
+
+def _tiny_batch(spec: ActionSpec, T: int = 6):
+    """One real-looking rollout of 3-dim observations, collated into a [1, T + 1] Batch."""
+    rng = np.random.default_rng(0)
+    action = rng.integers(spec.dim, size=T)
+    prev_action = np.zeros((T + 1, spec.dim), np.float32)
+    prev_action[1:] = spec.to_vector(action)
+    reward = rng.normal(size=T).astype(np.float32)
+    rollout = Rollout(
+        obs={"obs": rng.normal(size=(T + 1, 3)).astype(np.float32)},
+        prev_action=prev_action,
+        prev_reward=np.concatenate([[0.0], reward]).astype(np.float32),
+        time=np.arange(T + 1, dtype=np.int64),
+        reset=np.arange(T + 1) == 0,
+        action=action,
+        reward=reward,
+        terminated=np.arange(T) == T - 1,
+        truncated=np.zeros(T, bool),
+    )
+    return collate_windows([(rollout, 0)], T + 1, spec)
+
+
+def test_default_gammas_are_the_ones_the_critic_trains_with(monkeypatch):
+    """The discounts that reach the TD targets of a default-config agent are AMAGO's: followed from
+    `LossConfig()` through `Agent` into the `gammas` that `compute_loss` hands to `td_targets`."""
+    import icrl.agent.learner as learner
+
+    loss_cfg = LossConfig()
+    assert tuple(loss_cfg.gammas) == AMAGO_GAMMAS
+    spec = ActionSpec("discrete", 3)
+    obs_space = gym.spaces.Dict({"obs": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)})
+    model = ModelConfig(d_model=16, layers=1, heads=2, max_seq_len=8, max_time=16, head_hidden=16, head_layers=1)
+    agent = Agent(obs_space, spec, model, loss_cfg)
+    assert agent.actor.num_gammas == agent.critic.num_gammas == len(AMAGO_GAMMAS)
+
+    real, seen = learner.td_targets, []
+
+    def spy(*args, **kwargs):
+        seen.append(inspect.signature(real).bind(*args, **kwargs).arguments["gammas"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(learner, "td_targets", spy)
+    _, _, y, _ = learner.compute_loss(agent, _tiny_batch(spec), loss_cfg, torch.Generator().manual_seed(0))
+    assert len(seen) == 1
+    torch.testing.assert_close(torch.as_tensor(seen[0]), torch.tensor(AMAGO_GAMMAS, dtype=torch.float32))
+    assert y.shape[-1] == len(AMAGO_GAMMAS)
 
 
 def test_align_next():
@@ -268,15 +323,46 @@ def test_online_term_differentiates_through_action(kind):
     assert all(p.grad is None for p in critic.parameters())
 
 
+def _actor_next_value(actor, critic, s: torch.Tensor, kind: str) -> torch.Tensor:
+    """V(s_{t+1}) [B, L, G] as the update builds it, from the actor's next actions: the exact expectation
+    under π for discrete actions, Q at a reparameterised sample otherwise (so the value is differentiable
+    in the actor's parameters), min over the critic ensemble."""
+    dist = actor(s)
+    if kind == "discrete":
+        q_next = (dist.probs.unsqueeze(-3) * critic(s)).sum(-1)  # [B, L, C, G]
+    else:
+        q_next = critic(s, dist.rsample())  # [B, L, C, G]
+    return q_next.amin(-2)
+
+
+@pytest.mark.parametrize("target", ["td_targets", "by_hand"])
 @pytest.mark.parametrize("kind", ["discrete", "continuous", "multibinary"])
-def test_critic_loss_gives_no_gradient_to_actor(kind):
+def test_critic_loss_gives_no_gradient_to_actor(kind, target):
+    """The TD target is built from the actor's next actions, yet the critic loss must not train the actor.
+
+    Two guards, one per case: `td_targets` builds its targets without a graph ("td_targets"), and
+    `critic_loss` detaches the targets it is given ("by_hand": a one-step target computed with autograd
+    on, as a careless caller would). Either guard removed, the actor's parameters get a gradient here.
+    """
     upstream, actor, critic, x, action, valid = _setup(kind)
     s = upstream(x)
     G = actor.num_gammas
+    gammas = torch.linspace(0.5, 0.9, G)
+    reward, terminated = torch.randn(*valid.shape), torch.zeros(valid.shape, dtype=torch.bool)
+    v_next = align_next(_actor_next_value(actor, critic, s, kind))  # [B, L, G]
+    # the premise: the actor is in the graph of the values the target is built from
+    from_actor = torch.autograd.grad(v_next.sum(), list(actor.parameters()), retain_graph=True)
+    assert all(g.abs().sum() > 0 for g in from_actor)
+    if target == "td_targets":
+        y = td_targets(reward, terminated, valid, v_next, gammas)
+        assert not y.requires_grad, "td_targets must build targets without a graph"
+    else:
+        y = reward.unsqueeze(-1) + gammas * v_next
+        assert y.requires_grad
     a_g = action.unsqueeze(-2).expand(*action.shape[:2], G, 3)
     q_sa = q_at_action(critic(s), a_g) if kind == "discrete" else critic(s, a_g)
-    loss, _ = critic_loss(q_sa, torch.randn(*valid.shape, G), valid)
+    loss, _ = critic_loss(q_sa, y, valid)
     loss.backward()
-    assert all(g is None for g in _grads(actor))
+    assert all(g is None for g in _grads(actor)), "the critic loss reached the actor through the TD target"
     assert all(g is not None and g.abs().sum() > 0 for g in _grads(critic))
     assert all(g is not None and g.abs().sum() > 0 for g in _grads(upstream))  # the encoder learns from it

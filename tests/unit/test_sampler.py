@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import time
 import warnings
 from itertools import islice
 from pathlib import Path
@@ -213,30 +212,53 @@ def test_new_files_are_seen_and_evicted_ones_resampled(tmp_path: Path) -> None:
     assert set(tags.tolist()) == {3.0}
 
 
+class FakeClock:
+    """Stands in for the `time` module of icrl.data.sampler: time moves only when a test advances it, so
+    rate limits are tested on exact durations, never on how fast the machine happens to be."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    perf_counter = monotonic
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_refresh_is_rate_limited_by_the_listing_cost(tmp_path: Path, monkeypatch) -> None:
-    """A (simulated) slow listing is repeated at most every cost / refresh_time_fraction seconds, even
-    with refresh_seconds=0 and refresh_every=1."""
+    """A slow listing is repeated at most every cost / refresh_time_fraction seconds, even with
+    refresh_seconds=0 and refresh_every=1 (which ask for a listing before every batch)."""
+    import icrl.data.sampler as sampler
     from icrl.data.storage import FolderIndex
 
     fill(tmp_path, [5, 6, 7], DISCRETE)
+    clock = FakeClock()
+    monkeypatch.setattr(sampler, "time", clock)
     real_scan, calls = FolderIndex.scan, []
 
     def slow_scan(self):
-        calls.append(time.monotonic())
-        time.sleep(0.05)
+        calls.append(clock.now)
+        clock.now += 0.05  # each folder's listing costs 0.05 s on the sampler's clock
         return real_scan(self)
 
     monkeypatch.setattr(FolderIndex, "scan", slow_scan)
     kw = dict(batch_size=4, max_seq_len=8, action_spec=DISCRETE, refresh_seconds=0, refresh_every=1)
-    ds = ReplayDataset(tmp_path, refresh_time_fraction=0.1, **kw)  # 2 scans of 0.05 s: >= 1 s apart
+    ds = ReplayDataset(tmp_path, refresh_time_fraction=0.1, **kw)  # a refresh (2 scans) costs 0.1 s: 1 s apart
     it = iter(ds)
-    t0 = time.monotonic()
     batches = list(islice(it, 20))
-    if time.monotonic() - t0 < 0.9:  # always, unless the machine stalled for most of a second
-        assert len(calls) == 2  # one refresh (two folders)
-    time.sleep(max(0.0, 1.1 - (time.monotonic() - t0)))
+    assert len(batches) == 20 and len(calls) == 2  # one refresh (two folders), then none while time stands
+    start = calls[0]
+    clock.now = start + 0.95
     next(it)
-    assert len(calls) >= 4 and len(batches) == 20
+    assert len(calls) == 2  # not yet cost / fraction = 1 s after the last listing started
+    clock.now = start + 1.05
+    next(it)
+    assert len(calls) == 4  # due again: one more refresh
+    next(it)
+    assert len(calls) == 4
 
 
 def test_empty_or_unreadable_buffer_raises_clear_error(tmp_path: Path) -> None:

@@ -136,11 +136,49 @@ def test_normalization_uses_only_masked_in_steps() -> None:
     assert set(dict(enc.named_buffers())) >= {"obs_norm.mean", "obs_norm.var", "obs_norm.count"}
 
 
-def test_normalization_off() -> None:
+def test_normalization_moves_stats_toward_the_data_and_changes_the_output() -> None:
     space = gym.spaces.Dict({"obs": vec_box(4)})
-    enc = TimestepEncoder(space, A, d_out=8, normalize_obs=False)
-    assert enc.obs_norm is None
-    enc.update_normalization(sample_timesteps(space), torch.ones(2, 5, dtype=torch.bool))  # a no-op
+    enc = TimestepEncoder(space, A, d_out=8).eval()
+    ts = sample_timesteps(space, B=4, L=8)
+    ts.obs["obs"] = ts.obs["obs"] * 3 + 5  # far from the initial statistics (mean 0, var 1)
+    mask = torch.ones(4, 8, dtype=torch.bool)
+    before = enc(ts)
+    data = enc.vector_obs(ts)[mask]  # [32, 4]
+    gap_mean = (enc.obs_norm.mean - data.mean(0)).abs()
+    gap_var = (enc.obs_norm.var - data.var(0, unbiased=False)).abs()
+    enc.update_normalization(ts, mask)
+    assert torch.all((enc.obs_norm.mean - data.mean(0)).abs() < 0.01 * gap_mean)
+    assert torch.all((enc.obs_norm.var - data.var(0, unbiased=False)).abs() < 0.01 * gap_var)
+    normed = enc.obs_norm(data).double()  # what the MLP now sees: standardised
+    torch.testing.assert_close(normed.mean(0), torch.zeros(4, dtype=torch.float64), atol=1e-5, rtol=0)
+    ones = torch.ones(4, dtype=torch.float64)
+    torch.testing.assert_close(normed.var(0, unbiased=False), ones, atol=1e-4, rtol=0)
+    assert (enc(ts) - before).abs().max() > 1e-3
+
+
+def test_normalization_off() -> None:
+    """Without normalisation, update_normalization changes nothing: no statistics, the same output; the
+    same call on the same data moves the output of an otherwise identical encoder that normalises."""
+    space = gym.spaces.Dict({"obs": vec_box(4)})
+    ts = sample_timesteps(space)
+    ts.obs["obs"] = ts.obs["obs"] * 2 + 3  # off the initial statistics, inside the clip range
+    assert ts.obs["obs"].abs().max() < 10
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    outputs = {}
+    for normalize in (False, True):
+        torch.manual_seed(0)
+        enc = TimestepEncoder(space, A, d_out=8, normalize_obs=normalize).eval()
+        state, before = {k: v.clone() for k, v in enc.state_dict().items()}, enc(ts)
+        enc.update_normalization(ts, mask)
+        after = enc(ts)
+        outputs[normalize] = (before, after)
+        if not normalize:
+            assert enc.obs_norm is None
+            assert not any("obs_norm" in k for k in state)
+            assert all(torch.equal(v, state[k]) for k, v in enc.state_dict().items())
+            assert torch.equal(after, before)
+    assert (outputs[True][1] - outputs[True][0]).abs().max() > 1e-3  # the data would have moved the stats
+    torch.testing.assert_close(outputs[True][0], outputs[False][0], atol=1e-5, rtol=0)  # same encoder
 
 
 class MeanTokenEmbedder(nn.Module):

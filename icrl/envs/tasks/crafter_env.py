@@ -128,6 +128,20 @@ def _length_range(instruction_length: int | Sequence[int]) -> tuple[int, int]:
     return lo, hi
 
 
+def _check_sizes(episode_length: int, size: int, area: int, render_mode: str | None) -> None:
+    """Refuse CrafterEnv sizes crafter cannot work with, before importing crafter."""
+    if int(episode_length) < 1:
+        raise ValueError(f"CrafterEnv episode_length must be >= 1, got {episode_length}")
+    if int(size) < 18:
+        raise ValueError(
+            f"CrafterEnv size must be >= 18 (crafter draws 9x9 cells of >= 2 px), got {size}"
+        )
+    if int(area) < 12:
+        raise ValueError(f"CrafterEnv area must be >= 12 (one of crafter's 12x12 chunks), got {area}")
+    if render_mode not in (None, "rgb_array"):
+        raise ValueError(f"CrafterEnv render_mode must be None or 'rgb_array', got {render_mode!r}")
+
+
 class CrafterEnv(gym.Env):
     """Crafter with instructions (AMAGO): complete 1-5 given achievements in order; +1 each, done when all are.
 
@@ -171,51 +185,14 @@ class CrafterEnv(gym.Env):
         area: int = 64,
         render_mode: str | None = None,
     ):
-        if int(episode_length) < 1:
-            raise ValueError(f"CrafterEnv episode_length must be >= 1, got {episode_length}")
-        if int(size) < 18:
-            raise ValueError(
-                f"CrafterEnv size must be >= 18 (crafter draws 9x9 cells of >= 2 px), got {size}"
-            )
-        if int(area) < 12:
-            raise ValueError(f"CrafterEnv area must be >= 12 (one of crafter's 12x12 chunks), got {area}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"CrafterEnv render_mode must be None or 'rgb_array', got {render_mode!r}")
+        _check_sizes(episode_length, size, area, render_mode)
         self.instructions = bool(instructions)
         self.episode_length = int(episode_length)
         self.size = int(size)
         self.area = int(area)
         self.render_mode = render_mode
-        self._tasks: list[tuple[int, ...]] | None = None
-        self._weights = np.zeros(GOAL_VOCAB)
-        if not self.instructions:
-            if tasks is not None or instruction_length is not None or goal_weights is not None:
-                raise ValueError("tasks, instruction_length and goal_weights need instructions=True")
-            self._lengths, slots = (0, 0), 0
-        elif tasks is not None:
-            if instruction_length is not None or goal_weights is not None:
-                raise ValueError("give either fixed tasks or instruction_length/goal_weights, not both")
-            self._tasks = [tuple(self._check_task(task)) for task in tasks]
-            if not self._tasks:
-                raise ValueError("tasks must hold at least one instruction")
-            self._lengths, slots = (0, 0), max(len(t) for t in self._tasks)
-        else:
-            self._lengths = (1, 5) if instruction_length is None else _length_range(instruction_length)
-            slots = self._lengths[1]
-            self._weights = self._check_weights(
-                DEFAULT_GOAL_WEIGHTS if goal_weights is None else goal_weights
-            )
-        crafter = _crafter_module()
-        self._crafter_env_cls = crafter.Env
-        self.action_space = gym.spaces.Discrete(len(crafter.constants.actions))  # 17
-        image = gym.spaces.Box(0, 255, (self.size, self.size, 3), np.uint8)
-        if self.instructions:
-            goal = gym.spaces.Box(0, GOAL_VOCAB, (slots,), np.int64)
-            self.observation_space = gym.spaces.Dict({"image": image, "goal": goal})
-            self.metadata = {**self.metadata, "goal_vocab": GOAL_VOCAB, "achieved_slots": ACHIEVED_SLOTS}
-        else:
-            self.observation_space = image
-        self.slots = slots
+        self.slots = self._init_goals(instruction_length, tasks, goal_weights)
+        self._init_spaces()
         # Task and episode state
         self._world_seed: int | None = None
         self._instruction: tuple[int, ...] = ()
@@ -224,6 +201,47 @@ class CrafterEnv(gym.Env):
         self._counts: dict[str, int] = {}
         self._image = np.zeros((self.size, self.size, 3), np.uint8)
         self._t = 0
+
+    def _init_goals(
+        self,
+        instruction_length: int | Sequence[int] | None,
+        tasks: Sequence[Sequence[str]] | None,
+        goal_weights: Mapping[str, float] | None,
+    ) -> int:
+        """Set where instructions come from (fixed `tasks`, or procedural lengths and goal weights) and
+        return the number of goal slots the observation needs; refuse kwargs that do not fit the mode."""
+        self._tasks: list[tuple[int, ...]] | None = None
+        self._weights = np.zeros(GOAL_VOCAB)
+        if not self.instructions:
+            if tasks is not None or instruction_length is not None or goal_weights is not None:
+                raise ValueError("tasks, instruction_length and goal_weights need instructions=True")
+            self._lengths = (0, 0)
+            return 0
+        if tasks is not None:
+            if instruction_length is not None or goal_weights is not None:
+                raise ValueError("give either fixed tasks or instruction_length/goal_weights, not both")
+            self._tasks = [tuple(self._check_task(task)) for task in tasks]
+            if not self._tasks:
+                raise ValueError("tasks must hold at least one instruction")
+            self._lengths = (0, 0)
+            return max(len(t) for t in self._tasks)
+        self._lengths = (1, 5) if instruction_length is None else _length_range(instruction_length)
+        self._weights = self._check_weights(DEFAULT_GOAL_WEIGHTS if goal_weights is None else goal_weights)
+        return self._lengths[1]
+
+    def _init_spaces(self) -> None:
+        """Import crafter (checking its version) and declare the spaces: crafter's 17 actions; the image, plus
+        the goal slots and the goal-contract metadata in instruction mode."""
+        crafter = _crafter_module()
+        self._crafter_env_cls = crafter.Env
+        self.action_space = gym.spaces.Discrete(len(crafter.constants.actions))  # 17
+        image = gym.spaces.Box(0, 255, (self.size, self.size, 3), np.uint8)
+        if self.instructions:
+            goal = gym.spaces.Box(0, GOAL_VOCAB, (self.slots,), np.int64)
+            self.observation_space = gym.spaces.Dict({"image": image, "goal": goal})
+            self.metadata = {**self.metadata, "goal_vocab": GOAL_VOCAB, "achieved_slots": ACHIEVED_SLOTS}
+        else:
+            self.observation_space = image
 
     # ---------------------------------------------------------------------------------------------- tasks
     @staticmethod
