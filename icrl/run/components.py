@@ -2,7 +2,7 @@
 
 `build_agent` is the one place an agent is constructed: `icrl train`, the asynchronous learner and
 collectors, `icrl eval` and `icrl.load` all call it, so a run's weights fit whatever any of them builds.
-`build_components` is the setup of `icrl train` (`icrl.run.loop.train`), in the order that fixes its
+`build_components` is the setup of `icrl train` (`icrl.train`), in the order that fixes its
 seeds, refusals and first writes.
 """
 
@@ -140,7 +140,7 @@ def _steps_per_rank(cfg: ExperimentConfig, world: int) -> int:
 
 
 def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Components:
-    """Validate `cfg` (with `env`, see `icrl.run.loop.train`), refuse what cannot run, seed, and build the run.
+    """Validate `cfg` (with `env`, see `icrl.train`), refuse what cannot run, seed, and build the run.
 
     The order matters: every refusal comes before anything is written (the envs are built, and the relabeler
     checked, before the run dir is created), the run lock is taken before the first write, and the RNG is
