@@ -10,7 +10,7 @@ Suites (several may be given to `--suite`):
                     a rollout is the in-context-learning curve.
   dark_key_door     Dark Key-To-Door with 500-step rollouts (about ten 50-step episodes of one room).
 
-Every run is one `icrl.run.loop.train(cfg)` with `cfg` built by the plain functions below (`tmaze_config`,
+Every run is one `icrl.train(cfg)` with `cfg` built by the plain functions below (`tmaze_config`,
 `popgym_config`, `meta_frozen_lake_config`, `dark_key_door_config`), its budget set to `--steps` env steps;
 runs go to `<run-root>/<suite>/<name>_seed<k>` (an old run of the same name is deleted first).
 
@@ -171,8 +171,8 @@ def _mean(xs: list[float | None]) -> float | None:
 def run_one(
     suite: str, name: str, about: dict, cfg: ExperimentConfig, seed: int, args: argparse.Namespace
 ) -> dict:
+    from icrl import train
     from icrl.run.loggers import read_metrics
-    from icrl.run.loop import train
 
     run_dir = Path(args.run_root) / suite / f"{name}_seed{seed}"
     if run_dir.exists():

@@ -1,6 +1,6 @@
 """Time to solve Passive T-Maze: env steps and wall time until eval success first reaches a threshold.
 
-Runs `icrl.run.loop.train` on T-Maze with corridor `--length` for each seed, reads the run's metrics.jsonl
+Runs `icrl.train` on T-Maze with corridor `--length` for each seed, reads the run's metrics.jsonl
 and reports, per seed, the first evaluation whose success rate is >= `--threshold` (default 0.95): its
 env steps, updates and wall time (seconds since the run started, evaluation time included). Seeds that
 never get there within `--total-env-steps` report null.
@@ -62,7 +62,7 @@ def main() -> None:
     p.add_argument("--tag", default=None)
     args = p.parse_args()
 
-    from icrl.run.loop import train  # after argparse: --help stays fast
+    from icrl import train  # after argparse: --help stays fast
 
     tag = args.tag or f"N{args.length}_{args.traj_encoder}_d{args.d_model}_l{args.layers}"
     per_seed = []

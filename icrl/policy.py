@@ -31,7 +31,7 @@ import torch
 from icrl.agent.model import AgentPolicy
 from icrl.config import ExperimentConfig
 from icrl.envs.wrapper import action_to_vector, agent_to_env_action
-from icrl.run.evaluate import RunDirError, build_agent, load_config, load_weights, resolve_weights
+from icrl.run.evaluate import RunDirError, load_config, load_weights, resolve_weights
 from icrl.spaces_json import SPACES_FILE, read_spaces, read_spaces_record, spaces_wrapper
 from icrl.types import Timesteps
 
@@ -257,9 +257,11 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
         from icrl.envs.user import env_spaces
 
         spaces = env_spaces(env, cfg.env.kwargs)
-    from icrl.run.loop import resolve_device
+    from icrl.run.components import build_agent
+    from icrl.run.distributed import resolve_device
 
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    agent, _ = build_agent(cfg, dev, spaces)
+    io = spaces_wrapper(*spaces)
+    agent = build_agent(cfg, io.observation_space["obs"], io.action_spec, dev)
     load_weights(agent, weights, dev)
     return InContextPolicy(agent, cfg, spaces[0], spaces[1], dev)

@@ -1,2 +1,3 @@
-"""Asynchronous training (DESIGN §9): `icrl learn` (`learn`) trains on the rollouts that any number of
-`icrl collect` processes (`collect`) store, talking only through files in the run directory."""
+"""Asynchronous training (DESIGN §8): `icrl learn` (`learn.learn`) trains on the rollouts that any number of
+`icrl collect` processes (`collect.collect`) store, talking only through files in the run directory
+(`protocol`)."""

@@ -1,8 +1,9 @@
-"""The learner of an asynchronous run (`icrl learn RUN_DIR ...`; see icrl.asynchronous.collect for the protocol).
+"""The learner of an asynchronous run (`icrl learn RUN_DIR ...`; the protocol is icrl.asynchronous.protocol).
 
 It is `icrl train` without the acting phase: an epoch is `updates_per_epoch` updates on batches from the
 shared replay, throttled so that updates <= utd x env steps stored, then the train row, an evaluation every
-`eval_every` epochs and a checkpoint every `checkpoint_every` epochs, exactly as in `train`.
+`eval_every` epochs and a checkpoint every `checkpoint_every` epochs, exactly as in `train` (and with the
+same run-directory, resume, update and report pieces: icrl.run.rundir, icrl.run.updates, icrl.run.reporting).
 """
 
 from __future__ import annotations
@@ -11,63 +12,101 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
-from icrl.agent.model import Agent
-from icrl.asynchronous.collect import AsyncPaths, StopFlag, read_counters
+from icrl.asynchronous.protocol import AsyncPaths, RunCounters, StopFlag, publish_weights
 from icrl.config import ConfigError, ExperimentConfig
-from icrl.data import DiskReplay
 from icrl.data.offline import prepare_offline
-from icrl.envs import Collector, make_vector_env
+from icrl.envs import Collector
 from icrl.fileio import write_text_atomic
-from icrl.run.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint, set_aside
-from icrl.run.loggers import make_loggers, progress_line, say
-from icrl.run.loop import (
-    check_run_dir,
-    eval_row,
-    finish_run,
-    make_relabeler,
-    make_train_loader,
-    resolve_device,
-    run_updates,
-    save_weights,
+from icrl.run.checkpoint import load_latest_checkpoint, save_checkpoint
+from icrl.run.components import build_agent, make_env, make_relabeler, open_replay, with_task_defaults
+from icrl.run.distributed import resolve_device
+from icrl.run.evaluate import eval_row
+from icrl.run.loggers import say
+from icrl.run.reporting import due, open_log, report_epoch, row_head
+from icrl.run.results import finish_run
+from icrl.run.rundir import (
+    check_run_dir_free,
+    prune_after,
+    resume_point,
+    take_run_dir,
     truncate_metrics,
-    with_task_defaults,
+    write_run_files,
 )
-from icrl.run.runlock import RunLock, check_not_locked, check_run_dir_usable
+from icrl.run.timer import Timer
+from icrl.run.updates import LazyLoader, make_train_loader, run_updates
 from icrl.seeding import derive_seed, seed_everything
-from icrl.spaces_json import venv_spaces_record, write_spaces
+from icrl.spaces_json import venv_spaces_record
 from icrl.types import ActionSpec
 
 
-class _RunCounters:
-    """The collectors' summed counters, in the shape `save_checkpoint` stores as the collector's state."""
+def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int | None = None,
+          stop: StopFlag | None = None) -> dict:
+    """Train from the collectors' rollouts in cfg.run.run_dir; returns the final evaluation (or {} when
+    stopped early). `utd`: max updates per stored env step (default updates_per_epoch / steps_per_epoch);
+    `publish_every`: publish weights every this many updates (default updates_per_epoch)."""
+    s = Learning(cfg, utd, publish_every)  # every refusal, the seed, the eval env, agent, learner; run dir locked
+    cfg, learner, upe = s.cfg, s.learner, s.cfg.schedule.updates_per_epoch
+    start_epoch, wall_offset = s.resume() if cfg.run.resume else (0, 0.0)
+    s.open_run()  # config.json, spaces.json and the first weights: collectors may start acting
+    log = open_log(s.run_dir, cfg)
+    say(f"icrl learn: {s.total_updates:,} updates (<= {s.ratio:g} per env step stored) on {s.device}; start "
+        f"collectors with `icrl collect {s.run_dir} --collector-id K`")
+    batches = LazyLoader(lambda: make_train_loader(
+        cfg, s.paths.replay, s.spec, s.device, transform=s.relabeler,
+        seed=derive_seed(cfg.run.seed, "loader", "async", start_epoch), auto_refresh=True))  # files arrive at any time
+    num_epochs = math.ceil(s.total_updates / upe)
+    last_eval, epoch, last_ckpt = None, start_epoch, learner.updates
+    start = time.perf_counter() - wall_offset
+    try:
+        while learner.updates < s.total_updates and not stop:
+            epoch += 1
+            timer, steps0, time0, sums0 = Timer(), s.counts.env_steps, time.perf_counter(), dict(s.counts.sums)
+            target = min(epoch * upe, s.total_updates)
+            metrics = s.update_to(target, batches, timer, stop)
+            if learner.updates < target:  # stopped within the epoch: checkpointed below, not logged
+                break
+            row = s.train_row(epoch, start, metrics, timer, steps0, time0, sums0)
+            last_eval = report_epoch(log, row, cfg, epoch=epoch, num_epochs=num_epochs, last_eval=last_eval,
+                                     evaluate=lambda: s.eval_row(epoch, start))  # noqa: B023
+            if due(epoch, cfg.run.checkpoint_every, num_epochs):
+                s.checkpoint(epoch, start)
+                last_ckpt = learner.updates
+        if stop and learner.updates > last_ckpt:  # keep the updates made since the last checkpoint
+            partial = learner.updates // upe
+            s.counts.read()
+            s.checkpoint(partial, start)
+            truncate_metrics(s.run_dir / "metrics.jsonl", partial)
+        elif not stop and last_eval is None:  # resumed a run that had already made all its updates
+            last_eval = s.eval_row(epoch, start)
+    finally:
+        log.close()
+        s.eval_venv.close()
+        batches.close()
+    s.publish()
+    if stop:
+        s.lock.release()
+        say(f"icrl learn: stopped by {stop.signal} after {learner.updates:,} updates; continue with --resume")
+        return {}
+    write_text_atomic(s.paths.done, json.dumps({"updates": learner.updates, "env_steps": s.counts.env_steps}))
+    finish_run(s.run_dir, s.agent, cfg, last_eval, s.counts.env_steps, learner.updates)
+    s.lock.release()
+    return last_eval
 
-    def __init__(self, paths: AsyncPaths) -> None:
-        self.paths = paths
-        self.env_steps = self.stored_env_steps = self.rollouts = 0
-        self.sums = {"rollouts": 0.0, "return_sum": 0.0, "success_n": 0.0, "success_sum": 0.0}
-        self.collectors = 0
 
-    def read(self) -> _RunCounters:
-        counters = read_counters(self.paths)
-        self.collectors = sum(c.get("state") == "collecting" for c in counters)
-        self.env_steps = sum(int(c.get("env_steps", 0)) for c in counters)
-        self.stored_env_steps = sum(int(c.get("stored_env_steps", 0)) for c in counters)
-        self.rollouts = sum(int(c.get("stored_rollouts", 0)) for c in counters)
-        self.sums = {k: float(sum(c.get(k, 0) for c in counters)) for k in self.sums}
-        return self
-
-    @property
-    def total_env_steps(self) -> int:
-        return self.env_steps
-
-    def state_dict(self) -> dict[str, int]:
-        return {"total_env_steps": self.env_steps, "total_rollouts": self.rollouts, "eval_env_steps": 0,
-                "next_rollout_id": 0}
+def update_ratio(cfg: ExperimentConfig, utd: float | None) -> float:
+    """The max updates per stored env step: `utd`, by default the synchronous run's ratio."""
+    if cfg.schedule.updates_per_epoch < 1:
+        raise ConfigError("icrl learn needs --updates-per-epoch >= 1 (its epochs are counted in updates)")
+    ratio = cfg.schedule.updates_per_epoch / cfg.schedule.steps_per_epoch if utd is None else float(utd)
+    if ratio <= 0:
+        raise ConfigError(f"--utd {utd} must be positive (max updates per env step stored)")
+    return ratio
 
 
 class _NoExploration:
@@ -77,156 +116,112 @@ class _NoExploration:
         return {}
 
 
-def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int | None = None,
-          stop: StopFlag | None = None) -> dict:
-    """Train from the collectors' rollouts in cfg.run.run_dir; returns the final evaluation (or {} when
-    stopped early). `utd`: max updates per stored env step (default updates_per_epoch / steps_per_epoch);
-    `publish_every`: publish weights every this many updates (default updates_per_epoch)."""
-    cfg = with_task_defaults(cfg).validate()
-    e = cfg.env
-    if cfg.schedule.updates_per_epoch < 1:
-        raise ConfigError("icrl learn needs --updates-per-epoch >= 1 (its epochs are counted in updates)")
-    ratio = cfg.schedule.updates_per_epoch / cfg.schedule.steps_per_epoch if utd is None else float(utd)
-    if ratio <= 0:
-        raise ConfigError(f"--utd {utd} must be positive (max updates per env step stored)")
-    publish_every = publish_every or cfg.schedule.updates_per_epoch
-    check_run_dir_usable(cfg.run.run_dir)
-    check_not_locked(cfg.run.run_dir)  # one learner (or icrl train) per run dir; collectors take no lock
-    check_run_dir(cfg)
-    seed_everything(cfg.run.seed)
-    if cfg.run.threads > 0:
-        torch.set_num_threads(cfg.run.threads)
-    device = resolve_device(cfg.run.device)
-    venv_kwargs = dict(episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
-    eval_venv = make_vector_env(e.env, e.kwargs, e.parallel_envs, asynchronous=e.async_envs, **venv_kwargs)
-    spec = ActionSpec.from_space(eval_venv.single_action_space)
-    relabeler = make_relabeler(cfg.replay, eval_venv)
-    paths = AsyncPaths(cfg.run.run_dir)
-    run_dir = paths.run_dir
-    lock = RunLock.acquire(run_dir)  # released by the OS if this process dies (icrl.run.runlock)
-    check_run_dir(cfg)  # again, under the lock
-    paths.collectors.mkdir(parents=True, exist_ok=True)
-    eval_collector = Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
-    agent = Agent(eval_venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
-    learner = Learner(agent, cfg, device)
-    DiskReplay(paths.replay, capacity_timesteps=cfg.replay.replay_capacity, fsync=False)  # the folders collectors fill
-    prepare_offline(cfg, paths.replay, log=say)  # --offline-data into replay/protected, once
-    schedule = Exploration(cfg.explore, spec, 1, seed=0)  # only to log the collectors' epsilon
-    counts = _RunCounters(paths).read()
-    start_epoch, wall_offset = 0, 0.0
-    if cfg.run.resume:
-        found = load_latest_checkpoint(run_dir, agent=agent, log=say, learner=learner)
+class Learning:
+    """The learner's run: its setup (in the order of `icrl train`'s: refusals before anything is written, the
+    run lock before the first write) and the steps of its epochs."""
+
+    def __init__(self, cfg: ExperimentConfig, utd: float | None, publish_every: int | None) -> None:
+        self.cfg = cfg = with_task_defaults(cfg).validate()
+        e = cfg.env
+        self.ratio = update_ratio(cfg, utd)
+        self.publish_every = publish_every or cfg.schedule.updates_per_epoch
+        check_run_dir_free(cfg)  # one learner (or icrl train) per run dir; collectors take no lock
+        seed_everything(cfg.run.seed)
+        if cfg.run.threads > 0:
+            torch.set_num_threads(cfg.run.threads)
+        self.device = resolve_device(cfg.run.device)
+        self.eval_venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs)
+        self.spec = ActionSpec.from_space(self.eval_venv.single_action_space)
+        self.relabeler = make_relabeler(cfg.replay, self.eval_venv)
+        self.paths = AsyncPaths(cfg.run.run_dir)
+        self.run_dir: Path = self.paths.run_dir
+        self.lock = take_run_dir(cfg)
+        self.paths.collectors.mkdir(parents=True, exist_ok=True)
+        self.eval_collector = Collector(self.eval_venv, self.spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
+        self.agent = build_agent(cfg, self.eval_venv.single_observation_space["obs"], self.spec, self.device)
+        self.learner = Learner(self.agent, cfg, self.device)
+        open_replay(cfg, self.paths.replay)  # the folders collectors fill
+        prepare_offline(cfg, self.paths.replay, log=say)  # --offline-data into replay/protected, once
+        self.schedule = Exploration(cfg.explore, self.spec, 1, seed=0)  # only to log the collectors' epsilon
+        self.counts = RunCounters(self.paths).read()
+        # --offline-updates come on top of the ratio: they may run before any env step is stored
+        self.total_updates = cfg.replay.offline_updates + math.floor(self.ratio * cfg.schedule.total_env_steps)
+        self.published = 0
+
+    def resume(self) -> tuple[int, float]:
+        """(epoch, wall-clock seconds) of the newest usable checkpoint, else (0, 0.0); newer ones set aside."""
+        found = load_latest_checkpoint(self.run_dir, agent=self.agent, log=say, learner=self.learner)
+        start_epoch, wall_offset = 0, 0.0
         if found is not None:
             ckpt, state = found
-            start_epoch, wall_offset = int(state["epoch"]), float(state["extra"].get("wall_time", 0.0))
-            say(f"icrl learn: resuming from {ckpt} (epoch {start_epoch}, {learner.updates:,} updates)")
-        for path in list_checkpoints(run_dir):
-            if int(path.name.split("-")[-1]) > start_epoch:
-                set_aside(path)
-        truncate_metrics(run_dir / "metrics.jsonl", start_epoch)
-    paths.done.unlink(missing_ok=True)
-    write_text_atomic(paths.config, cfg.to_json())
-    write_spaces(run_dir, venv_spaces_record(eval_venv, e.env, e.kwargs))  # icrl.load needs no env
+            start_epoch, wall_offset = resume_point(state)
+            say(f"icrl learn: resuming from {ckpt} (epoch {start_epoch}, {self.learner.updates:,} updates)")
+        prune_after(self.run_dir, start_epoch)
+        return start_epoch, wall_offset
 
-    def publish() -> int:
-        save_weights(agent, paths.weights, {"updates": str(learner.updates), "utd": str(ratio)})
-        return learner.updates
+    def open_run(self) -> None:
+        """Clear an old finish marker, describe the run (collectors build from config.json) and publish."""
+        e = self.cfg.env
+        self.paths.done.unlink(missing_ok=True)
+        write_run_files(self.run_dir, self.cfg, venv_spaces_record(self.eval_venv, e.env, e.kwargs))
+        self.publish()
 
-    published = publish()  # collectors may start acting
-    log = make_loggers(run_dir, ("jsonl", *cfg.run.log_backends), json.loads(cfg.to_json()))
-    # --offline-updates come on top of the ratio: they may run before any env step is stored
-    total_updates = cfg.replay.offline_updates + math.floor(ratio * cfg.schedule.total_env_steps)
-    num_epochs = math.ceil(total_updates / cfg.schedule.updates_per_epoch)
-    say(f"icrl learn: {total_updates:,} updates (<= {ratio:g} per env step stored) on {device}; start "
-        f"collectors with `icrl collect {run_dir} --collector-id K`")
+    def publish(self) -> None:
+        self.published = publish_weights(self.agent, self.paths, self.learner.updates, self.ratio)
 
-    def allowed() -> int:  # updates the stored data allows now
+    def allowed(self) -> int:
+        """The updates the stored data allows now."""
+        counts, cfg = self.counts, self.cfg
         if counts.env_steps >= cfg.schedule.total_env_steps:  # collection is over: finish the run's updates
-            return total_updates
+            return self.total_updates
         if counts.env_steps < cfg.schedule.start_updates_after or counts.rollouts == 0:
             return cfg.replay.offline_updates
-        return min(total_updates, cfg.replay.offline_updates + math.floor(ratio * counts.stored_env_steps))
+        return min(self.total_updates, cfg.replay.offline_updates + math.floor(self.ratio * counts.stored_env_steps))
 
-    loader, last_eval, epoch, last_ckpt = None, None, start_epoch, learner.updates
-    start = time.perf_counter() - wall_offset
-    try:
-        while learner.updates < total_updates and not stop:
-            epoch += 1
-            t_sample = t_update = t_wait = 0.0
-            steps0, time0, sums0 = counts.env_steps, time.perf_counter(), dict(counts.sums)
-            metrics: dict[str, float] = {}
-            target = min(epoch * cfg.schedule.updates_per_epoch, total_updates)
-            while learner.updates < target and not stop:
-                n = min(target, allowed()) - learner.updates
-                if n <= 0:  # ahead of the data: wait for the collectors
-                    if published < learner.updates:  # with the newest weights (see collect's max_lead)
-                        published = publish()
-                    t0 = time.perf_counter()
+    def update_to(self, target: int, batches: LazyLoader, timer: Timer, stop: StopFlag | None) -> dict[str, float]:
+        """Update until `target` updates (or `stop`), waiting whenever ahead of the data; returns the last
+        update's metrics. Weights are published every `publish_every` updates and before each wait."""
+        learner, every, metrics = self.learner, self.publish_every, {}
+        while learner.updates < target and not stop:
+            n = min(target, self.allowed()) - learner.updates
+            if n <= 0:  # ahead of the data: wait for the collectors
+                if self.published < learner.updates:  # with the newest weights (see collect's max_lead)
+                    self.publish()
+                with timer("wait"):
                     time.sleep(0.05)
-                    counts.read()
-                    t_wait += time.perf_counter() - t0
-                    continue
-                if loader is None:
-                    loader = make_train_loader(cfg, paths.replay, spec, device, transform=relabeler,
-                                               seed=derive_seed(cfg.run.seed, "loader", "async", start_epoch),
-                                               auto_refresh=True)  # files arrive at any time
-                n = min(n, publish_every - learner.updates % publish_every)
-                metrics, ts, tu = run_updates(learner, loader, n)
-                t_sample, t_update = t_sample + ts, t_update + tu
-                if learner.updates % publish_every == 0 or learner.updates == total_updates:
-                    published = publish()
-                counts.read()
-            if learner.updates < target:  # stopped within the epoch: checkpointed below, not logged
-                break
-            done = {k: counts.sums[k] - sums0[k] for k in counts.sums}
-            row = {
-                "kind": "train", "epoch": epoch, "env_steps": counts.env_steps, "updates": learner.updates,
-                "wall_time": time.perf_counter() - start,
-                "train/return_mean": done["return_sum"] / done["rollouts"] if done["rollouts"] else None,
-                "train/success_rate": done["success_sum"] / done["success_n"] if done["success_n"] else None,
-                "train/epsilon": schedule.level(counts.env_steps),
-                "async/stored_env_steps": counts.stored_env_steps, "async/utd": ratio,
-                "async/collectors": counts.collectors,
-                "time/sample_s": t_sample, "time/update_s": t_update, "time/wait_s": t_wait,
-                "time/env_steps_per_s": (counts.env_steps - steps0) / max(time.perf_counter() - time0, 1e-9),
-                "time/updates_per_s": cfg.schedule.updates_per_epoch / max(t_update, 1e-9),
-                **{f"train/{k}": v for k, v in metrics.items()},
-            }
-            log.write(row)
-            if epoch % cfg.eval.eval_every == 0 or epoch == num_epochs:
-                last_eval = eval_row(agent, eval_collector, cfg, device, epoch=epoch, env_steps=counts.env_steps,
-                                     updates=learner.updates, start=start)
-                log.write(last_eval)
-            if epoch % cfg.run.log_every == 0 or epoch == num_epochs:
-                say(progress_line(row, last_eval))
-            if epoch % cfg.run.checkpoint_every == 0 or epoch == num_epochs:
-                _checkpoint(run_dir, agent, learner, counts, epoch, start, cfg)
-                last_ckpt = learner.updates
-        if stop and learner.updates > last_ckpt:  # keep the updates made since the last checkpoint
-            partial = learner.updates // cfg.schedule.updates_per_epoch
-            _checkpoint(run_dir, agent, learner, counts.read(), partial, start, cfg)
-            truncate_metrics(run_dir / "metrics.jsonl", partial)
-        elif not stop and last_eval is None:  # resumed a run that had already made all its updates
-            last_eval = eval_row(agent, eval_collector, cfg, device, epoch=epoch, env_steps=counts.env_steps,
-                                 updates=learner.updates, start=start)
-    finally:
-        log.close()
-        eval_venv.close()
-        if loader is not None:
-            loader.close()
-    publish()
-    if stop:
-        lock.release()
-        say(f"icrl learn: stopped by {stop.signal} after {learner.updates:,} updates; continue with --resume")
-        return {}
-    write_text_atomic(paths.done, json.dumps({"updates": learner.updates, "env_steps": counts.env_steps}))
-    finish_run(run_dir, agent, cfg, last_eval, counts.env_steps, learner.updates)
-    lock.release()
-    return last_eval
+                    self.counts.read()
+                continue
+            loader = batches.get()
+            metrics = run_updates(learner, loader, min(n, every - learner.updates % every), timer)
+            if learner.updates % every == 0 or learner.updates == self.total_updates:
+                self.publish()
+            self.counts.read()
+        return metrics
 
+    def train_row(self, epoch: int, start: float, metrics: dict[str, float], timer: Timer, steps0: int,
+                  time0: float, sums0: dict[str, float]) -> dict[str, Any]:
+        """The epoch's train row: the collectors' rollouts stored since the epoch began, and the updates."""
+        counts = self.counts
+        done = {k: counts.sums[k] - sums0[k] for k in counts.sums}
+        return {
+            **row_head("train", epoch, counts.env_steps, self.learner.updates, start),
+            "train/return_mean": done["return_sum"] / done["rollouts"] if done["rollouts"] else None,
+            "train/success_rate": done["success_sum"] / done["success_n"] if done["success_n"] else None,
+            "train/epsilon": self.schedule.level(counts.env_steps),
+            "async/stored_env_steps": counts.stored_env_steps, "async/utd": self.ratio,
+            "async/collectors": counts.collectors,
+            "time/sample_s": timer["sample"], "time/update_s": timer["update"], "time/wait_s": timer["wait"],
+            "time/env_steps_per_s": (counts.env_steps - steps0) / max(time.perf_counter() - time0, 1e-9),
+            "time/updates_per_s": self.cfg.schedule.updates_per_epoch / max(timer["update"], 1e-9),
+            **{f"train/{k}": v for k, v in metrics.items()},
+        }
 
-def _checkpoint(run_dir: Path, agent: Agent, learner: Learner, counts: _RunCounters, epoch: int, start: float,
-                cfg: ExperimentConfig) -> None:
-    save_checkpoint(run_dir, agent=agent, learner=learner, collector=counts, exploration=_NoExploration(),
-                    epoch=epoch, extra={"wall_time": time.perf_counter() - start, "config": json.loads(cfg.to_json()),
-                                        "mode": "async"}, keep=cfg.run.keep_checkpoints)
+    def eval_row(self, epoch: int, start: float) -> dict[str, Any]:
+        return eval_row(self.agent, self.eval_collector, self.cfg, self.device, epoch=epoch,
+                        env_steps=self.counts.env_steps, updates=self.learner.updates, start=start)
+
+    def checkpoint(self, epoch: int, start: float) -> None:
+        save_checkpoint(self.run_dir, agent=self.agent, learner=self.learner, collector=self.counts,
+                        exploration=_NoExploration(), epoch=epoch,
+                        extra={"wall_time": time.perf_counter() - start, "config": json.loads(self.cfg.to_json()),
+                               "mode": "async"}, keep=self.cfg.run.keep_checkpoints)

@@ -167,7 +167,7 @@ class ReplayDataset(IterableDataset):
     def refresh(self) -> None:
         """List the buffer now (in this process). With `auto_refresh=False` this is the only way new
         files become visible, so the batches are a function of the seed and of when the owner refreshed,
-        never of timing: icrl.run.loop refreshes after each epoch's writes."""
+        never of timing: the training loop refreshes after each epoch's writes."""
         if self._rng is None:
             self._setup()
         self._refresh()

@@ -34,6 +34,13 @@ from icrl.config import ConfigError
 from icrl.seeding import derive_seed
 
 
+def resolve_device(name: str) -> torch.device:
+    """The torch device a `--device` name means; "auto" picks CUDA when this torch build sees a GPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def launched_world_size() -> int:
     """The process count a launcher (torchrun, accelerate launch) announced; 1 without one."""
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -89,6 +96,18 @@ class Replicas:
         """Concatenate float batches [B, L_rank, ...] and their bool masks [B, L_rank] along B, padded to
         `length` (the largest L_rank, from `max`; padding masked out): [N B, length, ...], [N B, length]."""
         return x, mask
+
+    def all_ready(self, ready: bool) -> bool:
+        """True when every rank is `ready`: all ranks update or none, since DDP steps in lockstep."""
+        return self.sum([float(ready)])[0] == self.world_size
+
+    def average(self, metrics: dict[str, float]) -> dict[str, float]:
+        """`metrics` averaged over the ranks' batches (one process: as they are)."""
+        return metrics
+
+    def checkpoint_record(self, module: nn.Module) -> dict[str, object]:
+        """What a checkpoint records of the ranks: nothing for one process; see `_Ranks`."""
+        return {}
 
     def fingerprints(self, module: nn.Module) -> list[str]:
         """Every rank's SHA-256 of `module`'s state (parameters and buffers), in rank order; raises
@@ -170,6 +189,14 @@ class _Ranks(Replicas):
         every = torch.cat(self._all_gather(packed))  # [N B, length, prod(...) + 1]
         return every[..., :-1].reshape(-1, length, *x.shape[2:]), every[..., -1] > 0
 
+    def average(self, metrics: dict[str, float]) -> dict[str, float]:
+        return dict(zip(metrics, (v / self.world_size for v in self.sum(list(metrics.values())))))
+
+    def checkpoint_record(self, module: nn.Module) -> dict[str, object]:
+        """The process count (resuming with another one rescales the per-rank env-step counter) and every
+        rank's state hash: computing them raises if the ranks diverged, so a bad state is never saved."""
+        return {"world_size": self.world_size, "replica_sha256": self.fingerprints(module)}
+
     def fingerprints(self, module: nn.Module) -> list[str]:
         digests = tensor_digests(module)  # the same names in the same order on every rank
         mine = torch.tensor([list(d) for d in digests.values()], dtype=torch.uint8, device=self.device)  # [K, 32]
@@ -196,9 +223,7 @@ def init_replicas(device_name: str) -> Replicas:
     back-end). Needs `pip install 'icrl[distributed]'` (accelerate) then; raises ConfigError without it.
     """
     if launched_world_size() <= 1:
-        if device_name == "auto":
-            return Replicas(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-        return Replicas(torch.device(device_name))
+        return Replicas(resolve_device(device_name))
     try:
         from accelerate import Accelerator, DistributedDataParallelKwargs
     except ImportError as e:

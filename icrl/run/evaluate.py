@@ -1,8 +1,9 @@
 """Evaluate a finished (or running) run: load its config and weights, act greedily, summarise.
 
-`load_agent` rebuilds the agent exactly as `icrl.run.loop.train` does and loads the weights of a checkpoint;
-`evaluate_run` runs the greedy evaluation (`icrl.run.loop.evaluate`) and `write_eval` stores the result in
-RUN_DIR/eval.json atomically. Used by `icrl eval RUN_DIR`.
+`evaluate` is the greedy evaluation every path runs (`eval_row`: the training-time one, seeded by the epoch);
+`load_agent` rebuilds the agent exactly as training does (`icrl.run.components.build_agent`) and loads the
+weights of a checkpoint; `evaluate_run` evaluates them and `write_eval` stores the result in RUN_DIR/eval.json
+atomically. Used by `icrl train`, `icrl learn` and `icrl eval RUN_DIR`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,36 @@ from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import write_text_atomic
 
 WEIGHTS = "agent.safetensors"
+
+
+def evaluate(agent: Any, collector: Any, num_rollouts: int, device: torch.device, seed: int,
+             max_steps: int | None = None) -> dict:
+    """Greedy rollouts summarised over rollouts (`summarize_episodes`); `max_steps` caps a rollout's length
+    (episodes that never end), with a warning, so an evaluation always ends."""
+    from icrl.agent.model import AgentPolicy
+    from icrl.run.episodes import summarize_episodes
+    from icrl.run.loggers import say
+
+    policy = AgentPolicy(agent, collector.num_envs, greedy=True, device=device)
+    _, episodes = collector.collect_rollouts(policy, num_rollouts, seed=seed, max_steps=max_steps)
+    if collector.capped_rollouts:
+        say(f"icrl: warning: evaluation stopped at {max_steps:,} steps per rollout; {collector.capped_rollouts} "
+            "rollout(s) had not ended and count as they stood (raise --eval-max-steps to let them finish)")
+    return summarize_episodes(episodes)
+
+
+def eval_row(agent: Any, collector: Any, cfg: ExperimentConfig, device: torch.device, *, epoch: int,
+             env_steps: int, updates: int, start: float) -> dict:
+    """The metrics row of one greedy evaluation (seeded by the epoch, so every run meets the same tasks)."""
+    from icrl.run.reporting import row_head
+    from icrl.run.timer import Timer
+    from icrl.seeding import derive_seed
+
+    timer = Timer()
+    with timer("eval"):
+        stats = evaluate(agent, collector, cfg.eval.eval_rollouts, device,
+                         seed=derive_seed(cfg.run.seed, "eval", epoch), max_steps=cfg.eval.eval_max_steps)
+    return {**row_head("eval", epoch, env_steps, updates, start), "time/eval_s": timer["eval"], **stats}
 
 
 class RunDirError(ValueError):
@@ -68,29 +99,23 @@ def resolve_weights(run_dir: str | Path, checkpoint: str | Path | None = None) -
     )
 
 
-def build_agent(cfg: ExperimentConfig, device: str | torch.device = "cpu", spaces: tuple | None = None):
-    """A fresh agent (random weights) built as icrl.run.loop builds it; returns (agent, action spec).
+def run_io(cfg: ExperimentConfig, spaces: tuple | None = None) -> tuple[Any, Any]:
+    """The agent's observation space (the env's "obs" entry) and action spec for a run.
 
-    `spaces` (the env's (observation space, action space), e.g. from RUN_DIR/spaces.json) builds it without
+    `spaces` (the env's (observation space, action space), e.g. from RUN_DIR/spaces.json) gives them without
     the env; otherwise the env of `cfg` is built once to read them (check it with `run_env_config` first)."""
-    from icrl.agent.model import Agent
-    from icrl.envs import make_vector_env
+    from icrl.run.components import make_env
     from icrl.spaces_json import spaces_wrapper
     from icrl.types import ActionSpec
 
     if spaces is not None:
         io = spaces_wrapper(*spaces)
-        return Agent(io.observation_space["obs"], io.action_spec, cfg.model, cfg.loss).to(device), io.action_spec
-    e = cfg.env
-    venv = make_vector_env(
-        e.env, e.kwargs, 1, episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon
-    )
+        return io.observation_space["obs"], io.action_spec
+    venv = make_env(cfg.env, 1)
     try:
-        spec = ActionSpec.from_space(venv.single_action_space)
-        agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(device)
+        return venv.single_observation_space["obs"], ActionSpec.from_space(venv.single_action_space)
     finally:
         venv.close()
-    return agent, spec
 
 
 def load_weights(agent: torch.nn.Module, path: Path, device: str | torch.device = "cpu") -> None:
@@ -132,7 +157,10 @@ def load_agent(
         spaces = read_spaces(run_dir)
     except ValueError as e:
         raise RunDirError(str(e)) from e
-    agent, _ = build_agent(cfg if spaces else run_env_config(cfg, run_dir, override), device, spaces)
+    from icrl.run.components import build_agent
+
+    obs_space, spec = run_io(cfg if spaces else run_env_config(cfg, run_dir, override), spaces)
+    agent = build_agent(cfg, obs_space, spec, device)
     load_weights(agent, path, device)
     return agent, cfg
 
@@ -166,7 +194,7 @@ def evaluate_run(
     device: str = "cpu",
     override: EnvOverride = EnvOverride(),
 ) -> dict[str, Any]:
-    """Greedy evaluation of a run's weights; returns `icrl.run.loop.summarize_episodes` plus provenance.
+    """Greedy evaluation of a run's weights; returns `icrl.run.episodes.summarize_episodes` plus provenance.
 
     The env is the run's when config.json names a built-in task or a registered id, else the one `override`
     names (--env) or allows (--trust-run-env): a run directory never makes icrl run code on its own.
@@ -174,8 +202,9 @@ def evaluate_run(
     Defaults come from the run's config: its eval_rollouts, parallel_envs and seed (the eval envs are
     seeded with derive_seed(seed, "eval-cli"), apart from the training-time evaluations).
     """
-    from icrl.envs import Collector, make_vector_env
-    from icrl.run.loop import evaluate, resolve_device
+    from icrl.envs import Collector
+    from icrl.run.components import make_env
+    from icrl.run.distributed import resolve_device
     from icrl.seeding import derive_seed, seed_everything
     from icrl.types import ActionSpec
 
@@ -196,9 +225,7 @@ def evaluate_run(
     rollouts = cfg.eval.eval_rollouts if rollouts is None else rollouts
     n_envs = min(parallel_envs or e.parallel_envs, rollouts)
     seed_everything(seed)
-    venv = make_vector_env(
-        e.env, e.kwargs, n_envs, episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon
-    )
+    venv = make_env(e, n_envs)
     try:
         check_env_fits(venv, run_dir, e.env)
         spec = ActionSpec.from_space(venv.single_action_space)

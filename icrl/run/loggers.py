@@ -2,8 +2,8 @@
 
 Optional back-ends behind one `Logger` protocol (`write(row)`, `close()`): `JsonlLogger` (always),
 `TensorBoardLogger` (needs `pip install tensorboard`) and `WandbLogger` (needs `pip install wandb`);
-`make_loggers(run_dir, backends, config_dict)` builds them as one `Logger`. Rows are the dicts icrl.run.loop
-writes (`kind`, `env_steps`, `train/...`, `time/...`, eval stats); scalar back-ends log them against
+`make_loggers(run_dir, backends, config_dict)` builds them as one `Logger`. Rows are the dicts the training loops
+write (`kind`, `env_steps`, `train/...`, `time/...`, eval stats); scalar back-ends log them against
 `env_steps`, with eval rows' unprefixed stats under `eval/` (`eval/return_mean`).
 """
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from icrl import train
 from icrl.config import (
     ConfigError,
     EnvConfig,
@@ -30,7 +31,6 @@ from icrl.run.checkpoint import (
     save_checkpoint,
 )
 from icrl.run.loggers import read_metrics
-from icrl.run.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""End to end: `icrl.run.loop.train` is reproducible from its seed, and the `icrl` command line works.
+"""End to end: `icrl.train` is reproducible from its seed, and the `icrl` command line works.
 
 Tiny runs on the T-Maze: two epochs of 32 env steps, two updates each, a one-layer Transformer.
 """
@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+from icrl import train
 from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import list_rollout_files, load_rollout
+from icrl.run.components import with_task_defaults
 from icrl.run.loggers import read_metrics
-from icrl.run.loop import train, with_task_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 

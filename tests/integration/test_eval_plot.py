@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-import icrl.run.loop
+import icrl
+import icrl.run.components
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.envs import Collector, make_vector_env
 from icrl.presets import tmaze
@@ -46,11 +47,11 @@ def runs(tmp_path_factory):
             agents.append(self)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(icrl.run.loop, "Agent", Recording)
+    mp.setattr(icrl.run.components, "Agent", Recording)  # the one place agents are built
     try:
         out = {}
         for name, seed, k in (("s0", 0, 1), ("s1", 1, 1), ("meta", 0, 3)):
-            icrl.run.loop.train(tiny(root / name, seed=seed, episodes_per_rollout=k))
+            icrl.train(tiny(root / name, seed=seed, episodes_per_rollout=k))
             out[name] = root / name
     finally:
         mp.undo()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from icrl import train
 from icrl.cli import main
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, list_rollout_files, load_rollout, make_loader, rollout_file_name
@@ -23,7 +24,6 @@ from icrl.envs import Collector, make_vector_env
 from icrl.envs.collect import RandomPolicy
 from icrl.envs.tasks.tmaze import DOWN, RIGHT, UP, TMaze
 from icrl.presets import tmaze
-from icrl.run.loop import train
 from icrl.types import ActionSpec, Rollout
 
 SPEC = ActionSpec("discrete", 2)
@@ -176,7 +176,7 @@ def _rows(run_dir: Path, kind: str) -> list[dict]:
 
 
 def test_offline_then_online_by_resume_and_mixed_sampling(tmp_path, monkeypatch):
-    import icrl.run.loop
+    import icrl.run.updates
 
     fractions = []
 
@@ -184,7 +184,7 @@ def test_offline_then_online_by_resume_and_mixed_sampling(tmp_path, monkeypatch)
         fractions.append(kwargs.get("offline_fraction"))
         return make_loader(*args, **kwargs)
 
-    monkeypatch.setattr(icrl.run.loop, "make_loader", recording_make_loader)
+    monkeypatch.setattr(icrl.run.updates, "make_loader", recording_make_loader)
     src = _collected_run(tmp_path / "src")
     n_src = len(list_rollout_files(src / "replay" / "fifo"))
     run = tmp_path / "run"

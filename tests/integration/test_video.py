@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from icrl import train
 from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs.tasks.tmaze import TMaze
-from icrl.run.loop import train
 
 
 def test_tmaze_frames_show_cue_only_at_start():

@@ -12,9 +12,9 @@ import dataclasses
 import pytest
 import torch
 
+from icrl import train
 from icrl.config import EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.presets import cue_recall, goal_grid, tmaze
-from icrl.run.loop import train
 
 pytestmark = pytest.mark.learning
 

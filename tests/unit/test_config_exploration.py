@@ -105,7 +105,7 @@ def test_window_shape_explores_at_the_ends_of_the_horizon_only():
 def test_unset_fields_take_the_task_recommendation_then_the_defaults():
     from icrl.config import EXPLORE_DEFAULTS
     from icrl.envs.make import task_exploration
-    from icrl.run.loop import with_task_defaults
+    from icrl.run.components import with_task_defaults
 
     rec = task_exploration("tmaze", {"length": 100})
     assert rec["train_actions"] == "argmax" and rec["eps_shape"] == "window" and rec["shape_horizon"] == 100

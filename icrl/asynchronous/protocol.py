@@ -1,0 +1,185 @@
+"""The file protocol of an asynchronous run (DESIGN §8): collector processes and a learner process share one
+run directory.
+
+    icrl learn RUN_DIR [--preset ...] [flags]      # writes RUN_DIR/config.json, trains, publishes weights
+    icrl collect RUN_DIR --collector-id 0          # any number of these, started and stopped at will
+    icrl collect RUN_DIR --collector-id 1
+
+What they share, all through files that are replaced atomically (temp file + os.replace), so no process
+ever reads half of one and any of them may be killed at any moment:
+
+* `config.json`: written by the learner; collectors wait for it and build the same envs and agent;
+* `replay/`: the DiskReplay; collectors write one file per finished rollout, the learner samples;
+* `async/weights.safetensors`: the learner publishes its weights (metadata: the update count) after every
+  `publish_every` updates; collectors reload when the file's mtime changes (one stat per round);
+* `async/collectors/<id>.json`: each collector's counters (env steps taken, env steps and rollouts stored,
+  return sums for the learner's train log), rewritten every round; the learner sums them;
+* `async/done`: the learner's finish marker; collectors exit when they see it.
+
+Update-to-data ratio. The learner makes at most `utd` updates per env step *stored* (summed over the
+collectors' counters), waiting when it gets ahead: updates <= utd x stored env steps. The default `utd` is
+the synchronous run's updates_per_epoch / steps_per_epoch, and the learner stops after
+floor(utd x total_env_steps) updates, as many as `icrl train` makes. Collectors stop when the collectors
+together have taken total_env_steps; the learner then finishes its remaining updates (only the rollouts
+in progress at that moment were never stored). Collectors run free unless given `--max-lead STEPS`: then
+they pause while the stored env steps exceed the learner's published updates / utd by more than STEPS, so
+data and updates advance together as in `icrl train`, but overlapped. Weights reach a rollout in progress at
+the collector's next round: its memory (KV cache) keeps what the older weights computed.
+
+A collector restarted with the same id continues its counters and draws new env seeds. The learner
+resumes from its checkpoints with `--resume`, like `icrl train`. SIGTERM / SIGINT stop either process at
+its next step: a collector stores its counters (its finished rollouts are already on disk), the learner
+writes a checkpoint; both exit with code 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from safetensors import safe_open
+
+from icrl.agent.model import Agent
+from icrl.config import ConfigError
+from icrl.fileio import write_text_atomic
+from icrl.nets.transformer import invalidate_weight_caches
+from icrl.run.results import save_weights
+
+
+class AsyncPaths:
+    """Where the processes of one asynchronous run meet."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = Path(run_dir)
+        self.config = self.run_dir / "config.json"
+        self.replay = self.run_dir / "replay"
+        self.root = self.run_dir / "async"
+        self.weights = self.root / "weights.safetensors"
+        self.collectors = self.root / "collectors"
+        self.done = self.root / "done"
+
+    def counter(self, collector_id: int) -> Path:
+        return self.collectors / f"{collector_id}.json"
+
+
+class StopFlag:
+    """Turns SIGTERM and SIGINT into a flag the loops check at every step (main thread only)."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signal.Signals(signum).name
+
+    def __bool__(self) -> bool:
+        return self.signal is not None
+
+
+def wait_for(path: Path, wait_s: float, what: str, stop: StopFlag | None = None) -> bool:
+    """Poll until `path` exists; False when stopped. Raises ConfigError after `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if stop:
+            return False
+        if time.monotonic() > deadline:
+            raise ConfigError(f"{path} did not appear within {wait_s:.0f} s: start `{what}` for this run dir")
+        time.sleep(0.2)
+    return True
+
+
+# ------------------------------------------------------------------------------------------- counters
+def read_counters(paths: AsyncPaths) -> list[dict]:
+    """Every collector's latest counters (files being replaced are simply read next time)."""
+    out = []
+    try:
+        names = os.listdir(paths.collectors)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if name.endswith(".json") and not name.startswith("."):
+            try:
+                out.append(json.loads((paths.collectors / name).read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def read_own_counters(paths: AsyncPaths, collector_id: int) -> dict:
+    """The counters a collector with this id left (a restart continues them); {} for a new one."""
+    path = paths.counter(collector_id)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def write_counters(paths: AsyncPaths, collector_id: int, counters: dict) -> None:
+    write_text_atomic(paths.counter(collector_id), json.dumps(counters))
+
+
+class RunCounters:
+    """The collectors' summed counters, as the learner sees them; in the shape `save_checkpoint` stores as
+    the collector's state."""
+
+    def __init__(self, paths: AsyncPaths) -> None:
+        self.paths = paths
+        self.env_steps = self.stored_env_steps = self.rollouts = 0
+        self.sums = {"rollouts": 0.0, "return_sum": 0.0, "success_n": 0.0, "success_sum": 0.0}
+        self.collectors = 0
+
+    def read(self) -> RunCounters:
+        counters = read_counters(self.paths)
+        self.collectors = sum(c.get("state") == "collecting" for c in counters)
+        self.env_steps = sum(int(c.get("env_steps", 0)) for c in counters)
+        self.stored_env_steps = sum(int(c.get("stored_env_steps", 0)) for c in counters)
+        self.rollouts = sum(int(c.get("stored_rollouts", 0)) for c in counters)
+        self.sums = {k: float(sum(c.get(k, 0) for c in counters)) for k in self.sums}
+        return self
+
+    @property
+    def total_env_steps(self) -> int:
+        return self.env_steps
+
+    def state_dict(self) -> dict[str, int]:
+        return {"total_env_steps": self.env_steps, "total_rollouts": self.rollouts, "eval_env_steps": 0,
+                "next_rollout_id": 0}
+
+
+# -------------------------------------------------------------------------------------------- weights
+def publish_weights(agent: Agent, paths: AsyncPaths, updates: int, utd: float) -> int:
+    """Publish the learner's weights with the update count and ratio the collectors' `max_lead` reads;
+    returns `updates`."""
+    save_weights(agent, paths.weights, {"updates": str(updates), "utd": str(utd)})
+    return updates
+
+
+def load_weights(agent: Agent, path: Path) -> dict[str, str]:
+    """Load a published weights file into `agent`; returns its metadata (`updates`, `utd`)."""
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    # safetensors stores tensors shared by two names once: the missing names are aliases, already filled
+    _, unexpected = agent.load_state_dict(tensors, strict=False)
+    if unexpected:
+        raise ConfigError(f"{path} does not fit the run's agent (unexpected {unexpected[:5]}): was config.json changed?")
+    invalidate_weight_caches()
+    return meta
+
+
+class WeightsWatcher:
+    """A collector's view of the published weights: reloads them into its agent when the file changed
+    (one stat per call)."""
+
+    def __init__(self, agent: Agent, paths: AsyncPaths) -> None:
+        self.agent, self.path, self.reloads = agent, paths.weights, 0
+        self.stamp = os.stat(self.path).st_mtime_ns
+        self.meta = load_weights(agent, self.path)
+
+    def poll(self) -> dict[str, str]:
+        """The metadata of the weights the agent now holds."""
+        stamp = os.stat(self.path).st_mtime_ns
+        if stamp != self.stamp:  # the learner published new weights
+            self.stamp, self.meta, self.reloads = stamp, load_weights(self.agent, self.path), self.reloads + 1
+        return self.meta

@@ -1,0 +1,185 @@
+"""Building a run's parts from its config: envs, agent, learner, replay, exploration and the acting policy.
+
+`build_agent` is the one place an agent is constructed: `icrl train`, the asynchronous learner and
+collectors, `icrl eval` and `icrl.load` all call it, so a run's weights fit whatever any of them builds.
+`build_components` is the setup of `icrl train` (`icrl.train`), in the order that fixes its
+seeds, refusals and first writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from icrl.agent.exploration import Exploration
+from icrl.agent.learner import Learner
+from icrl.agent.model import Agent, AgentPolicy
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
+from icrl.data import DiskReplay
+from icrl.data.offline import prepare_offline
+from icrl.data.relabel import HindsightRelabeler
+from icrl.envs import Collector, make_vector_env
+from icrl.envs.make import task_exploration
+from icrl.envs.user import apply_env
+from icrl.run.distributed import Replicas, init_replicas
+from icrl.run.loggers import say
+from icrl.run.rundir import check_run_dir_free, take_run_dir
+from icrl.run.runlock import RunLock
+from icrl.seeding import derive_seed, seed_everything
+from icrl.spaces_json import venv_spaces_record
+from icrl.types import ActionSpec
+
+
+def build_agent(cfg: ExperimentConfig, obs_space: gym.Space, spec: ActionSpec,
+                device: str | torch.device) -> Agent:
+    """A fresh agent (random weights) for observations `obs_space` (the env's "obs" entry) and actions `spec`."""
+    return Agent(obs_space, spec, cfg.model, cfg.loss).to(device)
+
+
+def make_env(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
+             factories: Sequence[Any] | None = None) -> gym.vector.VectorEnv:
+    """`num_envs` copies of the run's env, each rollout `episodes_per_rollout` episodes (icrl.envs.make)."""
+    return make_vector_env(e.env, e.kwargs, num_envs, asynchronous=asynchronous, factories=factories,
+                           episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
+
+
+def open_replay(cfg: ExperimentConfig, root: Path) -> DiskReplay:
+    """The run's disk replay. The FIFO part skips fsync: the atomic rename already keeps readers from torn
+    files after a crash; fsync would only add power-loss durability for data that is cheap to collect again."""
+    return DiskReplay(root, capacity_timesteps=cfg.replay.replay_capacity, fsync=False)
+
+
+def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
+    """`cfg` with its unset exploration fields filled from the task's recommendation (asked of `factory`, the
+    user's env class or factory, when given), else the library defaults (`ExploreConfig.resolve`), so
+    config.json records exactly what ran."""
+    rec = task_exploration(cfg.env.env, cfg.env.kwargs, factory) if cfg.explore.task_recommendation else {}
+    return dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
+
+
+def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRelabeler | None:
+    """The sample-time hindsight relabeler `--relabel` asks for; the env must report achieved goals."""
+    if r.relabel == "none":
+        return None
+    if "achieved" not in venv.single_observation_space.spaces:
+        raise ConfigError(
+            f"--relabel {r.relabel}: this env does not report the goals it achieved (docs/CONTRACTS.md, "
+            "goal-conditioned tasks such as mazerunner or package_delivery); use --relabel none"
+        )
+    return HindsightRelabeler(r.relabel, rare_goals=r.relabel_rare_goals)
+
+
+def train_policy(cfg: ExperimentConfig, agent: Agent, collector: Collector, spec: ActionSpec, seed: int,
+                 device: torch.device) -> tuple[Exploration, AgentPolicy]:
+    """The exploring policy that collects training data, with its exploration schedule. The schedule
+    follows `collector`'s own env steps: ε anneals per env copy over that copy's steps (DESIGN §10)."""
+    n = cfg.env.parallel_envs
+    exploration = Exploration(cfg.explore, spec, n, seed=derive_seed(seed, "explore"))
+    policy = AgentPolicy(agent, n, greedy=False, exploration=exploration, device=device,
+                         env_steps=lambda: collector.total_env_steps, sample=cfg.explore.train_actions == "sample")
+    return exploration, policy
+
+
+@dataclass
+class Components:
+    """Everything one rank of `icrl train` works with; `eval_venv` and `eval_collector` exist on rank 0 only."""
+
+    cfg: ExperimentConfig
+    replicas: Replicas
+    seed: int  # this rank's seed (the run's seed on rank 0)
+    steps_per_rank: int  # env steps this rank collects per online epoch
+    venv: gym.vector.VectorEnv
+    eval_venv: gym.vector.VectorEnv | None
+    spaces: dict[str, Any]  # RUN_DIR/spaces.json and every checkpoint
+    spec: ActionSpec
+    relabeler: HindsightRelabeler | None
+    lock: RunLock | None
+    collector: Collector
+    eval_collector: Collector | None
+    agent: Agent
+    learner: Learner
+    replay: DiskReplay
+    offline_epochs: int  # --offline-updates: epochs without env steps
+    exploration: Exploration
+    policy: AgentPolicy
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run.run_dir)
+
+    @property
+    def device(self) -> torch.device:
+        return self.replicas.device
+
+    def env_steps(self) -> int:
+        """The run's env steps: every rank takes the same number."""
+        return self.replicas.world_size * self.collector.total_env_steps
+
+    def close(self) -> None:
+        """No orphaned env processes, and the process group left."""
+        self.venv.close()
+        if self.eval_venv is not None:
+            self.eval_venv.close()
+        self.replicas.close()
+
+
+def _steps_per_rank(cfg: ExperimentConfig, world: int) -> int:
+    steps = cfg.schedule.steps_per_epoch // world
+    if steps < cfg.env.parallel_envs:
+        raise ConfigError(
+            f"--steps-per-epoch {cfg.schedule.steps_per_epoch} split over {world} processes is below --parallel-envs "
+            f"{cfg.env.parallel_envs}: raise --steps-per-epoch to at least {world * cfg.env.parallel_envs}"
+        )
+    return steps
+
+
+def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Components:
+    """Validate `cfg` (with `env`, see `icrl.train`), refuse what cannot run, seed, and build the run.
+
+    The order matters: every refusal comes before anything is written (the envs are built, and the relabeler
+    checked, before the run dir is created), the run lock is taken before the first write, and the RNG is
+    seeded before the first draw.
+    """
+    cfg, source = apply_env(cfg or ExperimentConfig(), env)
+    cfg = with_task_defaults(cfg, source.factories[0] if source.factories else None).validate()
+    e = cfg.env
+    replicas = init_replicas(cfg.run.device)  # one process, or this rank of a data-parallel run
+    steps_per_rank = _steps_per_rank(cfg, replicas.world_size)
+    check_run_dir_free(cfg)  # before anything is created or written
+    replicas.barrier()  # every rank has checked the run dir before any of them writes to it
+    seed_everything(cfg.run.seed, replicas.rank)
+    seed = replicas.rank_seed(cfg.run.seed)  # this rank's envs, exploration and sampler (the run's seed on rank 0)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    main = replicas.is_main
+    venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories)
+    eval_venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories) if main else None
+    spaces = venv_spaces_record(venv, e.env, e.kwargs, source.rebuild)
+    spec = ActionSpec.from_space(venv.single_action_space)
+    relabeler = make_relabeler(cfg.replay, venv)  # before the run dir exists: a wrong --relabel leaves nothing behind
+    lock = take_run_dir(cfg, main)
+    return _build_learning(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock)
+
+
+def _build_learning(cfg: ExperimentConfig, replicas: Replicas, seed: int, steps_per_rank: int,
+                    venv: gym.vector.VectorEnv, eval_venv: gym.vector.VectorEnv | None, spaces: dict[str, Any],
+                    spec: ActionSpec, relabeler: HindsightRelabeler | None, lock: RunLock | None) -> Components:
+    """The second half of `build_components`, once the run dir is taken."""
+    main, device = replicas.is_main, replicas.device
+    collector = Collector(venv, spec, chunk_len=cfg.env.chunk_len, seed=derive_seed(seed, "train-envs"))
+    eval_collector = Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs")) if main else None
+    agent = build_agent(cfg, venv.single_observation_space["obs"], spec, device)
+    learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
+    replay = open_replay(cfg, Path(cfg.run.run_dir) / "replay")
+    # --offline-data: loaded once into replay/protected (rank 0); --offline-updates: epochs without env steps
+    offline_epochs = prepare_offline(cfg, replay.root, log=say, import_data=main)
+    replicas.barrier()  # the offline data is on disk before any rank samples
+    exploration, policy = train_policy(cfg, agent, collector, spec, seed, device)
+    return Components(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock,
+                      collector, eval_collector, agent, learner, replay, offline_epochs, exploration, policy)

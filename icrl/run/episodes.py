@@ -1,0 +1,73 @@
+"""Episode summaries shared by training, the asynchronous collectors and evaluation.
+
+Every summary averages over rollouts, not episodes (DESIGN §10): a rollout's return sums its episodes and its
+success is that of its last episode (after adapting), so short episodes are not over-weighted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from icrl.run.distributed import Replicas
+from icrl.types import EpisodeStats
+
+
+def group_rollouts(episodes: list[EpisodeStats]) -> list[list[EpisodeStats]]:
+    """Episodes grouped by rollout, each group in episode order: the unit every summary averages over."""
+    rollouts: dict[tuple[int, int], list[EpisodeStats]] = defaultdict(list)
+    for ep in episodes:
+        rollouts[(ep.env_index, ep.rollout_id)].append(ep)
+    return [sorted(r, key=lambda e: e.episode_index) for r in rollouts.values()]
+
+
+def summarize_episodes(episodes: list[EpisodeStats]) -> dict[str, float | None | list]:
+    """Return and success rate over rollouts (see the module docstring), with the `*_by_episode` lists that
+    give the adaptation curve of multi-episode tasks."""
+    eps = group_rollouts(episodes)
+    if not eps:
+        return {"return_mean": None, "success_rate": None, "rollouts": 0}
+    returns = [sum(e.ret for e in r) for r in eps]
+    successes = [r[-1].success for r in eps if r[-1].success is not None]
+    by_index: dict[int, list[EpisodeStats]] = defaultdict(list)
+    for r in eps:
+        for e in r:
+            by_index[e.episode_index].append(e)
+    out: dict = {
+        "return_mean": float(np.mean(returns)),
+        "return_std": float(np.std(returns)),
+        "success_rate": float(np.mean(successes)) if successes else None,
+        "rollouts": len(eps),
+        "episode_length_mean": float(np.mean([e.length for e in episodes])),
+    }
+    if len(by_index) > 1:
+        out["return_by_episode"] = [float(np.mean([e.ret for e in by_index[i]])) for i in sorted(by_index)]
+        succ = [[e.success for e in by_index[i] if e.success is not None] for i in sorted(by_index)]
+        if all(succ):
+            out["success_by_episode"] = [float(np.mean(s)) for s in succ]
+    return out
+
+
+def rollout_sums(episodes: list[EpisodeStats]) -> dict[str, float]:
+    """The sums behind `summarize_episodes`' return and success rate: sums add up over rounds (an
+    asynchronous learner's collectors) and ranks, where means do not."""
+    eps = group_rollouts(episodes)
+    succ = [r[-1].success for r in eps if r[-1].success is not None]
+    return {"rollouts": len(eps), "return_sum": sum(sum(e.ret for e in r) for r in eps),
+            "success_n": len(succ), "success_sum": float(sum(succ))}
+
+
+def train_stats_all_ranks(episodes: list[EpisodeStats], replicas: Replicas) -> dict[str, float | None]:
+    """`summarize_episodes`' return and success rate over the rollouts every rank finished."""
+    s = rollout_sums(episodes)
+    n, ret, n_succ, succ_sum = replicas.sum([s["rollouts"], s["return_sum"], s["success_n"], s["success_sum"]])
+    return {"return_mean": ret / n if n else None, "success_rate": succ_sum / n_succ if n_succ else None}
+
+
+def train_stats(episodes: list[EpisodeStats], replicas: Replicas) -> dict[str, float | None]:
+    """The train row's return and success rate: this process's rollouts, or every rank's in a data-parallel
+    run (one process keeps `summarize_episodes`' own arithmetic)."""
+    if replicas.world_size == 1:
+        return summarize_episodes(episodes)
+    return train_stats_all_ranks(episodes, replicas)

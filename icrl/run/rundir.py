@@ -1,0 +1,171 @@
+"""The run directory: refusing to overwrite or mis-resume a run, taking it (the run lock), resuming from its
+newest checkpoint and writing the files that describe the run. `icrl train` and the asynchronous learner
+share these, so both refuse at the same points with the same one-line errors.
+
+Refusals come before anything is written: a bad env, `--relabel` or run dir leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from icrl.agent.exploration import Exploration
+from icrl.agent.learner import Learner
+from icrl.agent.model import Agent
+from icrl.config import ConfigError, ExperimentConfig
+from icrl.envs import Collector
+from icrl.fileio import write_text_atomic
+from icrl.run.checkpoint import list_checkpoints, load_latest_checkpoint, set_aside
+from icrl.run.distributed import Replicas
+from icrl.run.loggers import say
+from icrl.run.runlock import RunLock, check_not_locked, check_run_dir_usable
+from icrl.seeding import derive_seed
+from icrl.spaces_json import write_spaces
+
+# Fields that may change when a run is resumed: the flag itself, how far to train, and the run-only settings
+# that say where and how this process runs but not what it learns (the folder's spelling or location, the
+# device, threads, workers, logging, checkpoint retention). The rest is the run's learning config.
+RESUMABLE_CHANGES = (
+    "run.resume", "schedule.total_env_steps", "run.run_dir", "run.device", "run.threads", "replay.num_workers",
+    "run.log_backends", "run.log_every", "run.keep_checkpoints", "optim.compile", "env.async_envs",
+    "eval.eval_max_steps",
+)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def holds_run(run_dir: Path) -> bool:
+    """True when `run_dir` already holds a run: checkpoints or a non-empty metrics.jsonl."""
+    metrics = run_dir / "metrics.jsonl"
+    return bool(list_checkpoints(run_dir)) or (metrics.is_file() and metrics.stat().st_size > 0)
+
+
+def check_run_dir(cfg: ExperimentConfig) -> None:
+    """Refuse to overwrite an existing run without --resume, and to resume one with a different config."""
+    run_dir = Path(cfg.run.run_dir)
+    if not cfg.run.resume:
+        if holds_run(run_dir):
+            raise ConfigError(
+                f"--run-dir {run_dir} already holds a run (checkpoints or metrics.jsonl): pass --resume to "
+                "continue it, or choose another --run-dir"
+            )
+        return
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(ExperimentConfig.from_json(path.read_text(encoding="utf-8")).to_json())
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"--resume: cannot read the run's config {path} ({e}); choose another --run-dir") from e
+    new = json.loads(cfg.to_json())
+    a, b = _flatten(old), _flatten(new)
+    diffs = [k for k in sorted(set(a) | set(b)) if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
+    if diffs:
+        listed = ", ".join(f"{k} ({a.get(k)!r} in the run, {b.get(k)!r} now)" for k in diffs)
+        raise ConfigError(
+            f"--resume: the config differs from {path} in {listed}; resume with the run's values (only "
+            "--total-env-steps may change), or start a new run in another --run-dir"
+        )
+
+
+def check_run_dir_free(cfg: ExperimentConfig) -> None:
+    """Every refusal that needs no env: a run dir that is a file or unwritable, one another live process
+    trains in, one that holds another run (`check_run_dir`). Called before anything is built or written."""
+    check_run_dir_usable(cfg.run.run_dir)
+    check_not_locked(cfg.run.run_dir)
+    check_run_dir(cfg)
+
+
+def take_run_dir(cfg: ExperimentConfig, main: bool = True) -> RunLock | None:
+    """Lock the run dir (rank 0; the OS releases the lock if this process dies), check it again under the
+    lock (a run may have started meanwhile) and create it. Called once the envs exist, so a bad env name
+    leaves nothing behind; the lock is taken before the first write."""
+    run_dir = Path(cfg.run.run_dir)
+    lock = RunLock.acquire(run_dir) if main else None
+    if main:
+        check_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return lock
+
+
+def truncate_metrics(path: Path, epoch: int) -> int:
+    """Drop rows of epochs after `epoch` (written after the checkpoint, before a crash) and torn lines,
+    by writing a temp file and renaming it over the log. Returns the number of rows dropped."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        row_epoch = row.get("epoch", 0) if isinstance(row, dict) else None
+        if isinstance(row_epoch, int) and row_epoch <= epoch:  # anything else is a torn or foreign line
+            kept.append(line)
+    if len(kept) != len(lines):
+        write_text_atomic(path, "".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
+
+
+def prune_after(run_dir: Path, epoch: int) -> None:
+    """Set aside the checkpoints newer than `epoch` (skipped on resume as unreadable) and drop the metrics
+    rows after it, so the resumed run writes those epochs anew."""
+    for path in list_checkpoints(run_dir):
+        if int(path.name.split("-")[-1]) > epoch:
+            set_aside(path)
+    truncate_metrics(run_dir / "metrics.jsonl", epoch)
+
+
+def resume_point(state: dict[str, Any]) -> tuple[int, float]:
+    """(epoch, wall-clock seconds) a loaded checkpoint's state continues from."""
+    return int(state["epoch"]), float(state["extra"].get("wall_time", 0.0))
+
+
+def resume_training(cfg: ExperimentConfig, replicas: Replicas, *, seed: int, agent: Agent, learner: Learner,
+                    collector: Collector, exploration: Exploration) -> tuple[int, float]:
+    """Continue `icrl train` from the newest checkpoint consistent with this run (checked before anything is
+    applied); returns (epoch, wall-clock seconds) to continue from, (0, 0.0) without one.
+
+    The checkpoint holds rank 0's exploration and RNG states; the other ranks keep their own. `seed` is this
+    rank's seed: the collector is reseeded from it, since the rollouts in progress at the checkpoint are lost.
+    """
+    run_dir, main, world = Path(cfg.run.run_dir), replicas.is_main, replicas.world_size
+    found = load_latest_checkpoint(run_dir, agent=agent, log=say if main else None, learner=learner,
+                                   collector=collector, exploration=exploration if main else None,
+                                   restore_rng=main)
+    start_epoch, wall_offset = 0, 0.0
+    if found is not None:
+        ckpt, state = found
+        start_epoch, wall_offset = resume_point(state)
+        saved_world = int(state["extra"].get("world_size", 1))
+        if saved_world != world:  # the counter is per rank: rescale it to this run's process count
+            collector.total_env_steps = collector.total_env_steps * saved_world // world
+        # The collector starts from a hard reset, seeded apart from the run's first reset so the tasks do not repeat.
+        collector.seed = derive_seed(seed, "train-envs", "resume", start_epoch)
+        if main:
+            say(f"icrl: resuming from {ckpt} (epoch {start_epoch}, {world * collector.total_env_steps:,} env steps, "
+                f"{learner.updates:,} updates)")
+    elif main and holds_run(run_dir):
+        say(f"icrl: no readable checkpoint in {run_dir}; starting the run over (the replay is reused)")
+    replicas.barrier()  # every rank has read the checkpoint before rank 0 prunes newer, unreadable ones
+    if main:
+        prune_after(run_dir, start_epoch)
+    return start_epoch, wall_offset
+
+
+def write_run_files(run_dir: Path, cfg: ExperimentConfig, spaces: dict[str, Any]) -> None:
+    """RUN_DIR/config.json (what ran, read by `--resume`, collectors and `icrl eval`) and spaces.json (so
+    `icrl.load(RUN_DIR)` needs no env)."""
+    write_text_atomic(run_dir / "config.json", cfg.to_json())
+    write_spaces(run_dir, spaces)

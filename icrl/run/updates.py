@@ -1,0 +1,82 @@
+"""The learning phase: training windows, the replay loader and a run of gradient updates; `icrl train` and
+the asynchronous learner share them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from icrl.agent.learner import Learner
+from icrl.config import ExperimentConfig
+from icrl.data import ReplayLoader, make_loader
+from icrl.run.timer import Timer
+from icrl.types import ActionSpec
+
+
+def training_window(cfg: ExperimentConfig) -> int:
+    """Timesteps per training window: the acting context (`max_seq_len`) plus one.
+
+    The critic learns Q(s_t) from the TD target at s_{t+1}, so the window must hold a full context *and*
+    the step after it. With windows of only `max_seq_len` timesteps, a rollout of exactly context + 1
+    timesteps (T-Maze's corridor + junction + final observation) is cut one way or the other: either the
+    cue at t = 0 or the junction's transition to the final state falls outside every window, and the
+    junction's value can never be learned from memory. The Transformer's banded mask keeps each
+    position's receptive field at `max_seq_len`, exactly what acting sees.
+    """
+    return cfg.model.max_seq_len + 1
+
+
+def make_train_loader(
+    cfg: ExperimentConfig, replay_root: Path, spec: ActionSpec, device: torch.device, seed: int, **kwargs
+) -> ReplayLoader:
+    """The learner's endless batches from the replay (`train` and the asynchronous learner share it);
+    `kwargs` go to `make_loader` (e.g. `auto_refresh`)."""
+    return make_loader(
+        replay_root,
+        batch_size=cfg.optim.batch_size,
+        max_seq_len=training_window(cfg),
+        action_spec=spec,
+        seed=seed,
+        num_workers=cfg.replay.num_workers,
+        pin_memory=device.type == "cuda",
+        offline_fraction=cfg.replay.offline_fraction,
+        **kwargs,
+    )
+
+
+class LazyLoader:
+    """The train loader, opened at the first update rather than at the start: the replay may still be empty
+    then, and a loader's sample stream starts when it is opened."""
+
+    def __init__(self, open_loader: Callable[[], ReplayLoader]) -> None:
+        self._open = open_loader
+        self.loader: ReplayLoader | None = None
+
+    def get(self) -> ReplayLoader:
+        if self.loader is None:
+            self.loader = self._open()
+        return self.loader
+
+    def refresh(self) -> None:
+        """Make newly written rollouts visible now (not at a timing-dependent moment); no-op before opening."""
+        if self.loader is not None:
+            self.loader.refresh()
+
+    def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
+
+
+def run_updates(learner: Learner, loader: ReplayLoader, num_updates: int, timer: Timer) -> dict[str, float]:
+    """`num_updates` gradient steps on fresh batches; returns the last update's metrics as floats. Timed into
+    `timer`'s "sample" and "update" phases (reading the metrics waits for the device: it counts as updating)."""
+    metrics = {}
+    for _ in range(num_updates):
+        with timer("sample"):
+            batch = next(loader)
+        with timer("update"):
+            metrics = learner.update(batch)
+    with timer("update"):
+        return {k: float(v) for k, v in metrics.items()}

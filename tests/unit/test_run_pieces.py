@@ -1,0 +1,127 @@
+"""The small pieces the synchronous, asynchronous and evaluation paths share (icrl.run.episodes, timer,
+reporting, updates, distributed.Replicas): summaries over rollouts, phase timing, when rows are due."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from icrl.config import ExperimentConfig
+from icrl.run.distributed import Replicas, resolve_device
+from icrl.run.episodes import (
+    group_rollouts,
+    rollout_sums,
+    summarize_episodes,
+    train_stats,
+    train_stats_all_ranks,
+)
+from icrl.run.reporting import due, report_epoch, row_head
+from icrl.run.timer import Timer
+from icrl.run.updates import LazyLoader
+from icrl.types import EpisodeStats
+
+
+def ep(env, rollout, index, ret, success=None, length=5):
+    return EpisodeStats(env_index=env, rollout_id=rollout, episode_index=index, ret=ret, length=length, success=success)
+
+
+# Two rollouts: env 0 has a 3-episode rollout (reported out of order), env 1 a single-episode one.
+EPISODES = [ep(0, 0, 1, 2.0, 0.0), ep(1, 0, 0, 10.0, 1.0), ep(0, 0, 0, 1.0, 0.0), ep(0, 0, 2, 3.0, 1.0)]
+
+
+def test_summaries_average_over_rollouts_not_episodes():
+    groups = group_rollouts(EPISODES)
+    assert sorted([e.episode_index for e in g] for g in groups) == [[0], [0, 1, 2]]
+    s = summarize_episodes(EPISODES)
+    # rollout returns 1 + 2 + 3 = 6 and 10; an average over episodes would give 4.0
+    assert s["return_mean"] == pytest.approx(8.0) and s["rollouts"] == 2
+    assert s["success_rate"] == pytest.approx(1.0)  # each rollout's last episode succeeded
+    assert s["return_by_episode"] == pytest.approx([5.5, 2.0, 3.0])
+    assert summarize_episodes([]) == {"return_mean": None, "success_rate": None, "rollouts": 0}
+
+
+def test_sums_give_the_same_means_as_the_summary():
+    sums = rollout_sums(EPISODES)
+    assert sums == {"rollouts": 2, "return_sum": 16.0, "success_n": 2, "success_sum": 2.0}
+    one = Replicas(torch.device("cpu"))
+    every = train_stats_all_ranks(EPISODES, one)
+    assert every["return_mean"] == pytest.approx(8.0) and every["success_rate"] == pytest.approx(1.0)
+    assert train_stats(EPISODES, one) == summarize_episodes(EPISODES)  # one process: the summary itself
+    assert train_stats_all_ranks([], one) == {"return_mean": None, "success_rate": None}
+
+
+def test_single_process_replicas_decide_alone():
+    one = Replicas(torch.device("cpu"))
+    assert one.all_ready(True) and not one.all_ready(False)
+    assert one.average({"loss": 0.5}) == {"loss": 0.5}
+    assert one.checkpoint_record(torch.nn.Linear(2, 2)) == {}
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_timer_sums_each_phase_over_its_blocks():
+    timer = Timer()
+    for _ in range(2):
+        with timer("a"):
+            time.sleep(0.01)
+    with pytest.raises(RuntimeError), timer("b"):  # an error still counts the phase's time
+        time.sleep(0.01)
+        raise RuntimeError
+    assert timer["a"] >= 0.02 and 0.01 <= timer["b"] < timer["a"]
+    assert timer["never"] == 0.0
+
+
+class Log:
+    def __init__(self):
+        self.rows = []
+
+    def write(self, row):
+        self.rows.append(row)
+
+    def close(self):
+        pass
+
+
+def test_rows_are_due_every_n_epochs_and_at_the_last(capsys):
+    assert [e for e in range(1, 8) if due(e, 3, 7)] == [3, 6, 7]
+    cfg = ExperimentConfig().replace(eval_every=2, log_every=100)
+    log, evals, seen = Log(), [], []
+    last = None
+    for epoch in range(1, 4):
+        row = row_head("train", epoch, 10 * epoch, epoch, time.perf_counter())
+        last = report_epoch(log, row, cfg, epoch=epoch, num_epochs=3, last_eval=last,
+                            evaluate=lambda epoch=epoch: evals.append(epoch) or {"kind": "eval", "epoch": epoch, "return_mean": 1.0},
+                            progress=lambda row, ev: seen.append((row["epoch"], ev and ev["epoch"])))
+    assert evals == [2, 3]
+    assert [(r["kind"], r["epoch"]) for r in log.rows] == [("train", 1), ("train", 2), ("eval", 2), ("train", 3),
+                                                            ("eval", 3)]
+    assert seen == [(1, None), (2, 2), (3, 3)]  # the progress line shows the latest evaluation
+    printed = capsys.readouterr().out
+    assert "epoch    3" in printed and "epoch    2" not in printed  # log_every 100: only the last epoch
+    head = row_head("eval", 4, 100, 7, time.perf_counter() - 5.0)
+    assert list(head) == ["kind", "epoch", "env_steps", "updates", "wall_time"] and head["wall_time"] >= 5.0
+
+
+def test_lazy_loader_opens_once_and_only_when_asked():
+    opened = []
+
+    class Fake:
+        refreshed = closed = 0
+
+        def refresh(self):
+            self.refreshed += 1
+
+        def close(self):
+            self.closed += 1
+
+    batches = LazyLoader(lambda: opened.append(1) or Fake())
+    batches.refresh()
+    batches.close()  # nothing opened yet: both are no-ops
+    assert opened == []
+    loader = batches.get()
+    assert batches.get() is loader and opened == [1]
+    batches.refresh()
+    batches.close()
+    assert (loader.refreshed, loader.closed) == (1, 1)
