@@ -48,7 +48,6 @@ from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env, make_wrapped_env
 from icrl.nets.popart import ema_update_
-from icrl.nets.transformer import invalidate_weight_caches
 from icrl.types import ActionSpec, Rollout, Timesteps
 
 RESULTS = Path(__file__).parent / "results"
@@ -213,7 +212,7 @@ def update_with_breakdown(learner: Learner, batch, device: torch.device) -> dict
         agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
         ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
         ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
-    invalidate_weight_caches()
+    agent.refresh_acting_weights()
     learner.updates += 1
     sync(device)
     t3 = time.perf_counter()

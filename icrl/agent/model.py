@@ -20,6 +20,7 @@ from icrl.nets.goals import GoalEmbedder
 from icrl.nets.heads import Actor, Critic
 from icrl.nets.popart import PopArt
 from icrl.nets.traj import make_traj_encoder
+from icrl.nets.transformer import refresh_acting_weights
 from icrl.nets.tstep import GOAL_KEY, TimestepEncoder
 from icrl.types import ActionSpec, Timesteps
 
@@ -71,6 +72,12 @@ class Agent(nn.Module):
     def forward(self, ts: Timesteps) -> torch.Tensor:
         """Every timestep's state in one pass: [B, L, d]."""
         return self.traj_encoder(self.tstep_encoder(ts), ts.time)
+
+    def refresh_acting_weights(self) -> None:
+        """Make acting see the current weights. Acting multiplies by σReparam snapshots (see
+        `SigmaReparamLinear`), so call this after every change of weights or σReparam buffers outside acting:
+        a learner update, loading weights or a checkpoint, a manual edit."""
+        refresh_acting_weights(self)
 
     def online_parameters(self) -> list[nn.Parameter]:
         """What the optimiser trains: everything but the EMA targets."""

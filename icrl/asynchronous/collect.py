@@ -49,7 +49,6 @@ from icrl.data import DiskReplay
 from icrl.envs import Collector, make_vector_env
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import write_text_atomic
-from icrl.nets.transformer import invalidate_weight_caches
 from icrl.run.loggers import say
 from icrl.run.loop import _group_rollouts
 from icrl.seeding import derive_seed, seed_everything
@@ -120,7 +119,7 @@ def load_weights(agent: Agent, path: Path) -> dict[str, str]:
     _, unexpected = agent.load_state_dict(tensors, strict=False)
     if unexpected:
         raise ConfigError(f"{path} does not fit the run's agent (unexpected {unexpected[:5]}): was config.json changed?")
-    invalidate_weight_caches()
+    agent.refresh_acting_weights()
     return meta
 
 

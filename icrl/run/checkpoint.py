@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_model
 
 from icrl.fileio import fsync_dir, write_text_atomic
 from icrl.guards import assert_finite_weights
+from icrl.nets.transformer import refresh_acting_weights
 from icrl.run.ckpt_checks import CheckpointMismatch, check_checkpoint
 
 FILES = ("agent.safetensors", "optimizer.pt", "state.json")
@@ -239,12 +240,7 @@ def load_checkpoint(
         agent.load_state_dict(tensors, strict=False)
     except RuntimeError as e:  # shape mismatches
         raise CheckpointError(f"checkpoint {path} does not fit this agent (was the model config changed?): {e}") from e
-    try:
-        from icrl.nets.transformer import invalidate_weight_caches
-
-        invalidate_weight_caches()
-    except ImportError:  # pragma: no cover
-        pass
+    refresh_acting_weights(agent)  # acting must see the restored weights
     if learner is not None:
         learner.load_state_dict(
             {
