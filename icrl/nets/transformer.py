@@ -1,7 +1,8 @@
 """The stabilised causal Transformer trajectory encoder of AMAGO (DESIGN §3), nanoGPT-style.
 
 Read top to bottom: `SigmaReparamLinear` -> `CausalSelfAttention` -> `MLP` -> `Block` ->
-`TimeEmbedding` -> `KVCache` -> `TransformerTrajEncoder`.
+`TimeEmbedding` -> `KVCache` -> `TransformerTrajEncoder`. Training and acting run the same layers: each
+has one `forward`, and attention takes an optional `LayerCache` (the layer's K/V ring while acting).
 
 Why these pieces: off-policy actor-critic RL drives attention towards low-entropy "recall one exact
 step" patterns, which makes plain Transformers collapse (attention logits and activations blow up).
@@ -31,6 +32,7 @@ from torch import nn
 
 PosEmb = Literal["learned", "sinusoidal", "none"]
 
+
 class SigmaReparamLinear(nn.Module):
     """Linear layer with spectral reparameterisation (Zhai et al. 2023): W_hat = gamma / sigma(W) * W.
 
@@ -40,12 +42,11 @@ class SigmaReparamLinear(nn.Module):
     the official release: small truncated-normal weights and exact singular vectors from an SVD, so
     sigma is exact at step 0 and every layer starts with spectral norm gamma = 1.
 
-    Acting (eval mode with gradients off) multiplies by a snapshot of W_hat, taken at the first such call
-    and kept until `refresh_acting_weight()`: recomputing sigma and the scale on every acting step costs
-    about a tenth of an acting step. Whoever changes the weights outside a training forward (optimiser
-    step, EMA, load_state_dict, manual edits) refreshes: `Agent.refresh_acting_weights()` for the agent,
-    `refresh_acting_weights(module)` for any module. Moving the layer (`.to()`, `.double()`) drops the
-    snapshot too, since it replaces the tensors the snapshot was computed from.
+    Acting (eval mode with gradients off) multiplies by a snapshot of W_hat, taken at its first call and
+    kept until `refresh_acting_weight()` (recomputing it costs about a tenth of an acting step). Whoever
+    changes weight, gamma, u or v (a learner update: power iteration and optimiser step; loading weights;
+    manual edits) refreshes: `Agent.refresh_acting_weights()`, or `refresh_acting_weights(module)`.
+    Moving the layer (`.to()`, `.double()`) drops the snapshot, as it replaces the tensors behind it.
     """
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True):
@@ -93,7 +94,7 @@ class SigmaReparamLinear(nn.Module):
         return self._acting_weight
 
     def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module's signature
-        self._acting_weight = None  # `.to()` / `.double()` replace the tensors it was computed from
+        self._acting_weight = None  # `.to()` / `.double()` replace the tensors behind it
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,8 +113,8 @@ class SigmaReparamLinear(nn.Module):
 
 
 def refresh_acting_weights(module: nn.Module) -> None:
-    """Refresh every σReparam acting snapshot in `module` (see `SigmaReparamLinear`); call it after changing
-    weights by anything but a training forward."""
+    """Refresh every σReparam acting snapshot in `module` (see `SigmaReparamLinear`): acting then sees the
+    current weights."""
     for m in module.modules():
         if isinstance(m, SigmaReparamLinear):
             m.refresh_acting_weight()
@@ -295,20 +296,6 @@ class KVCache:
     write_base: np.ndarray  # [B, 2, H] int64: row of (b, k|v, h, slot 0) in one layer's kv.view(-1, dh)
     zero_bias: torch.Tensor  # [B*H, 1, W] zeros: the attention mask when no slot needs masking
 
-    @classmethod
-    def empty(cls, layers: int, batch_size: int, heads: int, window: int, head_dim: int,
-              device: torch.device | str, dtype: torch.dtype) -> KVCache:  # fmt: skip
-        """A cache with no timesteps, allocated once and written in place."""
-        B, H, W = batch_size, heads, window
-        b, j, h = np.ogrid[:B, :2, :H]
-        return cls(
-            kv=torch.zeros((layers, 2, B, H, W, head_dim), device=device, dtype=dtype),
-            count=torch.zeros(B, dtype=torch.long),
-            filled=0,
-            write_base=((j * B + b) * H + h).astype(np.int64) * W,
-            zero_bias=torch.zeros((B * H, 1, W), device=device, dtype=dtype),
-        )
-
     @property
     def k(self) -> torch.Tensor:  # [layers, B, H, W, dh] view
         return self.kv[:, 0]
@@ -325,14 +312,14 @@ class KVCache:
         count[np.asarray(mask, dtype=bool)] = 0
         self.filled = min(int(count.max(initial=0)), self.kv.shape[4])
 
-    def next_step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(write_idx [B, 2, H], bias [B*H, 1, n]) of the coming step, from host-side bookkeeping only.
+    def take_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Count one more timestep per row and return where it goes: (write_idx [B, 2, H], bias [B*H, 1, n]).
 
-        No mask at all (zeros) when every row attends over the same number of slots (all windows full,
-        or rows in step); otherwise each row's empty (or stale) slots get -inf.
+        Host-side bookkeeping only. No mask at all (zeros) when every row attends over the same number of
+        slots (all windows full, or rows in step); otherwise each row's empty (or stale) slots get -inf.
         """
         H, W, kv = self.kv.shape[3], self.kv.shape[4], self.kv
-        count = self.count.numpy()
+        count = self.count.numpy()  # shares memory with self.count
         n_valid = np.minimum(count + 1, W)  # [B] occupied slots after this write
         n = int(n_valid.max())
         idx = torch.from_numpy(self.write_base + (count % W)[:, None, None])  # [B, 2, H]
@@ -344,13 +331,9 @@ class KVCache:
             bias = bias.to(kv.device, kv.dtype, non_blocking=True)
         if kv.device.type != "cpu":
             idx = idx.to(kv.device, non_blocking=True)
-        return idx, bias
-
-    def advance(self) -> None:
-        """Count the step just written."""
-        count = self.count.numpy()
         count += 1
-        self.filled = min(int(count.max()), self.kv.shape[4])
+        self.filled = n
+        return idx, bias
 
 
 class TransformerTrajEncoder(nn.Module):
@@ -411,9 +394,16 @@ class TransformerTrajEncoder(nn.Module):
 
     def init_state(self, batch_size: int, device: torch.device | str) -> KVCache:
         """An empty cache for `batch_size` parallel rollouts, allocated once and written in place."""
-        dtype = self.inp.weight.dtype
-        dh = self.d_model // self.heads
-        return KVCache.empty(self.n_layers, batch_size, self.heads, self.context_len, dh, device, dtype)
+        p = self.inp.weight
+        B, H, W, L = batch_size, self.heads, self.context_len, self.n_layers
+        b, j, h = np.ogrid[:B, :2, :H]
+        return KVCache(
+            kv=torch.zeros((L, 2, B, H, W, self.d_model // H), device=device, dtype=p.dtype),
+            count=torch.zeros(B, dtype=torch.long),
+            filled=0,
+            write_base=((j * B + b) * H + h).astype(np.int64) * W,
+            zero_bias=torch.zeros((B * H, 1, W), device=device, dtype=p.dtype),
+        )
 
     def reset_state(self, state: KVCache, mask: torch.Tensor | np.ndarray) -> KVCache:
         """Empty the rows where `mask` [B] is True (their envs start a new rollout)."""
@@ -426,9 +416,8 @@ class TransformerTrajEncoder(nn.Module):
         Each layer attends over its ring of the last W keys and values instead of the sequence. Mutates
         `state` in place; run without grad.
         """
-        write_idx, bias = state.next_step()
+        write_idx, bias = state.take_step()
         h = self._embed(x[:, None], time[:, None])  # [B, 1, d]
         for layer, block in enumerate(self.blocks):
             h = block(h, cache=LayerCache(state.kv[layer], write_idx, bias))
-        state.advance()
         return self.ln_f(h)[:, 0], state
