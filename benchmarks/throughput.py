@@ -364,8 +364,6 @@ class RecomputePolicy:
 
     @torch.inference_mode()
     def act(self, ts: Timesteps, new_rollout: np.ndarray) -> np.ndarray:
-        from icrl.agent.model import vector_to_storage
-
         agent = self.agent
         if agent.training:  # the same mode contract as AgentPolicy: eval while acting, the learner restores
             agent.eval()
@@ -384,7 +382,7 @@ class RecomputePolicy:
         )  # fmt: skip
         s = agent(window)[self.rows, self.len - 1]  # [N, d]: each env's latest state
         a_vec = agent.actor.policy(s).sample()  # [N, A]
-        actions = vector_to_storage(agent.spec, a_vec.float().cpu().numpy())
+        actions = agent.spec.from_vector(a_vec.float().cpu().numpy())
         if self.exploration is not None:
             actions = self.exploration(actions, self.env_steps(), ts.time[:, 0].cpu().numpy())
         return actions

@@ -30,10 +30,9 @@ import torch
 
 from icrl.agent.model import AgentPolicy
 from icrl.config import ExperimentConfig
-from icrl.envs.wrapper import action_to_vector, agent_to_env_action
 from icrl.run.evaluate import RunDirError, build_agent, load_config, load_weights, resolve_weights
 from icrl.spaces_json import SPACES_FILE, read_spaces, read_spaces_record, spaces_wrapper
-from icrl.types import Timesteps
+from icrl.types import Timesteps, agent_to_env_action
 
 
 @dataclass
@@ -71,7 +70,7 @@ class InContextPolicy:
         """Fresh memory for `num_envs` envs, each at the start of a new task."""
         return PolicyState(
             acting=AgentPolicy(self.agent, num_envs, greedy=True, device=self.device),
-            prev_action=np.zeros((num_envs, self.spec.dim), np.float32),
+            prev_action=self.spec.zero_vector(num_envs),
             time=np.zeros(num_envs, np.int64),
             episode=np.zeros(num_envs, np.int64),
         )
@@ -151,7 +150,7 @@ class InContextPolicy:
         }
         state.acting.greedy = bool(deterministic)
         actions = state.acting.act(Timesteps.from_numpy(step), new_rollout=hard)  # storage format [N] | [N, D]
-        state.prev_action = np.stack([action_to_vector(self.spec, a) for a in actions]).astype(np.float32)
+        state.prev_action = self.spec.to_vector(self.spec.as_stored(actions))  # [N, A] float32
         state.time += 1
         env_actions = [agent_to_env_action(self.action_space, a) for a in actions]
         return (env_actions[0] if single else np.stack(env_actions)), state

@@ -132,17 +132,8 @@ class AgentPolicy:
         s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
         dist = agent.actor.policy(s)  # the policy's discount (the last one): batch [N]
         a_vec = dist.sample() if self.sample and not self.greedy else dist.mode()  # [N, A]
-        actions = vector_to_storage(agent.spec, a_vec.float().cpu().numpy())
+        actions = agent.spec.from_vector(a_vec.float().cpu().numpy())
         if self.exploration is not None and not self.greedy:
             actions = self.exploration(actions, self.env_steps(), host_time.cpu().numpy())
         self.seconds += time.perf_counter() - start
         return actions
-
-
-def vector_to_storage(spec: ActionSpec, a_vec: np.ndarray) -> np.ndarray:
-    """Network action vectors [N, A] -> storage format ([N] int64 | [N, D] float32 | [N, D] int8)."""
-    if spec.kind == "discrete":
-        return a_vec.argmax(-1).astype(np.int64)
-    if spec.kind == "multibinary":
-        return (a_vec > 0.5).astype(np.int8)
-    return np.clip(a_vec, -1.0, 1.0).astype(np.float32)
