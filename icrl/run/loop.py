@@ -113,13 +113,9 @@ RESUMABLE_CHANGES = (
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+    from icrl.dicts import flatten
+
+    return flatten(tree, prefix)
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -261,10 +257,11 @@ def eval_row(agent: Agent, collector: Collector, cfg: ExperimentConfig, device: 
 def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = None) -> Path:
     """Write the agent's weights (safetensors) to a temp file and rename it over `path`: readers (icrl eval,
     asynchronous collectors) see the old file or the new one, never half of one."""
+    from icrl.fileio import atomic_path
+
     assert_finite_weights(agent, str(path))  # a published NaN would reach every reader (icrl.guards)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_model(agent, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    with atomic_path(path, fsync=False, tmp_name=f".{path.name}.tmp-{os.getpid()}") as tmp:
+        save_model(agent, str(tmp), metadata=metadata)
     return path
 
 
