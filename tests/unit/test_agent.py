@@ -549,6 +549,18 @@ def test_continuous_greedy_is_tanh_of_the_mean_and_noise_perturbs_it():
 
 
 # ------------------------------------------------------------------------------------------ 5. fast paths
+def first_timesteps(batch: Batch) -> Timesteps:
+    """The first timestep of every window of `batch`, as acting sees it: [B, 1, ...]."""
+    x = batch.inputs
+    return Timesteps(
+        obs={k: v[:, :1] for k, v in x.obs.items()},
+        prev_action=x.prev_action[:, :1],
+        prev_reward=x.prev_reward[:, :1],
+        time=x.time[:, :1],
+        reset=x.reset[:, :1],
+    )
+
+
 def test_acting_leaves_eval_mode_learner_restores_train_and_acting_sees_new_weights(tmp_path):
     """The mode contract of AgentPolicy / Learner, and no stale σReparam acting snapshot after an update (the
     learner refreshes them; without that, acting would keep multiplying by the weights before the update)."""
@@ -558,13 +570,7 @@ def test_acting_leaves_eval_mode_learner_restores_train_and_acting_sees_new_weig
     agent = Agent(obs_space, spec, cfg.model, cfg.loss)
     learner = Learner(agent, cfg, torch.device("cpu"))
     N = batch.shape[0]
-    ts = Timesteps(
-        obs={k: v[:, :1] for k, v in batch.inputs.obs.items()},
-        prev_action=batch.inputs.prev_action[:, :1],
-        prev_reward=batch.inputs.prev_reward[:, :1],
-        time=batch.inputs.time[:, :1],
-        reset=batch.inputs.reset[:, :1],
-    )
+    ts = first_timesteps(batch)
     sigma_layers = [m for m in agent.modules() if isinstance(m, SigmaReparamLinear)]
     assert sigma_layers
 
@@ -597,13 +603,7 @@ def test_acting_after_loading_published_weights_uses_them(tmp_path):
 
     batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
     N = batch.shape[0]
-    ts = Timesteps(
-        obs={k: v[:, :1] for k, v in batch.inputs.obs.items()},
-        prev_action=batch.inputs.prev_action[:, :1],
-        prev_reward=batch.inputs.prev_reward[:, :1],
-        time=batch.inputs.time[:, :1],
-        reset=batch.inputs.reset[:, :1],
-    )
+    ts = first_timesteps(batch)
     acting = build_agent(obs_space, spec)
     torch.manual_seed(1)
     published = Agent(obs_space, spec, model_cfg(), loss_cfg()).eval()
