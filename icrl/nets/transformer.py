@@ -185,10 +185,8 @@ class CausalSelfAttention(nn.Module):
 
     def _attend_ring(self, qkv: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         """qkv [B, 3, H, dh] of one new position per row: write its k, v into the ring, attend over the
-        first n slots -> [B*H, 1, dh].
-
-        The order of keys in the ring does not matter (attention is permutation invariant over keys and
-        positions enter through the time embedding), so slot = count % W is all the bookkeeping needed.
+        first n slots -> [B*H, 1, dh]. The order of keys in the ring does not matter (attention is
+        permutation invariant over keys; positions enter through the time embedding), so slot = count % W.
         A query of length 1 makes attention two batched mat-vecs; written out (one write, baddbmm,
         softmax, bmm) it is much faster than SDPA's CPU kernels, which are tuned for long queries.
         """
@@ -224,17 +222,8 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm Transformer block with NormFormer's extra norm after attention (before the residual add)."""
 
-    def __init__(
-        self,
-        d_model: int,
-        heads: int,
-        d_ff: int,
-        window: int,
-        attn_dropout: float,
-        resid_dropout: float,
-        sigma_reparam: bool,
-        normformer: bool,
-    ):
+    def __init__(self, d_model: int, heads: int, d_ff: int, window: int, attn_dropout: float,
+                 resid_dropout: float, sigma_reparam: bool, normformer: bool):  # fmt: skip
         super().__init__()
         self.ln_attn = nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, heads, window, attn_dropout, sigma_reparam)

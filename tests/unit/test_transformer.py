@@ -116,6 +116,16 @@ def test_dropout_only_in_training() -> None:
     torch.testing.assert_close(enc(x, time), enc(x, time), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("kw", [{"dropout": 0.3}, {"attn_dropout": 0.3}, {"emb_dropout": 0.3}])
+def test_each_dropout_and_the_mlp_width_are_separate_arguments(kw: dict) -> None:
+    """Residual, attention and embedding dropout each act alone; d_ff sets the MLP width (default 4 d)."""
+    enc = make(**kw).train()
+    x, time = torch.randn(2, 6, 5), torch.arange(6).repeat(2, 1)
+    assert (enc(x, time) - enc(x, time)).abs().max() > 1e-4
+    assert make().blocks[0].mlp.fc.weight.shape == (4 * 32, 32)
+    assert make(d_ff=48).blocks[0].mlp.fc.weight.shape == (48, 32)
+
+
 def _matrix_with_spectrum(d_out: int, d_in: int, top: list[float]) -> torch.Tensor:
     gen = torch.Generator().manual_seed(0)
     U, _ = torch.linalg.qr(torch.randn(d_out, d_out, generator=gen))
