@@ -48,7 +48,6 @@ from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env, make_wrapped_env
 from icrl.nets.popart import ema_update_
-from icrl.nets.transformer import invalidate_weight_caches
 from icrl.types import ActionSpec, Rollout, Timesteps
 
 RESULTS = Path(__file__).parent / "results" / "throughput"
@@ -210,7 +209,7 @@ def update_with_breakdown(learner: Learner, batch, device: torch.device) -> dict
         agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
         ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
         ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
-    invalidate_weight_caches()
+    agent.refresh_acting_weights()
     learner.updates += 1
     sync(device)
     t3 = time.perf_counter()
@@ -362,8 +361,6 @@ class RecomputePolicy:
 
     @torch.inference_mode()
     def act(self, ts: Timesteps, new_rollout: np.ndarray) -> np.ndarray:
-        from icrl.agent.model import vector_to_storage
-
         agent = self.agent
         if agent.training:  # the same mode contract as AgentPolicy: eval while acting, the learner restores
             agent.eval()
@@ -382,7 +379,7 @@ class RecomputePolicy:
         )  # fmt: skip
         s = agent(window)[self.rows, self.len - 1]  # [N, d]: each env's latest state
         a_vec = agent.actor.policy(s).sample()  # [N, A]
-        actions = vector_to_storage(agent.spec, a_vec.float().cpu().numpy())
+        actions = agent.spec.from_vector(a_vec.float().cpu().numpy())
         if self.exploration is not None:
             actions = self.exploration(actions, self.env_steps(), ts.time[:, 0].cpu().numpy())
         return actions

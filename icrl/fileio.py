@@ -1,9 +1,16 @@
-"""Crash-safe small writes: a killed process leaves either the old file or the new one, never half of one."""
+"""Crash-safe writes: a killed process leaves either the old file (or folder) or the new one, never half of one.
+
+Every atomic write in icrl goes through `atomic_path`: write to a temporary name beside the target (same file
+system, so the rename is atomic), then `os.replace` it onto the target.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -21,18 +28,53 @@ def fsync_dir(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to a unique temp file beside `path`, fsync it, rename it over `path`, fsync the folder."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a written file's data to disk (any descriptor of the file will do)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(
+    path: str | os.PathLike, *, fsync: bool = True, tmp_name: str | None = None, suffix: str = ".tmp"
+) -> Iterator[Path]:
+    """Yield a temporary path beside `path` to write a file or a folder to; on success it is renamed onto
+    `path`, on an exception it is removed.
+
+    fsync: fsync the temporary file (or folder) before the rename and the parent folder after it, so the
+    new contents survive a power loss; without it the write is still crash-safe. The temporary name is
+    `tmp_name` (not created; the caller writes it), or else a new empty file `.<name>.XXXXXXXX<suffix>`
+    from `tempfile.mkstemp` (`suffix` keeps an extension that writers choose a format by).
+    """
+    path = Path(path)
+    if tmp_name is None:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+        os.close(fd)
+        tmp = Path(name)
+    else:
+        tmp = path.with_name(tmp_name)
+    try:
+        yield tmp
+        if fsync and tmp.is_dir():
+            fsync_dir(tmp)
+        elif fsync:
+            fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
-    return path
+    if fsync:
+        fsync_dir(path.parent)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` atomically and durably (see `atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)

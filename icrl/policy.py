@@ -30,10 +30,9 @@ import torch
 
 from icrl.agent.model import AgentPolicy
 from icrl.config import ExperimentConfig
-from icrl.envs.wrapper import action_to_vector, agent_to_env_action
 from icrl.run.evaluate import RunDirError, load_config, load_weights, resolve_weights
 from icrl.spaces_json import SPACES_FILE, read_spaces, read_spaces_record, spaces_wrapper
-from icrl.types import Timesteps
+from icrl.types import Timesteps, agent_to_env_action
 
 
 @dataclass
@@ -71,7 +70,7 @@ class InContextPolicy:
         """Fresh memory for `num_envs` envs, each at the start of a new task."""
         return PolicyState(
             acting=AgentPolicy(self.agent, num_envs, greedy=True, device=self.device),
-            prev_action=np.zeros((num_envs, self.spec.dim), np.float32),
+            prev_action=self.spec.zero_vector(num_envs),
             time=np.zeros(num_envs, np.int64),
             episode=np.zeros(num_envs, np.int64),
         )
@@ -127,13 +126,33 @@ class InContextPolicy:
             state = self.initial_state(n)
         elif state.num_envs != n:
             raise ValueError(f"state is for {state.num_envs} envs but the observation batch has {n}")
+        hard, inner, cont = self._boundaries(state, episode_start, new_task, first)
+        step = self._next_timestep(state, obs_rows, hard, inner, cont, reward)
+        state.acting.greedy = bool(deterministic)
+        actions = state.acting.act(Timesteps.from_numpy(step), new_rollout=hard)  # storage format [N] | [N, D]
+        state.prev_action = self.spec.to_vector(self.spec.as_stored(actions))  # [N, A] float32
+        state.time += 1
+        env_actions = [agent_to_env_action(self.action_space, a) for a in actions]
+        return (env_actions[0] if single else np.stack(env_actions)), state
+
+    def _boundaries(
+        self, state: PolicyState, episode_start: Any, new_task: Any, first: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where this observation starts a new task (`hard`), the next episode of the same task (`inner`), or
+        continues the episode (`cont`): [N] bools each, one of the three true per env."""
+        n, e = state.num_envs, self.config.env
         start = self._flags(episode_start, n, "episode_start", default=first)
         hard = self._flags(new_task, n, "new_task", default=False) | first
-        e = self.config.env
         over = state.episode + 1 >= e.episodes_per_rollout if e.rollout_horizon is None else state.time >= e.rollout_horizon
         hard |= start & over  # the rollout the agent was trained on is over: a new task
-        inner = start & ~hard  # the next episode of the same task
-        cont = ~start & ~hard
+        return hard, start & ~hard, ~start & ~hard
+
+    @staticmethod
+    def _next_timestep(state: PolicyState, obs_rows: list[dict[str, np.ndarray]], hard: np.ndarray,
+                       inner: np.ndarray, cont: np.ndarray, reward: Any) -> dict:  # fmt: skip
+        """The timestep dict the agent sees ([N, ...] arrays), after moving each env's time, episode index and
+        previous action across the boundaries. Raises (leaving `state` as it was) when a reward is missing."""
+        n = state.num_envs
         if cont.any() and reward is None:
             raise ValueError("predict(..., reward=None) after the first step: pass the reward the env returned for "
                              "the previous action (an in-context agent reads it), or episode_start=True")
@@ -142,19 +161,13 @@ class InContextPolicy:
         state.episode[hard] = 0
         state.episode[inner] += 1
         state.prev_action[~cont] = 0.0
-        step = {
+        return {
             "obs": {k: np.stack([o[k] for o in obs_rows]) for k in obs_rows[0]},  # each [N, ...]
             "prev_action": state.prev_action.copy(),  # [N, A]
             "prev_reward": np.where(cont, rewards, 0.0).astype(np.float32),  # [N]
             "time": state.time.copy(),  # [N]
             "reset": (~cont).astype(np.int8),  # [N]
         }
-        state.acting.greedy = bool(deterministic)
-        actions = state.acting.act(Timesteps.from_numpy(step), new_rollout=hard)  # storage format [N] | [N, D]
-        state.prev_action = np.stack([action_to_vector(self.spec, a) for a in actions]).astype(np.float32)
-        state.time += 1
-        env_actions = [agent_to_env_action(self.action_space, a) for a in actions]
-        return (env_actions[0] if single else np.stack(env_actions)), state
 
     # ------------------------------------------------------------------------------------------ helpers
     @staticmethod

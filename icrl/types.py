@@ -13,21 +13,25 @@ A (width of the action vector: the number of actions for discrete spaces).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 ActionKind = Literal["discrete", "continuous", "multibinary"]
+ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
 
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """The agent-side action space: Discrete(n), Box(-1, 1, (D,)) or MultiBinary(D).
+    """The agent-side action space: Discrete(n), Box(-1, 1, (D,)) or MultiBinary(D), and every conversion of
+    its actions (the one home for them; `agent_to_env_action` below maps them onto the env's own space).
 
-    Networks always see actions as float vectors of width `dim`: one-hot for discrete actions, the
-    [-1, 1] vector for continuous ones, 0/1 for multi-binary ones.
+    An action has three forms: what a policy returns (ids, or [D] arrays in roughly the right range),
+    its *storage* form (what the replay keeps: int64 ids | float32 in [-1, 1] | int8 0/1), and the float
+    *vector* of width `dim` the networks see (one-hot for discrete, the [-1, 1] vector for continuous,
+    0/1 for multi-binary). The vector conversions take numpy arrays or torch tensors and return the same.
     """
 
     kind: ActionKind
@@ -54,15 +58,96 @@ class ActionSpec:
     def storage_shape(self, n: int) -> tuple[int, ...]:
         return (n,) if self.kind == "discrete" else (n, self.dim)
 
-    def to_vector(self, action: np.ndarray) -> np.ndarray:
-        """Stored actions [..] (discrete) or [.., D] -> float32 vectors [.., dim]."""
+    def as_stored(self, action: np.ndarray) -> np.ndarray:
+        """Actions as a policy returns them [..] | [.., D] -> storage form: int64 ids, float32 clipped to
+        [-1, 1], int8 (> 0) for multi-binary."""
         if self.kind == "discrete":
-            action = np.asarray(action, dtype=np.int64)
-            return np.eye(self.dim, dtype=np.float32)[action]
+            return np.asarray(action).astype(np.int64)
+        if self.kind == "continuous":
+            return np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
+        return (np.asarray(action) > 0).astype(np.int8)
+
+    def to_vector(self, action: ArrayT) -> ArrayT:
+        """Stored actions [..] (discrete ids) or [.., D] -> float32 vectors [.., dim]."""
+        if isinstance(action, torch.Tensor):
+            if self.kind == "discrete":
+                return torch.nn.functional.one_hot(action.long(), self.dim).float()
+            return action.float()
+        if self.kind == "discrete":
+            return np.eye(self.dim, dtype=np.float32)[np.asarray(action, dtype=np.int64)]
         return np.asarray(action, dtype=np.float32)
+
+    def from_vector(self, a_vec: ArrayT) -> ArrayT:
+        """Network action vectors [.., A] -> storage form [..] | [.., D] (argmax, > 0.5, or clipped)."""
+        if isinstance(a_vec, torch.Tensor):
+            if self.kind == "discrete":
+                return a_vec.argmax(-1).to(torch.int64)
+            if self.kind == "multibinary":
+                return (a_vec > 0.5).to(torch.int8)
+            return a_vec.clamp(-1.0, 1.0).to(torch.float32)
+        if self.kind == "discrete":
+            return a_vec.argmax(-1).astype(np.int64)
+        if self.kind == "multibinary":
+            return (a_vec > 0.5).astype(np.int8)
+        return np.clip(a_vec, -1.0, 1.0).astype(np.float32)
+
+    def zero_vector(self, *batch: int) -> np.ndarray:
+        """[*batch, dim] float32 zeros: the previous action where a rollout or an episode starts."""
+        return np.zeros((*batch, self.dim), dtype=np.float32)
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "dim": self.dim}
+
+
+def action_to_vector(spec: ActionSpec, action: Any) -> np.ndarray:
+    """One action as a policy returns it -> the float32 vector [A] the policy sees as prev_action."""
+    return spec.to_vector(spec.as_stored(np.asarray(action).reshape(spec.storage_shape(1)[1:])))
+
+
+SUPPORTED_ACTION_SPACES = "Discrete(n), a bounded 1-D Box, a 1-D MultiBinary"
+
+
+def agent_action_space(env_space: gym.Space) -> gym.Space:
+    """The agent-side action space for an env action space; raises ValueError for unsupported ones."""
+    if isinstance(env_space, gym.spaces.Discrete):
+        return gym.spaces.Discrete(int(env_space.n))
+    if isinstance(env_space, gym.spaces.Box) and len(env_space.shape) == 1:
+        if not (np.all(np.isfinite(env_space.low)) and np.all(np.isfinite(env_space.high))):
+            raise ValueError(
+                f"Unsupported action space {env_space!r}: the Box has infinite bounds, so agent actions in "
+                "[-1, 1] cannot be rescaled to it. Give the env finite bounds first (e.g. ClipAction + a "
+                "RescaleAction wrapper)."
+            )
+        return gym.spaces.Box(-1.0, 1.0, env_space.shape, np.float32)
+    if isinstance(env_space, gym.spaces.MultiBinary) and np.ndim(env_space.n) == 0:
+        return gym.spaces.MultiBinary(int(env_space.n))
+    raise ValueError(
+        f"Unsupported action space {env_space!r}. icrl supports {SUPPORTED_ACTION_SPACES}; "
+        "flatten other spaces (Tuple, MultiDiscrete, multi-dimensional Box, ...) with a gymnasium wrapper "
+        "first."
+    )
+
+
+def agent_to_env_action(env_space: gym.Space, action: Any) -> Any:
+    """Agent action in storage format -> the action the wrapped env expects. Pure: no env state involved.
+
+    Discrete: id in [0, n) -> id + start. Box: [-1, 1] (clipped) -> linearly onto [low, high], exact at both
+    ends. MultiBinary: 0/1 vector as int8.
+    """
+    if isinstance(env_space, gym.spaces.Discrete):
+        a = int(np.asarray(action).reshape(()))
+        if not 0 <= a < env_space.n:
+            raise ValueError(f"discrete action {a} outside [0, {env_space.n})")
+        return np.int64(a + int(env_space.start))
+    if isinstance(env_space, gym.spaces.Box):
+        u = np.clip(np.asarray(action, dtype=np.float64).reshape(env_space.shape), -1.0, 1.0)  # [D]
+        low, high = env_space.low.astype(np.float64), env_space.high.astype(np.float64)
+        out = 0.5 * (1.0 - u) * low + 0.5 * (1.0 + u) * high  # exact low at -1 and high at +1
+        return np.clip(out, low, high).astype(env_space.dtype)
+    if isinstance(env_space, gym.spaces.MultiBinary):
+        return (np.asarray(action).reshape(env_space.shape) > 0).astype(np.int8)
+    agent_action_space(env_space)  # raises the explanatory error
+    raise AssertionError("unreachable")
 
 
 @dataclass

@@ -20,7 +20,6 @@ from icrl.config import ExperimentConfig, LossConfig
 from icrl.guards import UpdateGuard
 from icrl.nets.heads import q_at_action
 from icrl.nets.popart import ema_update_
-from icrl.nets.transformer import invalidate_weight_caches
 from icrl.run.distributed import Replicas
 from icrl.types import Batch
 
@@ -183,7 +182,7 @@ class Learner:
                 agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
                 ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
                 ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
-            invalidate_weight_caches()  # EMA writes through `.data`, which version counters do not see
+        agent.refresh_acting_weights()  # the step moved the weights; the forward's power iteration u and v
         self.updates += 1
         metrics.update(loss=loss.detach(), grad_norm=grad_norm, lr=torch.tensor(self.scheduler.get_last_lr()[0]))
         metrics["popart_mu"] = agent.popart.mu[-1]

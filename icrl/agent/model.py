@@ -20,6 +20,7 @@ from icrl.nets.goals import GoalEmbedder
 from icrl.nets.heads import Actor, Critic
 from icrl.nets.popart import PopArt
 from icrl.nets.traj import make_traj_encoder
+from icrl.nets.transformer import refresh_acting_weights
 from icrl.nets.tstep import GOAL_KEY, TimestepEncoder
 from icrl.types import ActionSpec, Timesteps
 
@@ -71,6 +72,12 @@ class Agent(nn.Module):
     def forward(self, ts: Timesteps) -> torch.Tensor:
         """Every timestep's state in one pass: [B, L, d]."""
         return self.traj_encoder(self.tstep_encoder(ts), ts.time)
+
+    def refresh_acting_weights(self) -> None:
+        """Make acting see the current weights. Acting multiplies by σReparam snapshots (see
+        `SigmaReparamLinear`), so call this after every change of weights or σReparam buffers outside acting:
+        a learner update, loading weights or a checkpoint, a manual edit."""
+        refresh_acting_weights(self)
 
     def online_parameters(self) -> list[nn.Parameter]:
         """What the optimiser trains: everything but the EMA targets."""
@@ -125,17 +132,8 @@ class AgentPolicy:
         s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
         dist = agent.actor.policy(s)  # the policy's discount (the last one): batch [N]
         a_vec = dist.sample() if self.sample and not self.greedy else dist.mode()  # [N, A]
-        actions = vector_to_storage(agent.spec, a_vec.float().cpu().numpy())
+        actions = agent.spec.from_vector(a_vec.float().cpu().numpy())
         if self.exploration is not None and not self.greedy:
             actions = self.exploration(actions, self.env_steps(), host_time.cpu().numpy())
         self.seconds += time.perf_counter() - start
         return actions
-
-
-def vector_to_storage(spec: ActionSpec, a_vec: np.ndarray) -> np.ndarray:
-    """Network action vectors [N, A] -> storage format ([N] int64 | [N, D] float32 | [N, D] int8)."""
-    if spec.kind == "discrete":
-        return a_vec.argmax(-1).astype(np.int64)
-    if spec.kind == "multibinary":
-        return (a_vec > 0.5).astype(np.int8)
-    return np.clip(a_vec, -1.0, 1.0).astype(np.float32)

@@ -45,7 +45,6 @@ from safetensors import safe_open
 from icrl.agent.model import Agent
 from icrl.config import ConfigError
 from icrl.fileio import write_text_atomic
-from icrl.nets.transformer import invalidate_weight_caches
 from icrl.run.results import save_weights
 
 
@@ -164,7 +163,7 @@ def load_weights(agent: Agent, path: Path) -> dict[str, str]:
     _, unexpected = agent.load_state_dict(tensors, strict=False)
     if unexpected:
         raise ConfigError(f"{path} does not fit the run's agent (unexpected {unexpected[:5]}): was config.json changed?")
-    invalidate_weight_caches()
+    agent.refresh_acting_weights()
     return meta
 
 

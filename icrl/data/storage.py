@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-from icrl.fileio import fsync_dir
+from icrl.fileio import atomic_path
 from icrl.guards import nonfinite_keys
 from icrl.types import Rollout
 
@@ -75,19 +75,9 @@ def save_rollout(path: str | os.PathLike, rollout: Rollout, *, fsync: bool = Tru
     for key, arr in arrays.items():
         if arr.dtype.hasobject:
             raise TypeError(f"field {key!r} has dtype {arr.dtype}: object arrays need pickle, refused")
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
-    try:
+    with atomic_path(path, fsync=fsync, tmp_name=f"{path.name}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}") as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, allow_pickle=False, **arrays)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if fsync:
-        fsync_dir(path.parent)
     return path
 
 

@@ -13,10 +13,10 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from icrl.types import ActionSpec
+# The action conversions live beside ActionSpec (icrl.types); importable from here as before.
+from icrl.types import ActionSpec, action_to_vector, agent_action_space, agent_to_env_action
 
 SUPPORTED_OBS_SPACES = "Box (any rank), Discrete, MultiDiscrete, MultiBinary, and Dict of these (nested)"
-SUPPORTED_ACTION_SPACES = "Discrete(n), a bounded 1-D Box, a 1-D MultiBinary"
 # `time` is int64 but declared with an int32 bound: gymnasium cannot sample an int64 Box up to int64 max.
 _TIME_HIGH = np.iinfo(np.int32).max
 
@@ -77,61 +77,6 @@ def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[ObsLeaf]:
     return [(prefix or "obs", (), box, fn)]
 
 
-# -------------------------------------------------------------------------------------------------- actions
-def agent_action_space(env_space: gym.Space) -> gym.Space:
-    """The agent-side action space for an env action space; raises ValueError for unsupported ones."""
-    if isinstance(env_space, gym.spaces.Discrete):
-        return gym.spaces.Discrete(int(env_space.n))
-    if isinstance(env_space, gym.spaces.Box) and len(env_space.shape) == 1:
-        if not (np.all(np.isfinite(env_space.low)) and np.all(np.isfinite(env_space.high))):
-            raise ValueError(
-                f"Unsupported action space {env_space!r}: the Box has infinite bounds, so agent actions in "
-                "[-1, 1] cannot be rescaled to it. Give the env finite bounds first (e.g. ClipAction + a "
-                "RescaleAction wrapper)."
-            )
-        return gym.spaces.Box(-1.0, 1.0, env_space.shape, np.float32)
-    if isinstance(env_space, gym.spaces.MultiBinary) and np.ndim(env_space.n) == 0:
-        return gym.spaces.MultiBinary(int(env_space.n))
-    raise ValueError(
-        f"Unsupported action space {env_space!r}. icrl supports {SUPPORTED_ACTION_SPACES}; "
-        "flatten other spaces (Tuple, MultiDiscrete, multi-dimensional Box, ...) with a gymnasium wrapper "
-        "first."
-    )
-
-
-def agent_to_env_action(env_space: gym.Space, action: Any) -> Any:
-    """Agent action in storage format -> the action the wrapped env expects. Pure: no env state involved.
-
-    Discrete: id in [0, n) -> id + start. Box: [-1, 1] (clipped) -> linearly onto [low, high], exact at both
-    ends. MultiBinary: 0/1 vector as int8.
-    """
-    if isinstance(env_space, gym.spaces.Discrete):
-        a = int(np.asarray(action).reshape(()))
-        if not 0 <= a < env_space.n:
-            raise ValueError(f"discrete action {a} outside [0, {env_space.n})")
-        return np.int64(a + int(env_space.start))
-    if isinstance(env_space, gym.spaces.Box):
-        u = np.clip(np.asarray(action, dtype=np.float64).reshape(env_space.shape), -1.0, 1.0)  # [D]
-        low, high = env_space.low.astype(np.float64), env_space.high.astype(np.float64)
-        out = 0.5 * (1.0 - u) * low + 0.5 * (1.0 + u) * high  # exact low at -1 and high at +1
-        return np.clip(out, low, high).astype(env_space.dtype)
-    if isinstance(env_space, gym.spaces.MultiBinary):
-        return (np.asarray(action).reshape(env_space.shape) > 0).astype(np.int8)
-    agent_action_space(env_space)  # raises the explanatory error
-    raise AssertionError("unreachable")
-
-
-def action_to_vector(spec: ActionSpec, action: Any) -> np.ndarray:
-    """Agent action (storage format) -> the float32 vector [A] the policy sees as prev_action."""
-    if spec.kind == "discrete":
-        out = np.zeros(spec.dim, dtype=np.float32)
-        out[int(np.asarray(action).reshape(()))] = 1.0
-        return out
-    if spec.kind == "continuous":
-        return np.clip(np.asarray(action, dtype=np.float32).reshape(spec.dim), -1.0, 1.0)
-    return (np.asarray(action).reshape(spec.dim) > 0).astype(np.float32)
-
-
 # -------------------------------------------------------------------------------------------------- wrapper
 def achieved_slots(env: gym.Env) -> int:
     """K of a goal-conditioned env (`metadata["achieved_slots"]`, docs/CONTRACTS.md), 0 for other envs."""
@@ -187,10 +132,6 @@ class TimestepWrapper(gym.Wrapper):
         self._pending_reset = False  # last timestep was an inner episode's final obs
 
     # ------------------------------------------------------------------------------------------- helpers
-    def to_env_action(self, action: Any) -> Any:
-        """Agent action (storage format) -> the inner env's action."""
-        return agent_to_env_action(self._env_action_space, action)
-
     def convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
         """A raw env observation -> the timestep's "obs" dict (flattened keys, converted leaves)."""
         return self._convert_obs(obs)
@@ -232,9 +173,6 @@ class TimestepWrapper(gym.Wrapper):
         out[: len(goals)] = goals
         return out
 
-    def _zero_action(self) -> np.ndarray:
-        return np.zeros(self.action_spec.dim, dtype=np.float32)
-
     # ------------------------------------------------------------------------------------------------ API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         """Hard reset: a new task (the inner env sees `new_task=True` in multi-episode mode)."""
@@ -242,7 +180,7 @@ class TimestepWrapper(gym.Wrapper):
             options = {**(options or {}), "new_task": True}
         obs, info = self.env.reset(seed=seed, options=options)
         self._t, self._episode, self._pending_reset = 0, 0, False
-        return self._timestep(obs, self._zero_action(), 0.0, reset=True, info=info), dict(info)
+        return self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True, info=info), dict(info)
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         if self._pending_reset:
@@ -254,10 +192,10 @@ class TimestepWrapper(gym.Wrapper):
             self._pending_reset = False
             truncated = self.rollout_horizon is not None and self._t >= self.rollout_horizon
             # the bridge step achieves nothing: a new episode's first observation is not an agent's doing
-            ts = self._timestep(obs, self._zero_action(), 0.0, reset=True)
+            ts = self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True)
             return ts, 0.0, False, truncated, dict(info)
 
-        env_action = self.to_env_action(action)
+        env_action = agent_to_env_action(self._env_action_space, action)
         obs, reward, terminated, truncated, info = self.env.step(env_action)
         reward, terminated, truncated, info = float(reward), bool(terminated), bool(truncated), dict(info)
         self._t += 1

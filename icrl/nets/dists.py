@@ -8,7 +8,7 @@ signature Q(s, a_vec) and one actor loss serve all three kinds.
 Common interface: `sample(shape=())`, `rsample(shape=())` (reparameterised or straight-through;
 not defined for `Categorical`, whose actor loss uses the exact expectation instead),
 `log_prob(a_vec [..., G, A]) -> [..., G]`, `mode() -> a_vec`, `entropy() -> [..., G]`.
-`to_storage` turns vectors back into the replay's storage format.
+`ActionSpec.from_vector` / `to_vector` (icrl.types) convert between vectors and the replay's storage format.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
-from icrl.types import ActionSpec
 
 _LOG_2 = math.log(2.0)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -172,19 +170,3 @@ class Bernoulli:
 
 
 Distribution = Categorical | TanhGaussian | Bernoulli
-
-
-def to_storage(spec: ActionSpec, a_vec: torch.Tensor) -> torch.Tensor:
-    """Action vectors [..., A] -> storage: int64 ids [...] | float32 [..., D] in [-1, 1] | int8 [..., D]."""
-    if spec.kind == "discrete":
-        return a_vec.argmax(-1).to(torch.int64)
-    if spec.kind == "multibinary":
-        return (a_vec > 0.5).to(torch.int8)
-    return a_vec.clamp(-1.0, 1.0).to(torch.float32)
-
-
-def from_storage(spec: ActionSpec, action: torch.Tensor) -> torch.Tensor:
-    """Stored actions -> float vectors [..., A] (one-hot for discrete ids)."""
-    if spec.kind == "discrete":
-        return F.one_hot(action.long(), spec.dim).float()
-    return action.float()

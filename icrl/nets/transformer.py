@@ -1,7 +1,8 @@
 """The stabilised causal Transformer trajectory encoder of AMAGO (DESIGN §3), nanoGPT-style.
 
 Read top to bottom: `SigmaReparamLinear` -> `CausalSelfAttention` -> `MLP` -> `Block` ->
-`TimeEmbedding` -> `KVCache` -> `TransformerTrajEncoder`.
+`TimeEmbedding` -> `KVCache` -> `TransformerTrajEncoder`. Training and acting run the same layers: each
+has one `forward`, and attention takes an optional `LayerCache` (the layer's K/V ring while acting).
 
 Why these pieces: off-policy actor-critic RL drives attention towards low-entropy "recall one exact
 step" patterns, which makes plain Transformers collapse (attention logits and activations blow up).
@@ -22,33 +23,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 PosEmb = Literal["learned", "sinusoidal", "none"]
-
-# ------------------------------------------------------------------------------ acting-time weight caches
-# SigmaReparamLinear caches its effective weight for acting (eval mode, gradients off). The cache key holds
-# the version counters and storage addresses of weight, gamma, u and v, which catch in-place updates under
-# no_grad (load_state_dict, manual edits, power iteration) and replaced tensors (`.to()`, `.data = ...`).
-# Fused optimisers (AdamW(fused=True), the Learner's) update parameters *without* bumping their version
-# counters, so the key also holds a process-wide generation that every optimiser step bumps (a global
-# optimiser post-step hook). What neither catches: in-place edits through `.data`; call
-# `invalidate_weight_caches()` after those (icrl.agent.learner.Learner does after every update).
-_WEIGHT_GENERATION = [0]
-
-
-def invalidate_weight_caches() -> None:
-    """Make every acting-time weight cache recompute on its next use."""
-    _WEIGHT_GENERATION[0] += 1
-
-
-register_optimizer_step_post_hook(lambda optimizer, args, kwargs: invalidate_weight_caches())
 
 
 class SigmaReparamLinear(nn.Module):
@@ -60,8 +42,11 @@ class SigmaReparamLinear(nn.Module):
     the official release: small truncated-normal weights and exact singular vectors from an SVD, so
     sigma is exact at step 0 and every layer starts with spectral norm gamma = 1.
 
-    Acting (eval mode with gradients off) reuses W_hat across calls: `acting_weight()` recomputes it only
-    when weight, gamma, u or v changed (see `invalidate_weight_caches` above for what is detected).
+    Acting (eval mode with gradients off) multiplies by a snapshot of W_hat, taken at its first call and
+    kept until `refresh_acting_weight()` (recomputing it costs about a tenth of an acting step). Whoever
+    changes weight, gamma, u or v (a learner update: power iteration and optimiser step; loading weights;
+    manual edits) refreshes: `Agent.refresh_acting_weights()`, or `refresh_acting_weights(module)`.
+    Moving the layer (`.to()`, `.double()`) drops the snapshot, as it replaces the tensors behind it.
     """
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True):
@@ -73,7 +58,7 @@ class SigmaReparamLinear(nn.Module):
         U, _, Vh = torch.linalg.svd(self.weight.detach(), full_matrices=False)
         self.register_buffer("u", U[:, 0].clone())  # [d_out] left singular vector estimate
         self.register_buffer("v", Vh[0].clone())  # [d_in] right singular vector estimate
-        self._acting_cache: tuple[tuple, torch.Tensor] | None = None  # (key, W_hat); not in the state dict
+        self._acting_weight: torch.Tensor | None = None  # [d_out, d_in] W_hat snapshot; not in the state dict
 
     @torch.no_grad()
     def power_iteration(self) -> None:
@@ -96,30 +81,26 @@ class SigmaReparamLinear(nn.Module):
     def effective_weight(self) -> torch.Tensor:
         return self.weight * (self.gamma / self.sigma())  # [d_out, d_in]
 
-    def _cache_key(self) -> tuple:
-        p, b = self._parameters, self._buffers
-        w, g, u, v = p["weight"], p["gamma"], b["u"], b["v"]
-        return (
-            _WEIGHT_GENERATION[0],
-            w._version, g._version, u._version, v._version,
-            w.data_ptr(), g.data_ptr(), u.data_ptr(), v.data_ptr(),
-        )  # fmt: skip
+    def refresh_acting_weight(self) -> None:
+        """Forget the acting snapshot of W_hat; the next acting call recomputes it from the current weights."""
+        self._acting_weight = None
 
     def acting_weight(self) -> torch.Tensor:
-        """W_hat for gradient-free use, cached until weight, gamma, u or v change."""
-        key = self._cache_key()
-        cache = self._acting_cache
-        if cache is None or cache[0] != key:
+        """W_hat for gradient-free use: the snapshot, taken now if there is none."""
+        if self._acting_weight is None:
             # a normal tensor even under inference_mode, so later no_grad uses outside it stay legal
             with torch.inference_mode(False), torch.no_grad():
-                cache = (key, self.effective_weight())
-            self._acting_cache = cache
-        return cache[1]
+                self._acting_weight = self.effective_weight()
+        return self._acting_weight
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        self._acting_weight = None  # `.to()` / `.double()` replace the tensors behind it
+        return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.power_iteration()
-        elif not torch.is_grad_enabled():  # acting: u, v frozen, W_hat cached
+        elif not torch.is_grad_enabled():  # acting: u, v frozen, the W_hat snapshot
             return F.linear(x, self.acting_weight(), self.bias)
         if x.numel() <= self.weight.shape[1] ** 2:
             # few rows: rescaling the [rows, d_out] output is cheaper than the [d_out, d_in] weight
@@ -129,6 +110,14 @@ class SigmaReparamLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_in={self.weight.shape[1]}, d_out={self.weight.shape[0]}, bias={self.bias is not None}"
+
+
+def refresh_acting_weights(module: nn.Module) -> None:
+    """Refresh every σReparam acting snapshot in `module` (see `SigmaReparamLinear`): acting then sees the
+    current weights."""
+    for m in module.modules():
+        if isinstance(m, SigmaReparamLinear):
+            m.refresh_acting_weight()
 
 
 def make_linear(d_in: int, d_out: int, sigma_reparam: bool, bias: bool = True) -> nn.Module:
@@ -142,8 +131,26 @@ def banded_causal_mask(length: int, window: int, device: torch.device) -> torch.
     return (j <= i) & (j > i - window)
 
 
+def _dropout(drop: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """`drop(x)`, skipped in eval mode, where it is the identity: acting calls it once per layer and step."""
+    return drop(x) if drop.training else x
+
+
+class LayerCache(NamedTuple):
+    """One layer's share of an acting step: its K/V ring and where this step's keys and values go."""
+
+    kv: torch.Tensor  # [2, B, H, W, dh] this layer's keys (0) and values (1), written in place
+    write_idx: torch.Tensor  # [B, 2, H] long: rows of kv.view(-1, dh) at this step's slot
+    bias: torch.Tensor  # [B*H, 1, n] additive mask (0 or -inf) over the first n slots
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention over the last `window` positions, all heads batched in SDPA."""
+    """Multi-head causal self-attention over the last `window` positions.
+
+    One projection and one output path for training and acting; only the attention kernel differs:
+    SDPA over the whole sequence (flash / memory-efficient kernels), or one query against the layer's
+    K/V ring while acting.
+    """
 
     def __init__(self, d_model: int, heads: int, window: int, attn_dropout: float, sigma_reparam: bool):
         super().__init__()
@@ -153,48 +160,50 @@ class CausalSelfAttention(nn.Module):
         self.proj = make_linear(d_model, d_model, sigma_reparam)
         self.attn_dropout = attn_dropout
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """x [B, L, d]; mask None (plain causal, L <= window) or the [L, L] banded mask."""
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        """x [B, L, d] -> [B, L, d].
+
+        Training (`cache` None): attend within x; `mask` is None (plain causal, L <= window) or the [L, L]
+        banded mask. Acting (`cache` given, L == 1): attend over the ring's slots, this step's included.
+        """
         B, L, d = x.shape
-        q, k, v = self.qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [B, H, L, dh]
+        qkv = self.qkv(x).view(B, L, 3, self.heads, self.head_dim)  # [B, L, 3, H, dh]
+        y = self._attend_sequence(qkv, mask) if cache is None else self._attend_ring(qkv[:, 0], cache)
+        return self.proj(y.reshape(B, L, d))  # [B, L, d]
+
+    def _attend_sequence(self, qkv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """qkv [B, L, 3, H, dh] -> [B, L, H, dh]."""
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, L, dh]
         p = self.attn_dropout if self.training else 0.0
         if mask is None:  # is_causal lets SDPA pick its fast (flash / memory-efficient) kernels
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        return self.proj(y.transpose(1, 2).reshape(B, L, d))  # [B, L, d]
+        return y.transpose(1, 2)  # [B, L, H, dh]
 
-    def step(
-        self,
-        x: torch.Tensor,  # [B, d]
-        kv: torch.Tensor,  # [2, B, H, W, dh] this layer's key (0) and value (1) ring, written in place
-        write_idx: torch.Tensor,  # [B, 2, H] long: rows of kv.view(-1, dh) at this step's slot
-        bias: torch.Tensor,  # [B*H, 1, n] additive mask (0 or -inf) over the first n slots
-    ) -> torch.Tensor:
-        """One new position per row: write its k, v into the ring, attend over the first n slots.
-
-        The order of keys in the ring does not matter (attention is permutation invariant over keys and
-        positions enter through the time embedding), so slot = count % W is all the bookkeeping needed.
+    def _attend_ring(self, qkv: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+        """qkv [B, 3, H, dh] of one new position per row: write its k, v into the ring, attend over the
+        first n slots -> [B*H, 1, dh]. The order of keys in the ring does not matter (attention is
+        permutation invariant over keys; positions enter through the time embedding), so slot = count % W.
         A query of length 1 makes attention two batched mat-vecs; written out (one write, baddbmm,
         softmax, bmm) it is much faster than SDPA's CPU kernels, which are tuned for long queries.
         """
-        B, d = x.shape
-        H, dh = self.heads, self.head_dim
-        W, n = kv.shape[3], bias.shape[-1]
-        qkv = self.qkv.forward(x).view(B, 3, H, dh)
+        kv, B, H, dh = cache.kv, qkv.shape[0], self.heads, self.head_dim
+        W, n = kv.shape[3], cache.bias.shape[-1]
         new = qkv[:, 1:]  # [B, 2, H, dh]
         if new.dtype != kv.dtype:  # autocast ran the projection in bf16
             new = new.to(kv.dtype)
-        kv.view(-1, dh).index_put_((write_idx,), new)
+        kv.view(-1, dh).index_put_((cache.write_idx,), new)
         q = qkv[:, 0].reshape(B * H, 1, dh)
         keys = kv[0].view(B * H, W, dh)[:, :n]  # views, no copy
         values = kv[1].view(B * H, W, dh)[:, :n]
-        scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=dh**-0.5)  # [B*H, 1, n]
+        scores = torch.baddbmm(cache.bias, q, keys.transpose(1, 2), alpha=dh**-0.5)  # [B*H, 1, n]
         probs = scores.softmax(-1)
         if self.training and self.attn_dropout > 0:
             probs = F.dropout(probs, self.attn_dropout)
-        y = torch.bmm(probs, values)  # [B*H, 1, dh]
-        return self.proj.forward(y.view(B, d))
+        return torch.bmm(probs, values)  # [B*H, 1, dh]
 
 
 class MLP(nn.Module):
@@ -206,28 +215,15 @@ class MLP(nn.Module):
         self.norm = nn.LayerNorm(d_ff) if normformer else nn.Identity()
         self.proj = make_linear(d_ff, d_model, sigma_reparam)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, L, d] -> [B, L, d]
         return self.proj(self.norm(F.leaky_relu(self.fc(x))))
-
-    def step(self, x: torch.Tensor) -> torch.Tensor:
-        """`forward` without nn.Module call overhead (no hooks): the acting path."""
-        return self.proj.forward(self.norm.forward(F.leaky_relu(self.fc.forward(x))))
 
 
 class Block(nn.Module):
     """Pre-norm Transformer block with NormFormer's extra norm after attention (before the residual add)."""
 
-    def __init__(
-        self,
-        d_model: int,
-        heads: int,
-        d_ff: int,
-        window: int,
-        attn_dropout: float,
-        resid_dropout: float,
-        sigma_reparam: bool,
-        normformer: bool,
-    ):
+    def __init__(self, d_model: int, heads: int, d_ff: int, window: int, attn_dropout: float,
+                 resid_dropout: float, sigma_reparam: bool, normformer: bool):  # fmt: skip
         super().__init__()
         self.ln_attn = nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, heads, window, attn_dropout, sigma_reparam)
@@ -236,17 +232,12 @@ class Block(nn.Module):
         self.mlp = MLP(d_model, d_ff, sigma_reparam, normformer)
         self.drop = nn.Dropout(resid_dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:  # [B, L, d]
-        x = x + self.drop(self.ln_attn_out(self.attn(self.ln_attn(x), mask)))
-        return x + self.drop(self.mlp(self.ln_mlp(x)))
-
-    def step(self, x: torch.Tensor, *cache_args: torch.Tensor) -> torch.Tensor:  # [B, d]
-        """`forward` for one position per row (see CausalSelfAttention.step). Calls submodules' `forward`
-        directly: per-step Python overhead is most of an acting step's cost at small batch sizes."""
-        a = self.ln_attn_out.forward(self.attn.step(self.ln_attn.forward(x), *cache_args))
-        x = x + (self.drop(a) if self.training else a)
-        m = self.mlp.step(self.ln_mlp.forward(x))
-        return x + (self.drop(m) if self.training else m)
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        """x [B, L, d] -> [B, L, d]; `mask` and `cache` as in `CausalSelfAttention.forward`."""
+        x = x + _dropout(self.drop, self.ln_attn_out(self.attn(self.ln_attn(x), mask, cache)))
+        return x + _dropout(self.drop, self.mlp(self.ln_mlp(x)))
 
 
 class TimeEmbedding(nn.Module):
@@ -302,14 +293,46 @@ class KVCache:
     def v(self) -> torch.Tensor:  # [layers, B, H, W, dh] view
         return self.kv[:, 1]
 
+    def reset(self, mask: torch.Tensor | np.ndarray) -> None:
+        """Empty the rows where `mask` [B] is True. Stale K/V stay but are never attended to again."""
+        if isinstance(mask, torch.Tensor):
+            mask = mask.detach().cpu().numpy()
+        count = self.count.numpy()  # shares memory with self.count
+        count[np.asarray(mask, dtype=bool)] = 0
+        self.filled = min(int(count.max(initial=0)), self.kv.shape[4])
+
+    def take_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Count one more timestep per row and return where it goes: (write_idx [B, 2, H], bias [B*H, 1, n]).
+
+        Host-side bookkeeping only. No mask at all (zeros) when every row attends over the same number of
+        slots (all windows full, or rows in step); otherwise each row's empty (or stale) slots get -inf.
+        """
+        H, W, kv = self.kv.shape[3], self.kv.shape[4], self.kv
+        count = self.count.numpy()  # shares memory with self.count
+        n_valid = np.minimum(count + 1, W)  # [B] occupied slots after this write
+        n = int(n_valid.max())
+        idx = torch.from_numpy(self.write_base + (count % W)[:, None, None])  # [B, 2, H]
+        if n_valid.min() == n:
+            bias = self.zero_bias[:, :, :n]
+        else:
+            mask = np.where(np.arange(n) < n_valid[:, None], 0.0, -np.inf).astype(np.float32)  # [B, n]
+            bias = torch.from_numpy(np.repeat(mask, H, axis=0)[:, None, :])  # [B*H, 1, n]
+            bias = bias.to(kv.device, kv.dtype, non_blocking=True)
+        if kv.device.type != "cpu":
+            idx = idx.to(kv.device, non_blocking=True)
+        count += 1
+        self.filled = n
+        return idx, bias
+
 
 class TransformerTrajEncoder(nn.Module):
     """Causal sliding-window Transformer over a rollout's timestep embeddings (DESIGN §3).
 
     `forward(x [B, L, d_in], time [B, L]) -> [B, L, d_out]` trains every timestep in parallel.
-    `init_state` / `reset_state` / `step` act one timestep at a time with a KV cache, O(W) per step.
-    Dropouts: `dropout` on the residual branches, `attn_dropout` on attention weights, `emb_dropout`
-    on the input embedding.
+    `init_state` / `reset_state` / `step` act one timestep at a time through the same layers, with a
+    KV cache: O(W) per step.
+    Widths and dropouts: `d_ff` is the MLP's hidden width (None: 4 * d_model); `dropout` acts on the
+    residual branches, `attn_dropout` on the attention weights, `emb_dropout` on the input embedding.
     """
 
     def __init__(
@@ -342,9 +365,10 @@ class TransformerTrajEncoder(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
 
     def _embed(self, x: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+        """x [B, L, d_in], time [B, L] -> [B, L, d]."""
         h = self.inp(x)
         t = self.time_emb(time)
-        return self.emb_drop(h if t is None else h + t)
+        return _dropout(self.emb_drop, h if t is None else h + t)
 
     def forward(self, x: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
         """x [B, L, d_in], time [B, L] long -> [B, L, d_out]."""
@@ -371,42 +395,18 @@ class TransformerTrajEncoder(nn.Module):
         )
 
     def reset_state(self, state: KVCache, mask: torch.Tensor | np.ndarray) -> KVCache:
-        """Empty the rows where `mask` [B] is True (their envs start a new rollout). Stale K/V stay but
-        are never attended to again."""
-        if isinstance(mask, torch.Tensor):
-            mask = mask.detach().cpu().numpy()
-        count = state.count.numpy()
-        count[np.asarray(mask, dtype=bool)] = 0
-        state.filled = min(int(count.max(initial=0)), self.context_len)
+        """Empty the rows where `mask` [B] is True (their envs start a new rollout)."""
+        state.reset(mask)
         return state
 
     def step(self, x: torch.Tensor, time: torch.Tensor, state: KVCache) -> tuple[torch.Tensor, KVCache]:
-        """x [B, d_in], time [B] -> (out [B, d_out], state). Mutates `state` in place; run without grad.
+        """`forward` for one new timestep per row: x [B, d_in], time [B] -> (out [B, d_out], state).
 
-        The lean acting path: host-side bookkeeping (no device sync), one K/V write per layer, and no mask
-        at all when every row attends over the same number of slots (all windows full, or rows in step).
+        Each layer attends over its ring of the last W keys and values instead of the sequence. Mutates
+        `state` in place; run without grad.
         """
-        W, kv = self.context_len, state.kv
-        count = state.count.numpy()  # shares memory with state.count
-        n_valid = np.minimum(count + 1, W)  # [B] occupied slots after this write
-        n = int(n_valid.max())
-        idx = torch.from_numpy(state.write_base + (count % W)[:, None, None])  # [B, 2, H]
-        if n_valid.min() == n:
-            bias = state.zero_bias[:, :, :n]
-        else:  # rows at different fill levels: mask each row's empty (or stale) slots
-            mask = np.where(np.arange(n) < n_valid[:, None], 0.0, -np.inf).astype(np.float32)  # [B, n]
-            bias = torch.from_numpy(np.repeat(mask, self.heads, axis=0)[:, None, :])  # [B*H, 1, n]
-            bias = bias.to(kv.device, kv.dtype, non_blocking=True)
-        if kv.device.type != "cpu":
-            idx = idx.to(kv.device, non_blocking=True)
-        h = F.linear(x, self.inp.weight, self.inp.bias)
-        t = self.time_emb.forward(time)
-        if t is not None:
-            h = h + t
-        if self.training:
-            h = self.emb_drop(h)
+        write_idx, bias = state.take_step()
+        h = self._embed(x[:, None], time[:, None])  # [B, 1, d]
         for layer, block in enumerate(self.blocks):
-            h = block.step(h, kv[layer], idx, bias)
-        count += 1
-        state.filled = n
-        return self.ln_f.forward(h), state
+            h = block(h, cache=LayerCache(state.kv[layer], write_idx, bias))
+        return self.ln_f(h)[:, 0], state

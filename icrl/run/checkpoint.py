@@ -28,8 +28,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
-from icrl.fileio import fsync_dir, write_text_atomic
+from icrl.fileio import atomic_path, fsync_file, write_text_atomic
 from icrl.guards import assert_finite_weights
+from icrl.nets.transformer import refresh_acting_weights
 from icrl.run.ckpt_checks import CheckpointMismatch, check_checkpoint
 
 FILES = ("agent.safetensors", "optimizer.pt", "state.json")
@@ -43,14 +44,6 @@ class CheckpointError(RuntimeError):
 
 def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints"
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------ RNG states
@@ -142,14 +135,7 @@ def save_checkpoint(
     assert_finite_weights(agent, f"checkpoint {name}")  # no checkpoint ever holds a NaN (icrl.guards)
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
-    tmp = root / f".tmp-{name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-
-    save_model(agent, str(tmp / "agent.safetensors"))
     lstate = learner.state_dict()
-    torch.save({"optimizer": lstate["optimizer"], "scheduler": lstate["scheduler"]}, tmp / "optimizer.pt")
     state = {
         "format_version": FORMAT_VERSION,
         "epoch": int(epoch),
@@ -161,14 +147,17 @@ def save_checkpoint(
         "rng": rng_state(),
         "extra": extra or {},
     }
-    (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
-    for f in FILES:
-        _fsync_file(tmp / f)
-    fsync_dir(tmp)
-    if final.exists():  # a checkpoint of this epoch from an earlier attempt (e.g. before a crash)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fsync_dir(root)
+    with atomic_path(final, tmp_name=f".tmp-{name}-{os.getpid()}") as tmp:  # a folder, fsynced and renamed
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        save_model(agent, str(tmp / "agent.safetensors"))
+        torch.save({"optimizer": lstate["optimizer"], "scheduler": lstate["scheduler"]}, tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+        for f in FILES:
+            fsync_file(tmp / f)
+        if final.exists():  # a checkpoint of this epoch from an earlier attempt (e.g. before a crash)
+            shutil.rmtree(final)
     write_text_atomic(root / "latest", name + "\n")
     prune_checkpoints(run_dir, keep)
     return final
@@ -239,12 +228,7 @@ def load_checkpoint(
         agent.load_state_dict(tensors, strict=False)
     except RuntimeError as e:  # shape mismatches
         raise CheckpointError(f"checkpoint {path} does not fit this agent (was the model config changed?): {e}") from e
-    try:
-        from icrl.nets.transformer import invalidate_weight_caches
-
-        invalidate_weight_caches()
-    except ImportError:  # pragma: no cover
-        pass
+    refresh_acting_weights(agent)  # acting must see the restored weights
     if learner is not None:
         learner.load_state_dict(
             {

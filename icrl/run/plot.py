@@ -18,27 +18,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from icrl.dicts import flatten  # noqa: E402
 from icrl.run.loggers import read_metrics  # noqa: E402
 
 X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
 _IGNORED = ("run.seed", "run.run_dir")
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = json.dumps(v) if isinstance(v, list) else v
-    return out
-
-
 def _config(run_dir: Path) -> dict[str, Any] | None:
+    """The run's config as dotted fields; lists as JSON text, so that every value is hashable."""
     try:
-        return _flatten(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
+        tree = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+    return {k: json.dumps(v) if isinstance(v, list) else v for k, v in flatten(tree).items()}
 
 
 def group_runs(run_dirs: list[str | Path]) -> list[tuple[str, list[Path]]]:

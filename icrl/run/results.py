@@ -10,6 +10,7 @@ from safetensors.torch import save_model
 
 from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig
+from icrl.fileio import atomic_path
 from icrl.guards import assert_finite_weights
 from icrl.run.loggers import say
 from icrl.run.plot import plot_learning_curves
@@ -19,9 +20,8 @@ def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = Non
     """Write the agent's weights (safetensors) to a temp file and rename it over `path`: readers (icrl eval,
     asynchronous collectors) see the old file or the new one, never half of one."""
     assert_finite_weights(agent, str(path))  # a published NaN would reach every reader (icrl.guards)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_model(agent, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    with atomic_path(path, fsync=False, tmp_name=f".{path.name}.tmp-{os.getpid()}") as tmp:
+        save_model(agent, str(tmp), metadata=metadata)
     return path
 
 

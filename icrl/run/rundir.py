@@ -15,6 +15,7 @@ from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent
 from icrl.config import ConfigError, ExperimentConfig
+from icrl.dicts import flatten
 from icrl.envs import Collector
 from icrl.fileio import write_text_atomic
 from icrl.run.checkpoint import list_checkpoints, load_latest_checkpoint, set_aside
@@ -32,16 +33,6 @@ RESUMABLE_CHANGES = (
     "run.log_backends", "run.log_every", "run.keep_checkpoints", "optim.compile", "env.async_envs",
     "eval.eval_max_steps",
 )
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -68,7 +59,7 @@ def check_run_dir(cfg: ExperimentConfig) -> None:
     except (ValueError, TypeError) as e:
         raise ConfigError(f"--resume: cannot read the run's config {path} ({e}); choose another --run-dir") from e
     new = json.loads(cfg.to_json())
-    a, b = _flatten(old), _flatten(new)
+    a, b = flatten(old), flatten(new)
     diffs = [k for k in sorted(set(a) | set(b)) if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
     if diffs:
         listed = ", ".join(f"{k} ({a.get(k)!r} in the run, {b.get(k)!r} now)" for k in diffs)

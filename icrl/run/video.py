@@ -7,13 +7,12 @@ the GIF, so no video codec is needed.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from icrl.envs.user import EnvOverride, run_env_config
+from icrl.fileio import atomic_path
 
 
 def _batched(tree):
@@ -77,8 +76,6 @@ def record_video(
     scale = max(1, -(-min_height // frames[0].shape[0]))
     images = [Image.fromarray(np.kron(f, np.ones((scale, scale, 1), np.uint8))) for f in frames]
     out = Path(out) if out is not None else Path(run_dir) / "eval_video.gif"
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gif", dir=out.parent)
-    os.close(fd)
-    images[0].save(tmp, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
-    os.replace(tmp, out)
+    with atomic_path(out, fsync=False, suffix=".gif") as tmp:  # PIL picks the format by the extension
+        images[0].save(tmp, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
     return out

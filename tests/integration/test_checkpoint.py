@@ -23,6 +23,7 @@ from icrl.config import (
     LossConfig,
     ModelConfig,
 )
+from icrl.nets.transformer import SigmaReparamLinear
 from icrl.run.checkpoint import (
     CheckpointError,
     list_checkpoints,
@@ -87,8 +88,14 @@ def test_round_trip_restores_everything(tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == ["agent.safetensors", "optimizer.pt", "state.json"]
 
     agent, learner, collector, exploration = _objects(cfg)
+    sigma_layers = [m for m in agent.modules() if isinstance(m, SigmaReparamLinear)]
+    with torch.no_grad():
+        fresh = [m.acting_weight().clone() for m in sigma_layers]  # acting snapshots of the untrained weights
     state = load_checkpoint(ckpt, agent=agent, learner=learner, collector=collector, exploration=exploration)
     assert state["epoch"] == 2 and collector.total_env_steps == 16 and learner.updates == 4
+    with torch.no_grad():  # acting after the restore multiplies by the restored weights
+        for m, w in zip(sigma_layers, fresh):
+            assert torch.equal(m.acting_weight(), m.effective_weight()) and not torch.equal(w, m.acting_weight())
     tensors, optim, _ = read_checkpoint(ckpt)
     for k, v in agent.state_dict().items():  # online and target heads, PopArt and normalisation buffers
         if k in tensors:

@@ -21,6 +21,7 @@ from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, RandomPolicy, TimestepWrapper, TMaze, make_vector_env
+from icrl.nets.transformer import SigmaReparamLinear
 from icrl.types import ActionSpec, Batch, Timesteps
 
 KINDS = ["discrete", "continuous", "multibinary"]
@@ -547,31 +548,37 @@ def test_continuous_greedy_is_tanh_of_the_mean_and_noise_perturbs_it():
 
 
 # ------------------------------------------------------------------------------------------ 5. fast paths
+def first_timesteps(batch: Batch) -> Timesteps:
+    """The first timestep of every window of `batch`, as acting sees it: [B, 1, ...]."""
+    x = batch.inputs
+    return Timesteps(
+        obs={k: v[:, :1] for k, v in x.obs.items()},
+        prev_action=x.prev_action[:, :1],
+        prev_reward=x.prev_reward[:, :1],
+        time=x.time[:, :1],
+        reset=x.reset[:, :1],
+    )
+
+
 def test_acting_leaves_eval_mode_learner_restores_train_and_acting_sees_new_weights(tmp_path):
-    """The mode contract of AgentPolicy / Learner, and no stale σReparam cache after an update (the fused
-    AdamW step does not bump parameter versions; an optimiser hook and the learner invalidate the cache)."""
+    """The mode contract of AgentPolicy / Learner, and no stale σReparam acting snapshot after an update (the
+    learner refreshes them; without that, acting would keep multiplying by the weights before the update)."""
     batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
     cfg = _experiment()
     torch.manual_seed(0)
     agent = Agent(obs_space, spec, cfg.model, cfg.loss)
     learner = Learner(agent, cfg, torch.device("cpu"))
     N = batch.shape[0]
-    ts = Timesteps(
-        obs={k: v[:, :1] for k, v in batch.inputs.obs.items()},
-        prev_action=batch.inputs.prev_action[:, :1],
-        prev_reward=batch.inputs.prev_reward[:, :1],
-        time=batch.inputs.time[:, :1],
-        reset=batch.inputs.reset[:, :1],
-    )
-    sigma_layers = [m for m in agent.modules() if hasattr(m, "acting_weight")]
+    ts = first_timesteps(batch)
+    sigma_layers = [m for m in agent.modules() if isinstance(m, SigmaReparamLinear)]
     assert sigma_layers
 
     def check_acting_matches_fresh_forward() -> None:
         policy = AgentPolicy(agent, N, greedy=True)
         actions = policy.act(ts, np.ones(N, bool))
         assert not agent.training  # acting mode, left on
-        for m in sigma_layers:  # the caches hold the current weights
-            assert torch.equal(m._acting_cache[1], m.effective_weight().detach())
+        for m in sigma_layers:  # the snapshots hold the current weights
+            assert torch.equal(m._acting_weight, m.effective_weight().detach())
         with torch.no_grad():
             logits = agent.actor(agent(ts)).logits[:, 0, -1]
         top2 = logits.topk(2, -1).values
@@ -579,11 +586,39 @@ def test_acting_leaves_eval_mode_learner_restores_train_and_acting_sees_new_weig
         np.testing.assert_array_equal(actions[clear], logits.argmax(-1).numpy()[clear])
 
     check_acting_matches_fresh_forward()
-    before = [m._acting_cache[1].clone() for m in sigma_layers]
+    before = [m._acting_weight.clone() for m in sigma_layers]
     learner.update(batch)
     assert agent.training  # the learner switched back
     check_acting_matches_fresh_forward()
-    assert any(not torch.equal(b, m._acting_cache[1]) for b, m in zip(before, sigma_layers))
+    assert any(not torch.equal(b, m._acting_weight) for b, m in zip(before, sigma_layers))
+
+
+def test_acting_after_loading_published_weights_uses_them(tmp_path):
+    """The async collector loads the learner's weights into an agent that has been acting: its next actions
+    must come from the loaded weights, not from the σReparam snapshots of the old ones."""
+    from safetensors.torch import save_model
+
+    from icrl.asynchronous.collect import load_weights
+
+    batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
+    N = batch.shape[0]
+    ts = first_timesteps(batch)
+    acting = build_agent(obs_space, spec)
+    torch.manual_seed(1)
+    published = Agent(obs_space, spec, model_cfg(), loss_cfg()).eval()
+    save_model(published, str(tmp_path / "weights.safetensors"))
+
+    def state_after_one_step(agent: Agent) -> torch.Tensor:
+        policy = AgentPolicy(agent, N, greedy=True)
+        policy.act(ts, np.ones(N, bool))
+        with torch.no_grad():
+            return agent.traj_encoder.step(agent.tstep_encoder(ts)[:, 0], ts.time[:, 0], policy.state)[0]
+
+    old = state_after_one_step(acting)  # takes the snapshots of the old weights
+    load_weights(acting, tmp_path / "weights.safetensors")
+    new = state_after_one_step(acting)
+    assert not torch.allclose(new, old)
+    torch.testing.assert_close(new, state_after_one_step(published), atol=0, rtol=0)
 
 
 def test_bf16_learner_update_keeps_float32_state(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from icrl.nets.dists import Bernoulli, Categorical, TanhGaussian, from_storage, to_storage
+from icrl.nets.dists import Bernoulli, Categorical, TanhGaussian
 from icrl.nets.heads import Actor, Critic, q_at_action
 from icrl.types import ActionSpec
 
@@ -121,9 +121,9 @@ def test_storage_round_trip(spec):
         stored = torch.rand(3, spec.dim) * 2 - 1
     else:
         stored = torch.randint(0, 2, (3, spec.dim), dtype=torch.int8)
-    vec = from_storage(spec, stored)
+    vec = spec.to_vector(stored)
     assert vec.dtype == torch.float32 and vec.shape == (3, spec.dim)
-    back = to_storage(spec, vec)
+    back = spec.from_vector(vec)
     dtypes = {"discrete": torch.int64, "continuous": torch.float32, "multibinary": torch.int8}
     assert back.dtype == dtypes[spec.kind]
     assert torch.equal(back, stored)

@@ -1,4 +1,4 @@
-"""The stabilised Transformer: σReparam (and its acting cache), sliding window, KV cache equivalence, time
+"""The stabilised Transformer: σReparam (and its acting snapshot), sliding window, KV cache equivalence, time
 embeddings, dropout."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from icrl.nets.transformer import (
     SigmaReparamLinear,
     TransformerTrajEncoder,
     banded_causal_mask,
-    invalidate_weight_caches,
+    refresh_acting_weights,
 )
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -116,6 +116,16 @@ def test_dropout_only_in_training() -> None:
     torch.testing.assert_close(enc(x, time), enc(x, time), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("kw", [{"dropout": 0.3}, {"attn_dropout": 0.3}, {"emb_dropout": 0.3}])
+def test_each_dropout_and_the_mlp_width_are_separate_arguments(kw: dict) -> None:
+    """Residual, attention and embedding dropout each act alone; d_ff sets the MLP width (default 4 d)."""
+    enc = make(**kw).train()
+    x, time = torch.randn(2, 6, 5), torch.arange(6).repeat(2, 1)
+    assert (enc(x, time) - enc(x, time)).abs().max() > 1e-4
+    assert make().blocks[0].mlp.fc.weight.shape == (4 * 32, 32)
+    assert make(d_ff=48).blocks[0].mlp.fc.weight.shape == (48, 32)
+
+
 def _matrix_with_spectrum(d_out: int, d_in: int, top: list[float]) -> torch.Tensor:
     gen = torch.Generator().manual_seed(0)
     U, _ = torch.linalg.qr(torch.randn(d_out, d_out, generator=gen))
@@ -180,8 +190,9 @@ def _uncached(layer: SigmaReparamLinear, x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x, layer.effective_weight(), layer.bias)
 
 
-def test_sigma_reparam_acting_cache_is_exact_and_follows_weight_changes() -> None:
-    """Eval + no grad (acting) reuses W_hat; every way weights change in place invalidates it."""
+def test_sigma_reparam_acting_snapshot_is_exact_and_kept_until_refreshed() -> None:
+    """Eval + no grad (acting) multiplies by a W_hat snapshot: exact, reused, and replaced only by a refresh
+    (or a move to another dtype / device). Without the refresh, acting keeps the old weights."""
     torch.manual_seed(0)
     layer = SigmaReparamLinear(16, 24)
     x = torch.randn(5, 16)
@@ -189,54 +200,62 @@ def test_sigma_reparam_acting_cache_is_exact_and_follows_weight_changes() -> Non
     layer(x)  # one power-iteration step: u, v move
     layer.eval()
 
-    def check(expect_new: bool, prev: torch.Tensor | None = None) -> torch.Tensor:
+    def act() -> torch.Tensor:
         with torch.no_grad():
-            y = layer(x)
-            assert torch.equal(y, _uncached(layer, x))
-            cached = layer._acting_cache[1]
-            assert torch.equal(layer(x), y) and layer._acting_cache[1] is cached  # reused, not recomputed
-        if prev is not None:
-            assert (not torch.equal(y, prev)) == expect_new
+            return layer(x)
+
+    def check_fresh() -> torch.Tensor:
+        y = act()
+        assert torch.equal(y, _uncached(layer, x))
+        snapshot = layer._acting_weight
+        assert torch.equal(act(), y) and layer._acting_weight is snapshot  # reused, not recomputed
         with torch.enable_grad():  # the differentiable eval path agrees
             torch.testing.assert_close(layer(x), y, atol=1e-6, rtol=1e-5)
         return y
 
-    y = check(False)
-    with torch.no_grad():
-        layer.weight.add_(0.01)  # in-place edit (bumps the version counter)
-    y = check(True, y)
-    with torch.no_grad():
-        layer.gamma.fill_(1.7)
-    y = check(True, y)
-    layer.train()
-    layer(x)  # power iteration moves u, v in place
-    layer.eval()
-    y = check(True, y)
+    def change_then_check(change) -> None:
+        before = check_fresh()
+        w_before = layer.effective_weight().detach().clone()
+        change()
+        assert not torch.equal(layer.effective_weight(), w_before)
+        # not refreshed yet: acting still multiplies by the old W_hat (the bias is read live)
+        assert torch.equal(act(), torch.nn.functional.linear(x, w_before, layer.bias))
+        layer.refresh_acting_weight()
+        assert not torch.equal(check_fresh(), before)
 
-    # fused AdamW writes parameters without bumping their version counters: the optimiser hook catches it
+    def edit() -> None:
+        with torch.no_grad():
+            layer.weight.add_(0.01)
+
+    def power_iteration() -> None:
+        layer.train()
+        layer(x)
+        layer.eval()
+
     opt = torch.optim.AdamW(layer.parameters(), lr=1e-2, fused=True)
-    layer(x).square().sum().backward()
-    opt.step()
-    y = check(True, y)
+
+    def optimiser_step() -> None:
+        layer(x).square().sum().backward()
+        opt.step()
 
     other = SigmaReparamLinear(16, 24)
-    layer.load_state_dict(other.state_dict())
-    y = check(True, y)
+    for change in (edit, power_iteration, optimiser_step, lambda: layer.load_state_dict(other.state_dict())):
+        change_then_check(change)
     with torch.no_grad():
         assert torch.equal(layer(x), other.eval()(x))
 
-    layer.double()  # replaced tensors (new storage), not in-place writes
+    layer.double()  # replaced tensors: the snapshot goes with them
     x = x.double()
-    with torch.no_grad():
-        assert layer(x).dtype == torch.float64
-    check(False)
+    assert act().dtype == torch.float64
+    check_fresh()
 
-    # acting under inference_mode stores a normal tensor, usable in later no-grad calls outside it
-    layer.weight.data.mul_(1.5)  # through .data: invisible to version counters; invalidate explicitly
-    invalidate_weight_caches()
+    # the module-wide refresh reaches every layer; a snapshot taken under inference_mode is a normal tensor,
+    # usable in later no-grad calls outside it
+    layer.weight.data.mul_(1.5)
+    refresh_acting_weights(torch.nn.Sequential(layer))
     with torch.inference_mode():
         yi = layer(x)
-    assert not layer._acting_cache[1].is_inference()
+    assert not layer._acting_weight.is_inference()
     with torch.no_grad():
         assert torch.equal(layer(x), yi) and torch.equal(yi, _uncached(layer, x))
 

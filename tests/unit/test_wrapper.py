@@ -5,8 +5,9 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
-from icrl.envs import TimestepWrapper, agent_to_env_action
+from icrl.envs import TimestepWrapper, action_to_vector, agent_to_env_action
 from icrl.types import ActionSpec
 
 
@@ -278,3 +279,28 @@ def test_bad_arguments():
         TimestepWrapper(HiddenParamEnv(), episodes_per_rollout=2, rollout_horizon=5)
     with pytest.raises(ValueError, match="episodes_per_rollout"):
         TimestepWrapper(HiddenParamEnv(), episodes_per_rollout=0)
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous", "multibinary"])
+def test_action_conversions_agree_for_numpy_and_torch(kind: str) -> None:
+    """ActionSpec is the one home of action conversions: numpy and torch give the same storage and vectors,
+    and the wrapper's per-action `action_to_vector` equals the batched form."""
+    spec = ActionSpec(kind, 4)
+    a_vec = np.random.default_rng(0).uniform(-1.5, 1.5, (6, 4)).astype(np.float32)  # [N, A] network vectors
+    stored = spec.from_vector(a_vec)
+    stored_t = spec.from_vector(torch.from_numpy(a_vec))
+    assert stored.dtype == spec.storage_dtype and stored.shape == spec.storage_shape(6)
+    np.testing.assert_array_equal(stored_t.numpy(), stored)
+    vec = spec.to_vector(stored)
+    assert vec.dtype == np.float32 and vec.shape == (6, 4)
+    np.testing.assert_array_equal(spec.to_vector(stored_t).numpy(), vec)
+    np.testing.assert_array_equal(np.stack([action_to_vector(spec, a) for a in stored]), vec)
+    np.testing.assert_array_equal(spec.from_vector(vec), stored)  # storage -> vector -> storage is exact
+
+
+def test_action_to_vector_cleans_policy_outputs() -> None:
+    """What a policy returns becomes the stored form first: ids, clipped Box actions, 0/1 (> 0) bits."""
+    np.testing.assert_array_equal(action_to_vector(ActionSpec("discrete", 3), np.array([2])), [0, 0, 1])
+    np.testing.assert_array_equal(action_to_vector(ActionSpec("continuous", 2), [5.0, -0.5]), [1.0, -0.5])
+    np.testing.assert_array_equal(action_to_vector(ActionSpec("multibinary", 3), [0.3, 0, -2]), [1, 0, 0])
+    assert ActionSpec("continuous", 2).zero_vector(3).shape == (3, 2)
