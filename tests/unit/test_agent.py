@@ -598,7 +598,7 @@ def test_acting_after_loading_published_weights_uses_them(tmp_path):
     must come from the loaded weights, not from the σReparam snapshots of the old ones."""
     from safetensors.torch import save_model
 
-    from icrl.asynchronous.collect import load_weights
+    from icrl.asynchronous.protocol import load_weights
 
     batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
     N = batch.shape[0]
