@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import run_icrl
 
 from icrl.cli import _pop_option
 from icrl.presets import PRESETS
@@ -35,12 +36,12 @@ def test_preset_with_flags_on_top(tmp_path):
 
 def test_unknown_preset_and_command_exit_2():
     for args in (["train", "--preset", "nope"], ["frobnicate"]):
-        out = subprocess.run([sys.executable, "-m", "icrl", *args], capture_output=True, text=True, timeout=120)
+        out = run_icrl(*args)
         assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.count("\n") == 1
 
 
 def test_envs_lists_builtin_tasks():
-    out = subprocess.run([sys.executable, "-m", "icrl", "envs"], capture_output=True, text=True, timeout=120)
+    out = run_icrl("envs")
     assert out.returncode == 0 and "tmaze" in out.stdout and "cue_recall" in out.stdout
 
 

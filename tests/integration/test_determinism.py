@@ -6,22 +6,19 @@ Tiny runs on the T-Maze: two epochs of 32 env steps, two updates each, a one-lay
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import run_icrl
 
 from icrl import train
 from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import list_rollout_files, load_rollout
 from icrl.run.components import with_task_defaults
 from icrl.run.loggers import read_metrics
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_config(run_dir: Path, seed: int) -> ExperimentConfig:
@@ -100,22 +97,9 @@ def test_run_dir_contents(runs):
 
 
 # ------------------------------------------------------------------------------------------ command line
-def _icrl(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "icrl", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_cli_train_smoke(tmp_path):
     run_dir = tmp_path / "cli_run"
-    proc = _icrl(
-        [
+    proc = run_icrl(
             "train",
             "--env", "tmaze",
             "--env-kwargs", '{"length": 3}',
@@ -136,7 +120,6 @@ def test_cli_train_smoke(tmp_path):
             "--seed", "1",
             "--threads", "1",
             "--run-dir", str(run_dir),
-        ],
         cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -162,13 +145,13 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_cli_unknown_env_exits_2_with_one_line(tmp_path):
-    proc = _icrl(["train", "--env", "nonexistent_env", "--run-dir", str(tmp_path / "r")], tmp_path)
+    proc = run_icrl("train", "--env", "nonexistent_env", "--run-dir", str(tmp_path / "r"), cwd=tmp_path)
     line = _one_line_error(proc)
     assert "nonexistent_env" in line
 
 
 def test_cli_bad_env_kwargs_json_exits_2(tmp_path):
-    proc = _icrl(["train", "--env-kwargs", "{length: 3", "--run-dir", str(tmp_path / "r")], tmp_path)
+    proc = run_icrl("train", "--env-kwargs", "{length: 3", "--run-dir", str(tmp_path / "r"), cwd=tmp_path)
     line = _one_line_error(proc)
     assert "env-kwargs" in line
     assert not (tmp_path / "r").exists()  # rejected before anything is written

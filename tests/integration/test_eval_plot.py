@@ -2,15 +2,13 @@
 
 import dataclasses
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import run_icrl
 
 import icrl
 import icrl.run.components
@@ -20,8 +18,6 @@ from icrl.presets import tmaze
 from icrl.run.evaluate import load_agent
 from icrl.run.loggers import BackendUnavailable, JsonlLogger, Logger, make_loggers, read_metrics, scalars
 from icrl.types import ActionSpec
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def tiny(run_dir, seed=0, episodes_per_rollout=1):
@@ -59,17 +55,12 @@ def runs(tmp_path_factory):
     return out
 
 
-def icrl_cli(*args):
-    return subprocess.run([sys.executable, "-m", "icrl", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=ENV)
-
-
 def listing(d: Path) -> dict[str, float]:
     return {str(p.relative_to(d)): p.stat().st_mtime_ns for p in sorted(d.rglob("*"))}
 
 
 def test_eval_prints_table_and_writes_json(runs):
-    out = icrl_cli("eval", runs["meta"], "--rollouts", "4", "--seed", "3", "--parallel-envs", "2")
+    out = run_icrl("eval", runs["meta"], "--rollouts", "4", "--seed", "3", "--parallel-envs", "2")
     assert out.returncode == 0, out.stderr
     assert "return (mean ± std over rollouts)" in out.stdout and "success rate" in out.stdout
     assert "adaptation curve" in out.stdout  # 3 episodes per rollout
@@ -86,7 +77,7 @@ def test_eval_explicit_checkpoint_and_final_weights(runs):
     ckpts = sorted(p for p in (run / "checkpoints").iterdir() if p.is_dir()) if (run / "checkpoints").is_dir() else []
     targets = [run / "agent.safetensors"] + ([ckpts[-1], ckpts[-1].name] if ckpts else [])
     for target in targets:
-        out = icrl_cli("eval", run, "--checkpoint", target, "--rollouts", "2")
+        out = run_icrl("eval", run, "--checkpoint", target, "--rollouts", "2")
         assert out.returncode == 0, out.stderr
         assert json.loads((run / "eval.json").read_text())["rollouts"] == 2
 
@@ -111,12 +102,12 @@ def test_load_agent_matches_trained_agent(runs):
 
 
 def test_plot_one_run_and_grouped_seeds(runs, tmp_path):
-    out = icrl_cli("plot", runs["s0"], "--out", tmp_path / "one.png")
+    out = run_icrl("plot", runs["s0"], "--out", tmp_path / "one.png")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "one.png").stat().st_size > 1000
     assert not (tmp_path / "one_adaptation.png").exists()  # single-episode task: no adaptation curve
 
-    out = icrl_cli("plot", runs["s0"], runs["s1"], runs["meta"], "--out", tmp_path / "all.png", "--x", "wall_time")
+    out = run_icrl("plot", runs["s0"], runs["s1"], runs["meta"], "--out", tmp_path / "all.png", "--x", "wall_time")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "all.png").stat().st_size > 1000
     assert (tmp_path / "all_adaptation.png").stat().st_size > 1000
@@ -151,7 +142,7 @@ def test_error_paths_exit_2_with_one_line(runs, tmp_path):
     ]
     before = {d: listing(d) for d in (no_config, no_weights, runs["s1"])}
     for args in cases:
-        out = icrl_cli(*args)
+        out = run_icrl(*args)
         assert out.returncode == 2, (args, out.stderr)
         assert out.stderr.startswith("icrl: error: ") and out.stderr.count("\n") == 1, (args, out.stderr)
         assert "Traceback" not in out.stderr

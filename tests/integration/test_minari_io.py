@@ -27,13 +27,6 @@ from icrl.envs.wrapper import TimestepWrapper, _flatten_obs_space, agent_to_env_
 from icrl.types import ActionSpec, Rollout
 
 
-@pytest.fixture
-def minari_home(tmp_path, monkeypatch):
-    minari = pytest.importorskip("minari", reason="Minari tests need the offline extra: pip install 'icrl[offline]'")
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
-    return minari
-
-
 def create_foreign(minari, dataset_id: str, episodes: list[dict], obs_space: gym.Space, act_space: gym.Space):
     """A dataset made the way other Minari users make one (env spaces, raw values)."""
     from minari.data_collector.episode_buffer import EpisodeBuffer

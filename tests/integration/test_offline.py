@@ -237,13 +237,6 @@ def _tmaze_dataset(minari, dataset_id: str, length: int, expert: int, noisy: int
     return float(np.mean([b.rewards[-1] == 1.0 for b in buffers]))
 
 
-@pytest.fixture
-def minari_home(tmp_path, monkeypatch):
-    minari = pytest.importorskip("minari", reason="Minari tests need the offline extra: pip install 'icrl[offline]'")
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
-    return minari
-
-
 def test_cli_export_minari_and_train_errors(tmp_path, minari_home, capsys):
     src = _collected_run(tmp_path / "src")
     (src / "config.json").write_text(_config(src, src).to_json())

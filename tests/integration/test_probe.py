@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import run_icrl
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "--env", "tmaze", "--env-kwargs", '{"length": 1}', "--parallel-envs", "2", "--eval-rollouts", "2",
     "--d-model", "16", "--layers", "1", "--heads", "2", "--max-seq-len", "8", "--max-time", "16",
@@ -33,15 +33,9 @@ TINY = [
 ]
 
 
-def icrl(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
-    return subprocess.run([sys.executable, "-m", "icrl", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def train(run_dir: str | Path, total: int, *extra: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return icrl("train", *TINY, "--total-env-steps", str(total), "--run-dir", str(run_dir), *extra, cwd=cwd,
-                timeout=timeout)
+    return run_icrl("train", *TINY, "--total-env-steps", str(total), "--run-dir", str(run_dir), *extra, cwd=cwd,
+                    timeout=timeout)
 
 
 def snapshot(path: Path) -> dict[str, str] | None:
@@ -152,7 +146,7 @@ def test_refusal_leaves_an_existing_run_unchanged(runs, tmp_path, argv, word):
     run = copy_run(runs, tmp_path)
     args = [a for x in argv for a in (TINY if x == "{tiny}" else [x.replace("{run}", str(run))])]
     before = snapshot(run)
-    assert_refused(icrl(*args, cwd=tmp_path), word)
+    assert_refused(run_icrl(*args, cwd=tmp_path), word)
     assert snapshot(run) == before
 
 
@@ -162,9 +156,9 @@ def test_tampered_config_json_is_refused_by_eval(runs, tmp_path):
     cfg["model"]["heads"] = 0
     (run / "config.json").write_text(json.dumps(cfg))
     before = snapshot(run)
-    assert_refused(icrl("eval", str(run), cwd=tmp_path), "--heads")
+    assert_refused(run_icrl("eval", str(run), cwd=tmp_path), "--heads")
     (tmp_path / "empty").mkdir()
-    assert_refused(icrl("eval", str(tmp_path / "empty"), cwd=tmp_path), "config.json")
+    assert_refused(run_icrl("eval", str(tmp_path / "empty"), cwd=tmp_path), "config.json")
     assert snapshot(run) == before
     (run / "config.json").write_text("[]")
     before = snapshot(run)
@@ -305,7 +299,7 @@ def test_second_process_is_refused_and_signals_stop_cleanly(tmp_path):
         while time.time() < deadline and first.poll() is None and not (run / "checkpoints/ckpt-000002").exists():
             time.sleep(0.05)
         assert_refused(train(run, 100000, "--resume", cwd=tmp_path), "in use", f"pid {first.pid}")
-        assert_refused(icrl("learn", str(run), *TINY, "--total-env-steps", "64", cwd=tmp_path), "in use")
+        assert_refused(run_icrl("learn", str(run), *TINY, "--total-env-steps", "64", cwd=tmp_path), "in use")
     finally:
         _, err = _stop_after(first, run, signal.SIGINT)
     assert first.returncode == 130 and "Traceback" not in err, err

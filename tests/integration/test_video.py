@@ -2,7 +2,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from icrl import train
@@ -28,16 +27,6 @@ def _tiny_run(run_dir, env: str, kwargs: str):
         eval_rollouts=2, run_dir=str(run_dir), total_env_steps=32, steps_per_epoch=16, updates_per_epoch=1,
     )
     train(cfg)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_eval_video_writes_a_gif(tmp_path):

@@ -10,21 +10,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from icrl import train
 from icrl.config import EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.presets import cue_recall, goal_grid, tmaze
 
 pytestmark = pytest.mark.learning
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _in(cfg, run_dir, **model):

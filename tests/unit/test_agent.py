@@ -109,15 +109,6 @@ def build_agent(obs_space, spec, traj: str = "transformer", max_seq_len: int = S
     return Agent(obs_space, spec, model_cfg(traj, max_seq_len), loss_cfg(**loss_kw))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: extra torch threads only add contention on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ------------------------------------------------------------------------------------------ gradient helpers
 def groups(agent: Agent) -> dict[str, list[torch.nn.Parameter]]:
     return {

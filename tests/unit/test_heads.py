@@ -16,11 +16,6 @@ B, L, G, D = 3, 5, 4, 16
 SPECS = [ActionSpec("discrete", 6), ActionSpec("continuous", 3), ActionSpec("multibinary", 5)]
 
 
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
 # ---------------------------------------------------------------- distributions
 
 

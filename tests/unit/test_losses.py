@@ -32,11 +32,6 @@ from icrl.types import ActionSpec, Rollout
 NAN = float("nan")
 
 
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
 # ---------------------------------------------------------------- TD targets
 
 

@@ -15,11 +15,6 @@ from icrl.types import ActionSpec
 G = 3
 
 
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
 def _dyadic(shape):
     """Values exactly representable so EMA arithmetic can be checked with ==."""
     return torch.randint(-64, 64, shape).float() / 8
