@@ -91,7 +91,7 @@ def _parse_config(argv: list[str], prog: str, description: str):
     import tyro
 
     from icrl.config import ConfigError, ExperimentConfig
-    from icrl.presets import PRESETS
+    from icrl.config.presets import PRESETS
 
     default = ExperimentConfig()
     preset, argv = _pop_option(argv, "--preset")

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from icrl.cli import _pop_option
-from icrl.presets import PRESETS
+from icrl.config.presets import PRESETS
 
 
 def test_pop_option_forms():

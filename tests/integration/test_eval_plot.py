@@ -14,8 +14,8 @@ import torch
 
 import icrl.run.loop
 from icrl.agent.model import Agent, AgentPolicy
+from icrl.config.presets import tmaze
 from icrl.envs import Collector, make_vector_env
-from icrl.presets import tmaze
 from icrl.run.evaluate import load_agent
 from icrl.run.loggers import BackendUnavailable, JsonlLogger, Logger, make_loggers, read_metrics, scalars
 from icrl.types import ActionSpec
