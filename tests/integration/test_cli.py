@@ -4,14 +4,14 @@ import sys
 
 import pytest
 
-from icrl.cli import _pop_option
+from icrl.cli import _preset_arg
 from icrl.config.presets import PRESETS
 
 
-def test_pop_option_forms():
-    assert _pop_option(["--a", "1", "--preset", "tmaze", "--b"], "--preset") == ("tmaze", ["--a", "1", "--b"])
-    assert _pop_option(["--preset=cue_recall"], "--preset") == ("cue_recall", [])
-    assert _pop_option(["--seed", "3"], "--preset") == (None, ["--seed", "3"])
+def test_preset_arg_forms():
+    assert _preset_arg(["--a", "1", "--preset", "tmaze", "--b"]) == "tmaze"
+    assert _preset_arg(["--preset=cue_recall"]) == "cue_recall"
+    assert _preset_arg(["RUN_DIR", "--seed", "3", "--help"]) is None
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
