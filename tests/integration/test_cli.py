@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -84,3 +85,12 @@ def test_learn_and_collect_take_the_asynchronous_group(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as stop:
         main(["learn", str(run), "--publish-every", "0"])
     assert stop.value.code == 2
+
+
+def test_train_help_lists_the_flags_by_group():
+    out = subprocess.run([sys.executable, "-m", "icrl", "train", "--preset", "tmaze", "--help"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "COLUMNS": "120"})
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    for group in ("env options", "model options", "loss options", "asynchronous options"):
+        assert group in out.stdout
+    assert "--d-model INT" in out.stdout and "(default: 32)" in out.stdout  # the preset's value is the default
