@@ -42,6 +42,8 @@ USAGE = """usage: icrl {train,eval,envs,plot,learn,collect,export-minari} ...
 
 @dataclass(frozen=True)
 class _PresetOnly:
+    """The one flag read before the full parse (see `_preset_arg`)."""
+
     preset: str | None = None
 
 
@@ -50,7 +52,7 @@ def _preset_arg(argv: list[str], prog: str = "icrl train") -> str | None:
     the preset must be known before the full parse, because it supplies the flags' defaults."""
     import tyro
 
-    with _tyro_errors(io.StringIO(), prog):
+    with _tyro_errors(prog):
         known, _ = tyro.cli(_PresetOnly, args=argv, return_unknown_args=True, add_help=False)
     return known.preset
 
@@ -76,8 +78,9 @@ def _subcommands(preset: str | None) -> Any:
 
 
 @contextlib.contextmanager
-def _tyro_errors(errors: io.StringIO, prog: str):
+def _tyro_errors(prog: str):
     """Capture tyro's output on stderr: its usage errors (boxes of many lines) become one line, exit 2."""
+    errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
             yield
@@ -100,7 +103,7 @@ def parse(argv: list[str]):
         fail("icrl learn: the run dir is the first argument; drop --run-dir")
     preset = _preset_arg(rest, f"icrl {command}") if command in ("train", "learn") else None
     union = _subcommands(preset)
-    with _tyro_errors(io.StringIO(), f"icrl {command}"):
+    with _tyro_errors(f"icrl {command}"):
         return tyro.cli(union, args=argv, prog="icrl", config=(tyro.conf.OmitArgPrefixes,))
 
 
