@@ -3,7 +3,7 @@
 Suites (several may be given to `--suite`):
 
   tmaze_lengths     Passive T-Maze at each corridor length of `--lengths` (the paper's return-vs-length figure),
-                    each run starting from `icrl.presets.tmaze(length)`.
+                    each run starting from `icrl.config.presets.tmaze(length)`.
   popgym_easy       every `popgym/*Easy` task in `icrl.envs.make.BUILTIN_ENVS` (or those of `--popgym-tasks`)
                     with a small Transformer (d_model 64, 2 layers).
   meta_frozen_lake  Meta-Frozen-Lake, 3 episodes of one hidden lake per rollout: success by episode index within
@@ -74,7 +74,7 @@ PUBLISHED_HALF_CHEETAH_VELOCITY_RETURN = -55.0
 
 def tmaze_config(length: int) -> ExperimentConfig:
     """Passive T-Maze at corridor `length`: the library's preset."""
-    from icrl.presets import tmaze
+    from icrl.config.presets import tmaze
 
     return tmaze(length)
 

@@ -55,7 +55,7 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--set", action="append", default=[], metavar="GROUP.FIELD=VALUE")
     p.add_argument("--preset", action="store_true",
-                   help="start from icrl.presets.tmaze(length) (model/explore/train flags above are then ignored; "
+                   help="start from icrl.config.presets.tmaze(length) (model/explore/train flags above are then ignored; "
                         "--set still applies)")
     p.add_argument("--run-root", type=Path, default=Path("runs/bench_tmaze_solve"))
     p.add_argument("--keep-runs", action="store_true", help="keep run folders (replay included)")
@@ -86,7 +86,7 @@ def main() -> None:
         ).replace(**{k: getattr(args, k) for k in ("steps_per_epoch", "updates_per_epoch", "batch_size", "threads")
                      if getattr(args, k) is not None})
         if args.preset:
-            from icrl.presets import tmaze
+            from icrl.config.presets import tmaze
 
             cfg = tmaze(args.length)
         cfg = cfg.replace(eval_rollouts=args.eval_rollouts, run_dir=str(run_dir), seed=seed,

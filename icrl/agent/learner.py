@@ -2,7 +2,7 @@
 
 `compute_loss` reads as the method:
     s_t          = encoder(timesteps)                                   # [B, L, d], one pass
-    y_{t,g}      = R r_t + γ_g (1 - term_t) · min_{2 of C} Q̄_g(s_{t+1}, a' ~ π̄_g)
+    y_{t,g}      = R r_t + γ_g (1 - term_t) · min_{2 of C} Q̄_g(s_{t+1}, a' ~ π̄_g)   (REDQ; or the mean)
     critic loss  = mean (Q_{c,g}(s_t, a_t) - y_{t,g})²   (PopArt-normalised, masked) × critic_weight
     actor loss   = online · -Q(sg(s_t), a ~ π_g(s_t)) + offline · -1[A > 0] log π_g(a_t | s_t)
 Gradient routing: critic parameters see only the critic loss; the actor loss reads the critic as a frozen
@@ -37,7 +37,7 @@ def compute_loss(
     with torch.no_grad():  # TD targets from the EMA heads on the online encoder's states
         s_next = s.detach()
         target_dist = agent.target_actor(s_next)  # batch [B, L, G]
-        # REDQ: only the random subset of target critics whose min is the target is evaluated
+        # REDQ: only the random subset of target critics reduced into the target is evaluated
         members = redq_members(agent.target_critic.num_critics, cfg.redq_subset, generator)
         if discrete:
             q_next = agent.target_critic(s_next, members=members)  # [B, L, k, G, A] normalised
@@ -46,7 +46,7 @@ def compute_loss(
         else:
             q_next = agent.target_critic(s_next, target_dist.sample(), members=members)  # [B, L, k, G]
             v_next = agent.popart.denormalize(q_next)
-        v_next = v_next.amin(-2)  # [B, L, G]
+        v_next = v_next.amin(-2) if cfg.redq_reduce == "min" else v_next.mean(-2)  # [B, L, G]
         y = td_targets(
             batch.reward, batch.terminated, valid, align_next(v_next), agent.gammas, cfg.reward_scale, cfg.n_step
         )  # [B, L, G]
@@ -70,6 +70,9 @@ def compute_loss(
         online_coeff=cfg.online_coeff,
         offline_coeff=cfg.offline_coeff,
         bc_filter=cfg.bc_filter,
+        exp_beta=cfg.exp_beta,
+        exp_clip=cfg.exp_clip,
+        num_value_samples=cfg.num_value_samples,
         entropy_coeff=cfg.entropy_coeff,
     )
     metrics.update(actor_metrics)
@@ -77,6 +80,16 @@ def compute_loss(
         m = valid.unsqueeze(-1)
         metrics["target_mean"] = (y * m).sum() / (m.sum() * G).clamp_min(1)
     return cfg.critic_weight * loss_c + loss_a, metrics, y, valid
+
+
+def use_fused_adam(choice: bool | None, device: torch.device) -> bool:
+    """`OptimConfig.fused_adam`, with None resolved to whether torch has the fused AdamW kernel for `device`'s
+    type (CPU, CUDA, MPS, ... in recent torch), so an unset choice never fails on a device without it."""
+    if choice is not None:
+        return choice
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    return device.type in _get_fused_kernels_supported_devices()
 
 
 def is_weight_matrix(name: str, p: torch.Tensor) -> bool:
@@ -125,7 +138,9 @@ class Learner:
     ) -> None:
         self.agent, self.cfg, self.device = agent, cfg, device
         self.replicas = replicas if replicas is not None and replicas.world_size > 1 else None
-        self.optimizer = torch.optim.AdamW(param_groups(agent, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=True)
+        self.optimizer = torch.optim.AdamW(
+            param_groups(agent, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=use_fused_adam(cfg.optim.fused_adam, device)
+        )
         warmup = max(cfg.optim.warmup_updates, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
         self.generator = torch.Generator().manual_seed(cfg.run.seed)

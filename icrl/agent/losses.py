@@ -18,9 +18,13 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from icrl.config.loss import DEFAULT_GAMMAS
 from icrl.nets.dists import Categorical, Distribution, TanhGaussian
 
-DEFAULT_GAMMAS: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
+__all__ = [  # DEFAULT_GAMMAS is re-exported: the loss functions' callers often want the default discounts too
+    "DEFAULT_GAMMAS", "Metrics", "actor_loss", "advantage_filter", "align_next", "critic_loss", "frozen_critic",
+    "redq_members", "redq_target_value", "td_targets",
+]
 
 Metrics = dict[str, torch.Tensor]
 
@@ -149,6 +153,60 @@ def advantage_filter(
     raise ValueError(f"unknown advantage filter {kind!r}; use 'binary' or 'exp'")
 
 
+def _per_discount(dist: Distribution, action: torch.Tensor) -> torch.Tensor:
+    """The batch's actions [B, L, A] (or [B, L, G, A]) as [B, L, G, A] in the distribution's dtype."""
+    G = dist.batch_shape[-1]
+    if action.dim() == len(dist.batch_shape):  # [B, L, A] -> the same action for every discount
+        action = action.unsqueeze(-2).expand(*action.shape[:-1], G, action.shape[-1])
+    param = dist.mean if isinstance(dist, TanhGaussian) else dist.logits
+    return action.to(param.dtype)
+
+
+def _discrete_terms(dist: Categorical, action: torch.Tensor, q_all: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """(online, v, q_data) [B, L, G] of a discrete actor: exact sums over the actions of the ensemble-mean Q."""
+    if q_all is None:
+        raise ValueError("discrete actor_loss needs q_all [B, L, C, G, A]")
+    q = q_all.detach().mean(-3)  # [B, L, G, A], ensemble mean
+    q_pi = (dist.probs * q).sum(-1)  # [B, L, G]: exact E_{a~π} Q(s, a), differentiable in π
+    return -q_pi, q_pi.detach(), (q * action).sum(-1)
+
+
+def _sampled_terms(
+    dist: Distribution,
+    action: torch.Tensor,
+    q_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+    num_value_samples: int,
+    need_online: bool,
+    need_bc: bool,
+) -> tuple[torch.Tensor, ...]:
+    """(online, v, q_data) [B, L, G] of a continuous / multi-binary actor. As in AMAGO: K actions a_k ~ π
+    give both the online term -mean_k Q(s, a_k) (differentiated through a_k) and, detached, the value V(s)
+    of the advantage; Q(s, a_t) is only evaluated when the BC term needs it."""
+    if q_fn is None:
+        raise ValueError("continuous / multi-binary actor_loss needs q_fn (see frozen_critic)")
+    a_pi = dist.rsample((num_value_samples,))  # [K, B, L, G, A]
+    if need_online:
+        q_pi = q_fn(a_pi).mean(-2)  # [K, B, L, G], ensemble mean
+    else:
+        with torch.no_grad():
+            q_pi = q_fn(a_pi.detach()).mean(-2)
+    v = q_pi.detach().mean(0)
+    with torch.no_grad():  # the advantage is a fixed weight: no graph, no activations kept
+        q_data = q_fn(action).mean(-2) if need_bc else v  # [B, L, G]
+    return -q_pi.mean(0), v, q_data
+
+
+def _masked_mean(valid: torch.Tensor, G: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [B, L, G] -> the mean over the steps where `valid` [B, L] holds and over the G discounts."""
+    m = valid.bool().unsqueeze(-1)  # [B, L, 1]
+    denom = valid.sum().clamp_min(1) * G
+
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(m, x, x.new_zeros(())).sum() / denom
+
+    return mean
+
+
 def actor_loss(
     dist: Distribution,
     action: torch.Tensor,
@@ -180,51 +238,22 @@ def actor_loss(
     the BC term.
     """
     G = dist.batch_shape[-1]
-    if action.dim() == len(dist.batch_shape):  # [B, L, A] -> the same action for every discount
-        action = action.unsqueeze(-2).expand(*action.shape[:-1], G, action.shape[-1])
-    param = dist.mean if isinstance(dist, TanhGaussian) else dist.logits
-    action = action.to(param.dtype)  # [B, L, G, A]
-    need_online, need_bc = online_coeff != 0, offline_coeff != 0
-
+    action = _per_discount(dist, action)  # [B, L, G, A]
+    need_bc = offline_coeff != 0
     if isinstance(dist, Categorical):
-        if q_all is None:
-            raise ValueError("discrete actor_loss needs q_all [B, L, C, G, A]")
-        q = q_all.detach().mean(-3)  # [B, L, G, A], ensemble mean
-        q_pi = (dist.probs * q).sum(-1)  # [B, L, G]: exact E_{a~π} Q(s, a), differentiable in π
-        online = -q_pi
-        v = q_pi.detach()
-        q_data = (q * action).sum(-1)  # [B, L, G]
+        online, v, q_data = _discrete_terms(dist, action, q_all)
     else:
-        if q_fn is None:
-            raise ValueError("continuous / multi-binary actor_loss needs q_fn (see frozen_critic)")
-        # As in AMAGO: K actions a_k ~ π give both the online term -mean_k Q(s, a_k) (differentiated
-        # through a_k) and, detached, the value V(s) of the advantage.
-        a_pi = dist.rsample((num_value_samples,))  # [K, B, L, G, A]
-        if need_online:
-            q_pi = q_fn(a_pi).mean(-2)  # [K, B, L, G], ensemble mean
-        else:
-            with torch.no_grad():
-                q_pi = q_fn(a_pi.detach()).mean(-2)
-        online = -q_pi.mean(0)  # [B, L, G]
-        v = q_pi.detach().mean(0)
-        with torch.no_grad():  # the advantage is a fixed weight: no graph, no activations kept
-            q_data = q_fn(action).mean(-2) if need_bc else v  # [B, L, G]
-
+        online, v, q_data = _sampled_terms(dist, action, q_fn, num_value_samples, online_coeff != 0, need_bc)
     adv = q_data - v  # [B, L, G]
     weight = advantage_filter(adv, bc_filter, exp_beta, exp_clip)
     logp = dist.log_prob(action) if need_bc else torch.zeros_like(adv)  # [B, L, G]
-    bc = -weight * logp
+    bc = -weight * logp  # the filtered BC term
     per_step = online_coeff * online + offline_coeff * bc  # [B, L, G]
     entropy = dist.entropy()  # [B, L, G]
     if entropy_coeff:
         per_step = per_step - entropy_coeff * entropy
 
-    m = valid.bool().unsqueeze(-1)  # [B, L, 1]
-    denom = valid.sum().clamp_min(1) * G
-
-    def masked_mean(x: torch.Tensor) -> torch.Tensor:
-        return torch.where(m, x, x.new_zeros(())).sum() / denom
-
+    masked_mean = _masked_mean(valid, G)
     loss = masked_mean(per_step)
     with torch.no_grad():
         metrics = {

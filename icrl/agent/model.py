@@ -19,7 +19,7 @@ from icrl.config import LossConfig, ModelConfig
 from icrl.nets.goals import GoalEmbedder
 from icrl.nets.heads import Actor, Critic
 from icrl.nets.popart import PopArt
-from icrl.nets.traj import make_traj_encoder
+from icrl.nets.traj import make_traj_encoder, traj_encoder_kwargs
 from icrl.nets.transformer import refresh_acting_weights
 from icrl.nets.tstep import GOAL_KEY, TimestepEncoder
 from icrl.types import ActionSpec, Timesteps
@@ -45,18 +45,10 @@ class Agent(nn.Module):
         self.spec = spec
         d = model.d_model
         self.tstep_encoder = TimestepEncoder(
-            obs_space, spec.dim, d_out=d, max_time=model.max_time, cnn=model.cnn, goal_embedder=goal_embedder(obs_space, model)
+            obs_space, spec.dim, d_out=d, hidden=model.tstep_hidden, max_time=model.max_time, cnn=model.cnn,
+            normalize_obs=model.normalize_obs, clip_obs=model.clip_obs, goal_embedder=goal_embedder(obs_space, model),
         )
-        encoder_kwargs: dict = {"d_model": d, "layers": model.layers}
-        if model.traj_encoder == "transformer":
-            encoder_kwargs.update(
-                heads=model.heads,
-                context_len=model.max_seq_len,
-                max_time=model.max_time,
-                pos_emb=model.pos_emb,
-                dropout=model.dropout,
-            )
-        self.traj_encoder = make_traj_encoder(model.traj_encoder, d, **encoder_kwargs)
+        self.traj_encoder = make_traj_encoder(model.traj_encoder, d, **traj_encoder_kwargs(model))
         num_gammas = len(loss.gammas)
         s_dim = self.traj_encoder.d_out
         self.actor = Actor(s_dim, spec, num_gammas, hidden=model.head_hidden, layers=model.head_layers)

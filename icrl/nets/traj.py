@@ -17,13 +17,16 @@ that do not use it. Acting runs under `torch.no_grad()`; states may be updated i
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 
 from icrl.nets.transformer import TransformerTrajEncoder
+
+if TYPE_CHECKING:
+    from icrl.config.model import ModelConfig
 
 TrajKind = Literal["transformer", "gru", "lstm", "ff"]
 
@@ -143,6 +146,25 @@ def make_traj_encoder(kind: TrajKind, d_in: int, **kwargs: Any) -> nn.Module:
     raise ValueError(f"unknown trajectory encoder {kind!r}; expected 'transformer', 'gru', 'lstm' or 'ff'")
 
 
+def traj_encoder_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """The constructor kwargs `make_traj_encoder(model.traj_encoder, d_in, **kwargs)` takes from a
+    `ModelConfig`: width and depth for every kind, the attention, feed-forward and dropout settings for the
+    Transformer (the RNN and FF encoders are built without dropout)."""
+    kwargs: dict[str, Any] = {"d_model": model.d_model, "layers": model.layers}
+    if model.traj_encoder == "transformer":
+        kwargs.update(
+            heads=model.heads,
+            context_len=model.max_seq_len,
+            max_time=model.max_time,
+            pos_emb=model.pos_emb,
+            dropout=model.dropout,
+            attn_dropout=model.attn_dropout,
+            emb_dropout=model.emb_dropout,
+            d_ff=model.d_ff,
+        )
+    return kwargs
+
+
 __all__ = [
     "TrajEncoder",
     "TrajKind",
@@ -152,4 +174,5 @@ __all__ = [
     "FFTrajEncoder",
     "TransformerTrajEncoder",
     "make_traj_encoder",
+    "traj_encoder_kwargs",
 ]

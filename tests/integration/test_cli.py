@@ -1,18 +1,19 @@
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 from helpers import run_icrl
 
-from icrl.cli import _pop_option
-from icrl.presets import PRESETS
+from icrl.cli import _preset_arg
+from icrl.config.presets import PRESETS
 
 
-def test_pop_option_forms():
-    assert _pop_option(["--a", "1", "--preset", "tmaze", "--b"], "--preset") == ("tmaze", ["--a", "1", "--b"])
-    assert _pop_option(["--preset=cue_recall"], "--preset") == ("cue_recall", [])
-    assert _pop_option(["--seed", "3"], "--preset") == (None, ["--seed", "3"])
+def test_preset_arg_forms():
+    assert _preset_arg(["--a", "1", "--preset", "tmaze", "--b"]) == "tmaze"
+    assert _preset_arg(["--preset=cue_recall"]) == "cue_recall"
+    assert _preset_arg(["RUN_DIR", "--seed", "3", "--help"]) is None
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -57,3 +58,40 @@ def test_wandb_backend_logs_offline(tmp_path, monkeypatch):
     log.close()
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_learn_and_collect_take_the_asynchronous_group(tmp_path, monkeypatch):
+    """`icrl learn --utd --publish-every` reach `learn` from the config's asynchronous group; `icrl collect`
+    takes --max-lead from its flag, else from the run's config.json."""
+    import icrl.asynchronous.collect as collect_module
+    import icrl.asynchronous.learn as learn_module
+    from icrl.cli import main
+
+    seen: dict = {}
+    monkeypatch.setattr(collect_module, "StopFlag", lambda: None)  # no signal handlers in the test process
+    monkeypatch.setattr(learn_module, "learn", lambda cfg, **kw: seen.update(learn=kw, cfg=cfg))
+    monkeypatch.setattr(collect_module, "collect", lambda run_dir, cid, **kw: seen.update(collect=kw))
+    run = tmp_path / "run"
+    main(["learn", str(run), "--utd", "0.5", "--publish-every", "3", "--max-lead", "7", "--device", "cpu"])
+    assert (seen["learn"]["utd"], seen["learn"]["publish_every"]) == (0.5, 3)
+    assert seen["cfg"].run.run_dir == str(run) and seen["cfg"].asynchronous.max_lead == 7
+    main(["collect", str(run)])
+    assert seen["collect"]["max_lead"] is None  # no config.json yet: never pause
+    run.mkdir()
+    (run / "config.json").write_text(seen["cfg"].to_json())
+    main(["collect", str(run)])
+    assert seen["collect"]["max_lead"] == 7
+    main(["collect", str(run), "--max-lead", "2"])
+    assert seen["collect"]["max_lead"] == 2
+    with pytest.raises(SystemExit) as stop:
+        main(["learn", str(run), "--publish-every", "0"])
+    assert stop.value.code == 2
+
+
+def test_train_help_lists_the_flags_by_group():
+    out = subprocess.run([sys.executable, "-m", "icrl", "train", "--preset", "tmaze", "--help"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "COLUMNS": "120"})
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    for group in ("env options", "model options", "loss options", "asynchronous options"):
+        assert group in out.stdout
+    assert "--d-model INT" in out.stdout and "(default: 32)" in out.stdout  # the preset's value is the default

@@ -13,8 +13,8 @@ from helpers import run_icrl
 import icrl
 import icrl.run.components
 from icrl.agent.model import Agent, AgentPolicy
+from icrl.config.presets import tmaze
 from icrl.envs import Collector, make_vector_env
-from icrl.presets import tmaze
 from icrl.run.evaluate import load_agent
 from icrl.run.loggers import BackendUnavailable, JsonlLogger, Logger, make_loggers, read_metrics, scalars
 from icrl.types import ActionSpec

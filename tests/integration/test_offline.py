@@ -16,6 +16,7 @@ import torch
 from icrl import train
 from icrl.cli import main
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
+from icrl.config.presets import tmaze
 from icrl.data import DiskReplay, list_rollout_files, load_rollout, make_loader, rollout_file_name
 from icrl.data.minari_io import OfflineDataNotFoundError, SpaceMismatchError
 from icrl.data.offline import MANIFEST, import_offline_data, resolve_source
@@ -23,7 +24,6 @@ from icrl.data.sampler import EmptyReplayError, ReplayDataset
 from icrl.envs import Collector, make_vector_env
 from icrl.envs.collect import RandomPolicy
 from icrl.envs.tasks.tmaze import DOWN, RIGHT, UP, TMaze
-from icrl.presets import tmaze
 from icrl.types import ActionSpec, Rollout
 
 SPEC = ActionSpec("discrete", 2)

@@ -1,6 +1,6 @@
 """Short learning tests: the agent must actually learn, with fixed seeds, on CPU in about a minute each.
 
-They run the presets of `icrl.presets` (the README's first command runs `tmaze`). The T-Maze pair is the
+They run the presets of `icrl.config.presets` (the README's first command runs `tmaze`). The T-Maze pair is the
 memory proof: the Transformer recalls the cue shown only at t=0; the memoryless encoder, under the same
 budget, can only guess the side (success near 0.5).
 """
@@ -13,7 +13,7 @@ import pytest
 
 from icrl import train
 from icrl.config import EnvConfig, ExperimentConfig, LossConfig, ModelConfig
-from icrl.presets import cue_recall, goal_grid, tmaze
+from icrl.config.presets import cue_recall, goal_grid, tmaze
 
 pytestmark = pytest.mark.learning
 

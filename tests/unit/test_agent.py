@@ -7,6 +7,7 @@ Batches come from real rollouts (RandomPolicy -> Collector -> DiskReplay -> make
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -627,17 +628,19 @@ def test_bf16_learner_update_keeps_float32_state(tmp_path):
     assert agent.popart.mu.dtype == torch.float32
 
 
+@pytest.mark.parametrize("reduce", ["min", "mean"])
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])
-def test_redq_target_from_the_sampled_members_only_equals_the_full_ensemble(kind, tmp_path):
+def test_redq_target_from_the_sampled_members_only_equals_the_full_ensemble(kind, reduce, tmp_path):
     """compute_loss evaluates only REDQ's sampled target critics; its targets equal the reference that
-    evaluates all C and reduces with icrl.agent.losses.redq_target_value (same generator draw)."""
+    evaluates all C and reduces with icrl.agent.losses.redq_target_value (same generator draw), for either
+    `LossConfig.redq_reduce`."""
     from icrl.agent.losses import align_next, redq_target_value, td_targets
 
     batch, obs_space, spec = real_batch(kind, tmp_path / "replay")
     agent = build_agent(obs_space, spec)
     agent.popart.mu.fill_(0.3)
     agent.popart.nu.fill_(2.0)  # non-trivial denormalisation
-    cfg = loss_cfg()
+    cfg = loss_cfg(redq_reduce=reduce)
     torch.manual_seed(5)
     _, _, y, valid = compute_loss(agent, batch, cfg, torch.Generator().manual_seed(9))
 
@@ -651,6 +654,70 @@ def test_redq_target_from_the_sampled_members_only_equals_the_full_ensemble(kind
             v = (dist.probs.unsqueeze(-3) * q).sum(-1)
         else:
             v = agent.popart.denormalize(agent.target_critic(s, dist.sample()))
-        v = redq_target_value(v, cfg.redq_subset, torch.Generator().manual_seed(9))
+        v = redq_target_value(v, cfg.redq_subset, torch.Generator().manual_seed(9), reduce=reduce)
         ref = td_targets(batch.reward, batch.terminated, valid, align_next(v), agent.gammas, cfg.reward_scale)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    other = loss_cfg(redq_reduce="mean" if reduce == "min" else "min")
+    torch.manual_seed(5)
+    _, _, y_other, _ = compute_loss(agent, batch, other, torch.Generator().manual_seed(9))
+    assert not torch.allclose(y, y_other), "the reduction must change the target"
+
+
+# ------------------------------------------------------------------------------------------ 5. config knobs
+def test_actor_loss_knobs_reach_the_loss(monkeypatch, tmp_path):
+    """LossConfig.exp_beta / exp_clip / num_value_samples are what compute_loss hands to actor_loss, and
+    exp_beta changes the BC weights of the `exp` filter."""
+    import icrl.agent.learner as learner_module
+
+    seen = {}
+    real = learner_module.actor_loss
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(learner_module, "actor_loss", spy)
+    batch, obs_space, spec = real_batch("continuous", tmp_path / "replay")
+    agent = build_agent(obs_space, spec)
+    weights = []
+    for beta in (1.0, 0.05):
+        cfg = loss_cfg(bc_filter="exp", exp_beta=beta, exp_clip=7.0, num_value_samples=5)
+        torch.manual_seed(1)
+        _, metrics, _, _ = compute_loss(agent, batch, cfg, torch.Generator().manual_seed(2))
+        assert (seen["exp_beta"], seen["exp_clip"], seen["num_value_samples"]) == (beta, 7.0, 5)
+        weights.append(float(metrics["bc_weight"]))
+    assert weights[0] != pytest.approx(weights[1])
+
+
+def test_model_knobs_shape_the_networks():
+    """tstep_hidden, normalize_obs, clip_obs reach the timestep encoder; d_ff, attn_dropout, emb_dropout the
+    Transformer; each changes the built agent."""
+    obs_space = gym.spaces.Dict({"obs": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)})
+    spec = ActionSpec.from_space(gym.spaces.Discrete(4))
+
+    def build(**kw) -> Agent:
+        return Agent(obs_space, spec, dataclasses.replace(model_cfg(), **kw), loss_cfg())
+
+    def count(agent: Agent) -> int:
+        return sum(p.numel() for p in agent.parameters())
+
+    base = build()
+    assert base.tstep_encoder.obs_norm.clip == 10.0
+    assert count(build(d_ff=4 * 32)) == count(base)  # unset: 4 x d_model
+    assert count(build(d_ff=48)) < count(base)
+    assert count(build(tstep_hidden=16)) < count(base)
+    assert build(normalize_obs=False).tstep_encoder.obs_norm is None
+    assert build(clip_obs=3.0).tstep_encoder.obs_norm.clip == 3.0
+    enc = build(attn_dropout=0.2, emb_dropout=0.3).traj_encoder
+    assert any(getattr(m, "attn_dropout", None) == 0.2 for m in enc.modules())
+    assert 0.3 in {m.p for m in enc.modules() if isinstance(m, torch.nn.Dropout)}
+    assert not any(getattr(m, "attn_dropout", 0.0) or getattr(m, "p", 0.0) for m in base.traj_encoder.modules())
+
+
+@pytest.mark.parametrize(("choice", "fused"), [(None, True), (False, False), (True, True)])
+def test_fused_adam_choice(choice, fused):
+    """OptimConfig.fused_adam: unset is fused on the CPU (torch has the kernel there), as before the knob."""
+    obs_space = gym.spaces.Dict({"obs": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)})
+    agent = Agent(obs_space, ActionSpec.from_space(gym.spaces.Discrete(4)), model_cfg(), loss_cfg())
+    learner = Learner(agent, _experiment(fused_adam=choice), torch.device("cpu"))
+    assert bool(learner.optimizer.defaults["fused"]) is fused

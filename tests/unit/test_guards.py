@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
+from icrl.config.validation import RULES, field_errors
 from icrl.data import DiskReplay, make_loader
 from icrl.data.storage import CorruptRolloutError, load_rollout, save_rollout
 from icrl.envs import Collector, RandomPolicy, make_env, make_vector_env
 from icrl.guards import NonFiniteError, assert_finite_weights, check_env_arrays
 from icrl.run.runlock import RunDirLockedError, RunLock, check_not_locked
 from icrl.types import ActionSpec
-from icrl.validation import RULES, field_errors
 
 CFG = ExperimentConfig(
     env=EnvConfig(env="tmaze", env_kwargs='{"length": 2}', parallel_envs=2),

@@ -1,12 +1,12 @@
-"""Field-level checks of an `ExperimentConfig`: types, ranges and devices, run before anything is built.
+"""The checks of an `ExperimentConfig`: types, ranges, combinations and devices, run before anything is built.
 
-Why a separate module: `ExperimentConfig.validate` keeps the checks that combine fields; this one checks every
-field on its own, so a value that cannot work (`--heads 0`, `--grad-clip -1`, `--device banana`, a string
+Every field is checked on its own first (`field_errors`), so a value that cannot work (`--heads 0`, `--grad-clip -1`, `--device banana`, a string
 where config.json should hold an int) fails at parse time with one line naming the flag and what it must be,
 instead of a traceback minutes later (or a run that silently does something else, like reversed gradients).
 
 Types are checked generically from the dataclass annotations, so a field added later is type-checked (and
 its floats required finite) without an entry here; `RULES` adds the ranges of the fields that have one.
+`combination_error` then checks the values that only fail together (one small function per concern).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import math
 import types
 import typing
 from typing import Any, Callable, Literal
+
+from icrl.config.experiment import GROUPS, ExperimentConfig
 
 
 def flag(name: str) -> str:
@@ -49,7 +51,12 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.layers": _ge(1),
     "model.heads": _ge(1),
     "model.max_time": _ge(1),
+    "model.d_ff": _ge(1),
     "model.dropout": _in(0.0, 1.0, open_hi=True),
+    "model.attn_dropout": _in(0.0, 1.0, open_hi=True),
+    "model.emb_dropout": _in(0.0, 1.0, open_hi=True),
+    "model.tstep_hidden": _ge(1),
+    "model.clip_obs": _gt(0.0),
     "model.head_hidden": _ge(1),
     "model.head_layers": _ge(0),
     "loss.num_critics": _ge(1),
@@ -57,6 +64,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "loss.online_coeff": _ge(0.0),
     "loss.offline_coeff": _ge(0.0),
     "loss.entropy_coeff": _ge(0.0),
+    "loss.exp_beta": _gt(0.0),
+    "loss.exp_clip": _gt(0.0),
+    "loss.num_value_samples": _ge(1),
     "loss.critic_weight": _gt(0.0),
     "loss.popart_beta": _in(0.0, 1.0, open_lo=True),
     "explore.eps_start": _in(0.0, 1.0),
@@ -83,6 +93,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "replay.num_workers": _ge(0),
     "run.threads": _ge(0),
     "run.log_every": _ge(1),
+    "asynchronous.utd": _gt(0.0),
+    "asynchronous.publish_every": _ge(1),
+    "asynchronous.max_lead": _ge(0),
 }
 
 
@@ -136,11 +149,9 @@ def _numbers(value: Any) -> list[float]:
     return []
 
 
-def field_errors(cfg: Any) -> list[str]:
+def field_errors(cfg: ExperimentConfig) -> list[str]:
     """One message per field of `cfg` (an ExperimentConfig) whose value has the wrong type, is not finite
     or is out of its range; empty when every field is fine. Devices are checked by `device_error`."""
-    from icrl.config import GROUPS  # icrl.config imports this module inside ExperimentConfig.validate
-
     errors: list[str] = []
     for group in GROUPS:
         sub = getattr(cfg, group)
@@ -164,6 +175,91 @@ def field_errors(cfg: Any) -> list[str]:
     if isinstance(cfg.run.run_dir, str) and not cfg.run.run_dir.strip():
         errors.append("--run-dir must name a folder, got an empty string")
     return errors
+
+
+Check = tuple[bool, str]  # (the combination is fine, the message naming its flags when it is not)
+
+
+def _env_checks(cfg: ExperimentConfig) -> list[Check]:
+    e = cfg.env
+    return [
+        (e.parallel_envs >= 1, "--parallel-envs must be >= 1"),
+        (e.episodes_per_rollout >= 1, "--episodes-per-rollout must be >= 1"),
+        (
+            not (e.episodes_per_rollout > 1 and e.rollout_horizon is not None),
+            "--episodes-per-rollout and --rollout-horizon both set: choose one way to end a rollout",
+        ),
+        (e.chunk_len is None or e.chunk_len >= 2, "--chunk-len must be >= 2"),
+    ]
+
+
+def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
+    m, lo = cfg.model, cfg.loss
+    return [
+        (m.d_model % m.heads == 0, f"--d-model {m.d_model} is not divisible by --heads {m.heads}"),
+        (m.max_seq_len >= 2, "--max-seq-len must be >= 2 (a TD transition needs two timesteps)"),
+        (m.goal_dim >= 1, "--goal-dim must be >= 1"),
+        (len(lo.gammas) >= 1 and all(0 <= g < 1 for g in lo.gammas), "--gammas must lie in [0, 1)"),
+        (
+            1 <= lo.redq_subset <= lo.num_critics,
+            f"--redq-subset {lo.redq_subset} must be between 1 and --num-critics {lo.num_critics}",
+        ),
+        (lo.n_step >= 1, "--n-step must be >= 1"),
+        (0 < lo.tau <= 1, "--tau must lie in (0, 1]"),
+    ]
+
+
+def _schedule_checks(cfg: ExperimentConfig) -> list[Check]:
+    e, r, sc = cfg.env, cfg.replay, cfg.schedule
+    return [
+        (cfg.optim.batch_size >= 1 and sc.updates_per_epoch >= 0, "--batch-size must be >= 1, --updates-per-epoch >= 0"),
+        (
+            sc.steps_per_epoch >= e.parallel_envs,
+            f"--steps-per-epoch {sc.steps_per_epoch} is below --parallel-envs {e.parallel_envs}: "
+            "each epoch steps every env at least once",
+        ),
+        (
+            sc.total_env_steps >= sc.steps_per_epoch or (sc.total_env_steps == 0 and r.offline_updates > 0),
+            "--total-env-steps must be >= --steps-per-epoch (or 0 with --offline-updates: offline training)",
+        ),
+        (cfg.run.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
+        (cfg.run.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
+    ]
+
+
+def _replay_checks(cfg: ExperimentConfig) -> list[Check]:
+    e, r, sc = cfg.env, cfg.replay, cfg.schedule
+    return [
+        (r.offline_updates >= 0, "--offline-updates must be >= 0"),
+        (
+            r.offline_fraction is None or 0.0 <= r.offline_fraction <= 1.0,
+            f"--offline-fraction {r.offline_fraction} must lie in [0, 1]",
+        ),
+        (
+            r.offline_data is not None or (r.offline_updates == 0 and r.offline_fraction is None),
+            "--offline-updates and --offline-fraction need --offline-data PATH_OR_MINARI_ID",
+        ),
+        (
+            r.offline_updates == 0 or (sc.updates_per_epoch >= 1 and sc.start_updates_after == 0),
+            "--offline-updates trains before any env step: it needs --updates-per-epoch >= 1 and "
+            "--start-updates-after 0",
+        ),
+        (
+            r.relabel == "none" or (e.chunk_len is None and e.episodes_per_rollout == 1 and e.rollout_horizon is None),
+            f"--relabel {r.relabel} needs whole single-episode rollouts: unset --chunk-len, "
+            "--episodes-per-rollout and --rollout-horizon",
+        ),
+    ]
+
+
+def combination_error(cfg: ExperimentConfig) -> str | None:
+    """The message of the first impossible combination of (individually valid) fields, or None. Assumes
+    `field_errors(cfg)` is empty."""
+    for checks in (_env_checks, _model_loss_checks, _schedule_checks, _replay_checks):
+        for ok, message in checks(cfg):
+            if not ok:
+                return message
+    return None
 
 
 def device_error(name: str) -> str | None:

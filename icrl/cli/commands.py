@@ -1,0 +1,287 @@
+"""The subcommands of `icrl`: one frozen dataclass per subcommand, whose docstring'd fields are its flags (tyro)
+and whose `run()` does the work. Heavy imports (torch, envs, plotting) happen inside `run`, so parsing and
+`--help` stay fast and a usage error never waits for them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+import tyro
+
+from icrl.cli.errors import INPUT_ERRORS, check_ranges, fail, one_line, run_stoppable
+from icrl.config import ConfigError, ExperimentConfig
+
+RunDir = Annotated[str, tyro.conf.arg(metavar="RUN_DIR")]
+"""A run directory (written by `icrl train` / `icrl learn`), given as the first positional argument."""
+FlatConfig = Annotated[ExperimentConfig, tyro.conf.arg(name="")]
+"""Every field of the config as a flag without its group prefix (`--d-model`, not `--model.d-model`)."""
+
+
+@dataclass(frozen=True)
+class RunEnvFlags:
+    """The env to act in. A run directory is data, so the env it names is built only when it is a built-in task
+    or a registered Gymnasium id, unless the user names one (`--env`) or opts in (`--trust-run-env`)."""
+
+    env: str | None = None
+    """Env to act in instead of the run's (any `icrl train --env` form, e.g. package.module:factory for an
+    env the run cannot rebuild)."""
+    env_kwargs: Annotated[str | None, tyro.conf.arg(metavar="JSON")] = None
+    """Env kwargs instead of the run's."""
+    trust_run_env: bool = False
+    """Build the run's env even when its config.json names code (module:factory)."""
+
+    def override(self):
+        from icrl.envs.user import EnvOverride
+
+        return EnvOverride(env=self.env, env_kwargs=self.env_kwargs, trust_run_env=self.trust_run_env)
+
+
+@dataclass(frozen=True)
+class Train:
+    """Train an agent: collect, store, sample, update, evaluate, checkpoint (RUN_DIR/config.json records every
+    value). `--preset NAME` starts from a preset; the other flags apply on top of it."""
+
+    preset: str | None = None
+    """Start from this preset (icrl.config.presets: cue_recall, goal_grid, tmaze)."""
+    config: FlatConfig = field(default_factory=ExperimentConfig)
+
+    def run(self) -> None:
+        cfg = _validated(self.config)
+        from icrl.run.loop import train
+
+        run_stoppable(train, cfg)
+
+
+@dataclass(frozen=True)
+class Learn:
+    """Asynchronous learner: trains on the rollouts `icrl collect` processes store in RUN_DIR, throttled to at
+    most --utd updates per env step stored, publishing its weights every --publish-every updates. Takes every
+    `icrl train` flag (and `--preset NAME`) except --run-dir."""
+
+    run_dir: tyro.conf.Positional[RunDir]
+    """The run directory shared with the collectors (created, or continued with --resume)."""
+    preset: str | None = None
+    """Start from this preset (icrl.config.presets: cue_recall, goal_grid, tmaze)."""
+    config: FlatConfig = field(default_factory=ExperimentConfig)
+
+    def run(self) -> None:
+        cfg = _validated(self.config.replace(run_dir=self.run_dir))
+        from icrl.asynchronous.collect import StopFlag
+        from icrl.asynchronous.learn import learn
+        from icrl.run.checkpoint import CheckpointError
+
+        try:
+            a = cfg.asynchronous
+            learn(cfg, utd=a.utd, publish_every=a.publish_every, stop=StopFlag())
+        except (*INPUT_ERRORS, CheckpointError) as e:
+            fail(one_line(e))
+
+
+@dataclass(frozen=True)
+class Collect:
+    """Asynchronous collector: acts with the weights `icrl learn` publishes in RUN_DIR and stores its rollouts
+    in RUN_DIR/replay, until the run's total env steps are taken or the learner finishes. Start any number."""
+
+    run_dir: tyro.conf.Positional[RunDir]
+    """The learner's run directory."""
+    collector_id: int = 0
+    """Distinct per collector: seeds and counters."""
+    device: str = "cpu"
+    """Device for acting."""
+    max_env_steps: int | None = None
+    """Stop after this many env steps."""
+    wait: float = 600.0
+    """Seconds to wait for the learner's files."""
+    max_lead: Annotated[int | None, tyro.conf.arg(metavar="STEPS")] = None
+    """Pause while the run's env steps exceed the learner's updates / utd by more than STEPS (default: the
+    run's --max-lead in its config.json, else never pause)."""
+    run_env: RunEnvFlags = field(default_factory=RunEnvFlags)
+
+    def run(self) -> None:
+        check_ranges("icrl collect", {"--collector-id": (self.collector_id, 0), "--wait": (self.wait, 0),
+                                      "--max-env-steps": (self.max_env_steps, 1), "--max-lead": (self.max_lead, 0)})
+        from icrl.asynchronous.collect import StopFlag, collect
+
+        max_lead = self.max_lead if self.max_lead is not None else _run_max_lead(self.run_dir)
+        try:
+            collect(self.run_dir, self.collector_id, device=self.device, wait_s=self.wait,
+                    max_env_steps=self.max_env_steps, max_lead=max_lead, stop=StopFlag(),
+                    override=self.run_env.override())
+        except INPUT_ERRORS as e:
+            fail(one_line(e))
+
+
+@dataclass(frozen=True)
+class Eval:
+    """Evaluate a run's weights greedily; prints a table and writes RUN_DIR/eval.json."""
+
+    run_dir: tyro.conf.Positional[RunDir]
+    """The run to evaluate."""
+    checkpoint: str | None = None
+    """Checkpoint folder (or .safetensors file, or a folder name in RUN_DIR/checkpoints); default: the latest
+    checkpoint, else RUN_DIR/agent.safetensors."""
+    rollouts: int | None = None
+    """Rollouts to average over (default: the run's)."""
+    seed: int | None = None
+    """Eval seed (default: the run's seed)."""
+    parallel_envs: int | None = None
+    """Env copies (default: the run's)."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:1, auto."""
+    video: Annotated[int, tyro.conf.arg(metavar="N")] = 0
+    """Also record N greedy rollouts to RUN_DIR/eval_video.gif (envs that render rgb_array frames)."""
+    run_env: RunEnvFlags = field(default_factory=RunEnvFlags)
+
+    def run(self) -> None:
+        check_ranges("icrl eval", {"--rollouts": (self.rollouts, 1), "--seed": (self.seed, 0),
+                                   "--parallel-envs": (self.parallel_envs, 1), "--video": (self.video, 0)})
+        import torch
+
+        from icrl.run.evaluate import eval_table, evaluate_run, load_config, write_eval
+        from icrl.run.loggers import console
+
+        override = self.run_env.override()
+        try:
+            threads = load_config(self.run_dir).run.threads
+            if threads > 0:
+                torch.set_num_threads(threads)
+            result = evaluate_run(self.run_dir, self.checkpoint, self.rollouts, self.seed, self.parallel_envs,
+                                  self.device, override)
+        except (*INPUT_ERRORS, RuntimeError) as e:  # RunDirError, RunEnvError, env errors, a bad device
+            fail(one_line(e))
+        for table in eval_table(result):
+            console.print(table)
+        print(write_eval(self.run_dir, result))
+        if self.video:
+            from icrl.run.video import record_video
+
+            try:
+                print(record_video(self.run_dir, self.video, checkpoint=self.checkpoint, override=override))
+            except (ValueError, ImportError) as e:
+                fail(one_line(e))
+
+
+@dataclass(frozen=True)
+class Envs:
+    """List the built-in tasks, or the members of one family (`icrl envs popgym`; needs its package)."""
+
+    family: tyro.conf.Positional[str | None] = None
+    """A family prefix such as popgym or metaworld."""
+
+    def run(self) -> None:
+        import functools
+
+        from icrl.envs.make import BUILTIN_ENVS, ENV_FAMILIES
+
+        if self.family is not None:
+            self._members(ENV_FAMILIES)
+            return
+        for name, factory in sorted(BUILTIN_ENVS.items()):
+            if isinstance(factory, functools.partial):  # one entry of a family, e.g. popgym/<EnvClassName>
+                line = f"{factory.func.__name__}({', '.join(map(repr, factory.args))}): see that package's docs"
+            else:
+                doc = (factory.__doc__ or "").strip().splitlines()
+                line = doc[0] if doc else ""
+            print(f"{name:<28} {line}")
+        for prefix, family in sorted(ENV_FAMILIES.items()):
+            print(f"{prefix + '<name>':<28} {family.help}")
+
+    def _members(self, families: dict) -> None:
+        prefix = str(self.family).rstrip("/") + "/"
+        if prefix not in families:
+            fail(f"usage: icrl envs [FAMILY]; families: {', '.join(p.rstrip('/') for p in families)}")
+        try:
+            members = families[prefix].members()
+        except ImportError as e:
+            fail(one_line(e))
+        print("\n".join(prefix + m for m in members))
+
+
+@dataclass(frozen=True)
+class Plot:
+    """Learning curves of one or more runs (seeds of the same config grouped), and the within-rollout
+    adaptation curve when the runs' evaluations recorded one."""
+
+    run_dirs: tyro.conf.Positional[Annotated[tuple[str, ...], tyro.conf.arg(metavar="RUN_DIR [RUN_DIR ...]")]]
+    """Run directories written by `icrl train`."""
+    out: str | None = None
+    """PNG path (default: RUN_DIR/learning_curve.png of the first run)."""
+    x: Literal["env_steps", "wall_time"] = "env_steps"
+    """x axis."""
+
+    def run(self) -> None:
+        if not self.run_dirs:
+            fail("usage: icrl plot RUN_DIR [RUN_DIR ...] [--out FILE] [--x env_steps|wall_time]")
+        for d in self.run_dirs:
+            if not (Path(d) / "metrics.jsonl").is_file():
+                fail(f"{d} has no metrics.jsonl; pass run directories written by `icrl train`")
+        out = Path(self.out or Path(self.run_dirs[0]) / "learning_curve.png")
+        if out.suffix.lower() != ".png":
+            fail(f"--out {out} must be a .png file")
+        from icrl.run.plot import adaptation_path, plot_adaptation, plot_learning_curves
+
+        print(plot_learning_curves(list(self.run_dirs), out, x=self.x))
+        adaptation = plot_adaptation(list(self.run_dirs), adaptation_path(out))
+        if adaptation is not None:
+            print(adaptation)
+
+
+@dataclass(frozen=True)
+class ExportMinari:
+    """Write a run's stored rollouts as a local Minari dataset (under $MINARI_DATASETS_PATH, default
+    ~/.minari/datasets), in the spaces the agent sees. Multi-episode rollouts become one Minari episode per inner
+    episode; `icrl train --offline-data DATASET_ID` reads them back as the original rollouts. Needs
+    `pip install 'icrl[offline]'`."""
+
+    run_dir: tyro.conf.Positional[RunDir]
+    """The run whose replay is exported."""
+    dataset_id: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="DATASET_ID")]]
+    """e.g. icrl/tmaze-expert-v0 ((namespace/)name-vN)."""
+    folder: Literal["fifo", "protected", "all"] = "fifo"
+    """Replay folder to export: fifo (collected rollouts), protected (offline data) or all."""
+    overwrite: bool = False
+    """Replace an existing dataset with this id."""
+    run_env: RunEnvFlags = field(default_factory=RunEnvFlags)
+    """Only runs without spaces.json build their env."""
+
+    def run(self) -> None:
+        from icrl.data.offline import export_run
+
+        try:
+            path, episodes, steps = export_run(self.run_dir, self.dataset_id, folder=self.folder,
+                                               overwrite=self.overwrite, override=self.run_env.override())
+        except INPUT_ERRORS as e:  # bad id, existing id, no rollouts, missing extra
+            fail(one_line(e))
+        print(f"{self.dataset_id}: {episodes:,} episodes, {steps:,} steps in {path}")
+
+
+COMMANDS: dict[str, type] = {
+    "train": Train, "learn": Learn, "collect": Collect, "eval": Eval, "envs": Envs, "plot": Plot,
+    "export-minari": ExportMinari,
+}
+
+
+def _validated(cfg: ExperimentConfig) -> ExperimentConfig:
+    try:
+        return cfg.validate()
+    except ConfigError as e:
+        fail(str(e))
+
+
+def _run_max_lead(run_dir: str) -> int | None:
+    """The run's `asynchronous.max_lead` when its config.json is readable now, else None (never pause): the
+    learner may not have written it yet, and `collect` itself reports a broken one."""
+    try:
+        return ExperimentConfig.from_json((Path(run_dir) / "config.json").read_text()).asynchronous.max_lead
+    except (OSError, ValueError):
+        return None
+
+
+def with_config(command: type, cfg: ExperimentConfig, preset: str | None):
+    """The default instance of `command` (Train or Learn) whose config is `cfg` (a preset's), its positional
+    arguments still required."""
+    required = {f.name: tyro.MISSING for f in dataclasses.fields(command) if f.name == "run_dir"}
+    return command(**required, preset=preset, config=cfg)

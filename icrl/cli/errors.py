@@ -1,0 +1,81 @@
+"""How the command line fails and stops: one line `icrl: error: ...` on stderr with exit code 2 for usage, config
+and input errors (never a traceback), and a one-line stop with the resume hint on SIGINT / SIGTERM."""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+# The errors bad input causes (configs, env names and kwargs, run dirs, checkpoints, files), as opposed to bugs.
+INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, ImportError, OSError)
+
+
+def fail(message: str) -> NoReturn:
+    """Print `icrl: error: MESSAGE` on stderr and exit with code 2 (the usage-error convention)."""
+    print(f"icrl: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def one_line(error: BaseException) -> str:
+    """The first line of an exception's message (its type when it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def tyro_error_line(text: str, prog: str) -> str:
+    """tyro's usage error (a titled box with help text) as one line: the error itself, the flag it suggests,
+    and where the flags are listed."""
+    lines = [ln.strip(" \t│╭╮╰╯") for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln and set(ln) - set("-─ ")]
+    body, suggestion, i = [], None, 1  # lines[0] is the box's title ("Value error", ...)
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith(("Argument helptext", "For full helptext")):
+            break
+        if ln.startswith("Perhaps you meant"):
+            suggestion = lines[i + 1].split()[0] if i + 1 < len(lines) else None
+            break
+        body.append(ln)
+        i += 1
+    message = (" ".join(body) or (lines[0] if lines else "invalid arguments")).rstrip(".")
+    if suggestion:
+        message += f" (did you mean {suggestion}?)"
+    return f"{message}; see `{prog} --help`"
+
+
+def check_ranges(prog: str, values: dict[str, tuple[float | None, float]]) -> None:
+    """Refuse (one line, exit 2) a flag value below its minimum or not finite, before anything runs."""
+    for flag, (value, lo) in values.items():
+        if value is not None and not (math.isfinite(value) and value >= lo):
+            fail(f"{prog}: {flag} must be >= {lo}, got {value}")
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so `train`'s cleanup runs as it does on Ctrl-C."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
+def run_stoppable(fn: Callable[..., Any], *args: Any) -> None:
+    """Run `fn`, turning SIGINT / SIGTERM into a one-line stop with the resume hint (exit 130 / 143) and the
+    errors bad input causes (configs, env names and kwargs, run dirs, checkpoints, files) into one line, exit 2.
+    Checkpoints and rollouts on disk are written atomically, so a stop at any moment loses nothing."""
+    from icrl.run.checkpoint import CheckpointError
+
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        fn(*args)
+    except KeyboardInterrupt as e:
+        name = "SIGTERM" if isinstance(e, _Stopped) else "SIGINT"
+        print(f"icrl: stopped by {name}; every checkpoint written so far is kept: resume with the same command "
+              "and --resume", file=sys.stderr)
+        raise SystemExit(143 if name == "SIGTERM" else 130) from None
+    except (*INPUT_ERRORS, CheckpointError) as e:  # ConfigError is a ValueError
+        fail(one_line(e))
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,37 @@
+"""The task: which env, its kwargs, how many copies, and how rollouts are cut (group `env`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from icrl.config.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    env: str = "tmaze"
+    """A built-in task name (see `icrl envs`), a registered Gymnasium id, or `package.module:factory`."""
+    env_kwargs: str = "{}"
+    """JSON object passed to the env constructor, e.g. '{"length": 20}'."""
+    parallel_envs: int = 8
+    """Env copies stepped as one batch during collection."""
+    async_envs: bool = False
+    """Step the env copies in subprocesses (worth it for slow simulators, not for tiny tasks)."""
+    episodes_per_rollout: int = 1
+    """Meta-RL: episodes of the same task per rollout (the agent keeps its memory across them)."""
+    rollout_horizon: int | None = None
+    """Meta-RL: instead of a fixed episode count, repeat episodes of one task for this many steps."""
+    chunk_len: int | None = None
+    """Store very long rollouts as chunks of this many steps (None: whole rollouts)."""
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        try:
+            value = json.loads(self.env_kwargs)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--env-kwargs is not valid JSON ({e.msg} at char {e.pos}): {self.env_kwargs!r}") from e
+        if not isinstance(value, dict):
+            raise ConfigError(f"--env-kwargs must be a JSON object like '{{\"length\": 20}}', got {self.env_kwargs!r}")
+        return value

@@ -1,0 +1,51 @@
+"""The learning objective (group `loss`): discounts, TD targets, REDQ, the actor's terms and PopArt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DEFAULT_GAMMAS: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
+"""The official AMAGO's discounts: short horizons learn fast and shape the encoder, 0.999 is the policy's."""
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    gammas: tuple[float, ...] = DEFAULT_GAMMAS
+    """Discounts learned in parallel; the last one is the policy's."""
+    num_critics: int = 4
+    """Critic ensemble size C."""
+    redq_subset: int = 2
+    """Target critics drawn at random per update and reduced into the target (REDQ)."""
+    redq_reduce: Literal["min", "mean"] = "min"
+    """How the drawn target critics are reduced: their `min` (REDQ's pessimism against overestimation) or
+    their `mean` (less pessimistic; with --redq-subset = --num-critics, the plain ensemble average)."""
+    reward_scale: float = 10.0
+    """Rewards are multiplied by this before the TD target (the official AMAGO's default). With PopArt the
+    critics' targets are normalised anyway; the scale sets how far above PopArt's σ floor small returns lie."""
+    online_coeff: float = 1.0
+    """Weight of the -Q(s, a~pi) actor term."""
+    offline_coeff: float = 0.1
+    """Weight of the filtered behaviour-cloning actor term."""
+    bc_filter: Literal["binary", "exp"] = "binary"
+    """Advantage filter of the BC term: 1[A>0], or clamp(exp(A / beta))."""
+    exp_beta: float = 1.0
+    """`exp` filter: temperature beta of exp(A / beta); smaller beta weights high-advantage actions more."""
+    exp_clip: float = 20.0
+    """`exp` filter: upper bound of the BC weight, so one large advantage cannot dominate the batch."""
+    num_value_samples: int = 3
+    """Continuous / multi-binary actions: actions a_k ~ pi sampled per state for the online term -mean_k Q(s,
+    a_k) and the value baseline V(s) = mean_k Q(s, a_k) of the advantage (discrete actions sum exactly)."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus of the actor, on PopArt-normalised values. Not in the paper's loss (0, the default, gives
+    it exactly); exploration comes from `ExploreConfig`."""
+    critic_weight: float = 10.0
+    """Weight of the critic loss against the actor loss."""
+    n_step: int = 1
+    """n-step TD returns."""
+    tau: float = 0.003
+    """EMA rate of the target actor and critics."""
+    popart: bool = True
+    """Normalise value targets with PopArt."""
+    popart_beta: float = 5e-4
+    """PopArt statistics step size (bias-corrected: the first update takes the first batch's moments)."""

@@ -1,0 +1,51 @@
+"""The networks (group `model`): timestep encoder, trajectory encoder and the actor / critic heads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    traj_encoder: Literal["transformer", "gru", "lstm", "ff"] = "transformer"
+    """Sequence model over the rollout; `ff` is the memoryless baseline."""
+    d_model: int = 64
+    """Width of the timestep embedding and of the trajectory encoder (the paper's larger runs use 128-512)."""
+    layers: int = 2
+    """Transformer layers (or RNN layers)."""
+    heads: int = 4
+    """Attention heads."""
+    d_ff: int | None = None
+    """Hidden width of the Transformer's feed-forward blocks (unset: 4 x --d-model, the usual ratio)."""
+    max_seq_len: int = 256
+    """Training window length and the Transformer's context while acting (sliding window beyond it)."""
+    max_time: int = 4096
+    """Largest time index with its own learned embedding (later steps share the last one)."""
+    pos_emb: Literal["learned", "sinusoidal", "none"] = "sinusoidal"
+    """Time-position embedding of the Transformer (as the official AMAGO's default "fixed"); `learned` is a
+    table initialised N(0, 1), at the scale of the token embedding it is added to."""
+    dropout: float = 0.0
+    """Dropout on the Transformer's residual branches."""
+    attn_dropout: float = 0.0
+    """Dropout on the Transformer's attention weights."""
+    emb_dropout: float = 0.0
+    """Dropout on the Transformer's input embedding (timestep embedding + time-position embedding)."""
+    tstep_hidden: int = 128
+    """Hidden width of the timestep encoder's MLP, and the feature width of each image key's CNN."""
+    normalize_obs: bool = True
+    """Normalise vector observations with running mean / variance (updated from every training batch), so
+    tasks whose observations differ in scale by orders of magnitude need no hand-made scaling."""
+    clip_obs: float = 10.0
+    """Normalised vector observations are clipped to [-clip_obs, clip_obs], so an outlier cannot saturate
+    the timestep encoder."""
+    head_hidden: int = 128
+    """Hidden width of the actor and critic MLP heads."""
+    head_layers: int = 2
+    """Hidden layers of the actor and critic MLP heads."""
+    cnn: Literal["impala", "nature"] = "impala"
+    """CNN for image observations."""
+    goal_dim: int = 32
+    """Width of the instruction embedding (tasks with a "goal" observation, docs/CONTRACTS.md)."""
+    goal_view: Literal["full", "current"] = "full"
+    """Instruction the agent sees: every remaining sub-goal, or only the current one (the paper's ablation)."""

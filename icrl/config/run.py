@@ -1,0 +1,69 @@
+"""Where and how processes run (`run`), greedy evaluation (`eval`) and the asynchronous learner / collector
+pair (`asynchronous`). Apart from the seed, nothing here changes what is learned."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Greedy evaluation during training (and the defaults of `icrl eval`)."""
+
+    eval_every: int = 5
+    """Evaluate every this many epochs (and after the last)."""
+    eval_rollouts: int = 32
+    """Rollouts per evaluation (results average over rollouts, not episodes)."""
+    eval_max_steps: int = 50_000
+    """Evaluation stops a rollout after this many steps (counted as it stands, with a warning), so an env
+    whose episodes never end cannot hang evaluation."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where and how this process runs: the run directory, seed, device, logging and checkpoints. Apart from
+    the seed, nothing here changes what is learned, so most of it may change on --resume."""
+
+    run_dir: str = "runs/icrl"
+    """Folder for metrics, replay, checkpoints and plots."""
+    seed: int = 0
+    """Seeds Python, numpy, torch, every env copy and every loader worker."""
+    device: str = "auto"
+    """`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`..."""
+    threads: int = 1
+    """torch CPU threads (0: torch's default). 1 is fastest for small models on shared cores: with env
+    processes or other jobs on the machine, OpenMP threads oversubscribe the cores and an update gets
+    several times slower. Raise it for large models on a CPU of your own."""
+    resume: bool = False
+    """Continue the run in --run-dir from its newest readable checkpoint: same counters, exploration level
+    and RNG states, the replay buffer reused (rollouts in progress at the checkpoint are dropped). The
+    config must match the run's config.json except for --total-env-steps. Without it, a run dir that
+    already holds a run is refused."""
+    log_backends: tuple[Literal["tensorboard", "wandb"], ...] = ()
+    """Extra logging back-ends beside RUN_DIR/metrics.jsonl (each needs its package installed)."""
+    log_every: int = 1
+    """Print a progress line every this many epochs."""
+    checkpoint_every: int = 10
+    """Write a checkpoint (RUN_DIR/checkpoints/ckpt-EPOCH) every this many epochs, and after the last one."""
+    keep_checkpoints: int = 3
+    """Keep only the newest this many checkpoints."""
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    """The asynchronous pair (`icrl learn RUN_DIR` and any number of `icrl collect RUN_DIR`,
+    icrl.asynchronous): how far the learner and the collectors may run ahead of each other. `icrl train`
+    (synchronous: collect, then update) ignores this group."""
+
+    utd: float | None = None
+    """The learner makes at most this many updates per env step *stored* by the collectors, waiting when it
+    gets ahead (unset: --updates-per-epoch / --steps-per-epoch, the ratio `icrl train` keeps)."""
+    publish_every: int | None = None
+    """The learner publishes its weights for the collectors every this many updates (unset:
+    --updates-per-epoch)."""
+    max_lead: int | None = None
+    """A collector pauses while the run's stored env steps exceed the learner's published updates / utd by
+    more than this many steps, so acting never runs far ahead of learning (unset: never pause). `icrl
+    collect --max-lead` sets it per collector; without the flag a collector takes the run's value from its
+    config.json."""

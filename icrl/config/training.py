@@ -1,0 +1,76 @@
+"""How one learner process trains: the update (`optim`), what it samples from (`replay`) and how collection
+and updates alternate (`schedule`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """One gradient update: batch, optimiser, precision."""
+
+    batch_size: int = 24
+    """Sequences per update."""
+    lr: float = 1e-4
+    """AdamW learning rate (the official AMAGO's default). Measured at the official T-Maze-100 update ratio
+    (100 updates per 4,040 env steps, seed 0): 3e-4 reached success 0.75 and then collapsed to 0.00 by
+    101,000 env steps; 1e-4 with 500 warm-up updates solved it at 80,800 (the official code: 84,840)."""
+    warmup_updates: int = 500
+    """Linear learning-rate warm-up (the official AMAGO's default)."""
+    weight_decay: float = 1e-4
+    """AdamW weight decay (not applied to norms, biases and embeddings)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm."""
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    """Precision of the learner's forward and loss: `bf16` runs them under torch.autocast(bfloat16) (matmuls
+    and attention in bf16; heads' outputs, losses, PopArt, gradients and the optimiser stay float32).
+    On a CPU with bf16 instructions and 1 thread it made updates ~1.25x faster (d128, B24x256)."""
+    compile: bool = False
+    """torch.compile the learner's loss computation (the encoder pass, heads and losses). Costs tens of
+    seconds of compilation at start; on CPU it gained little (0-20% per update), so it is off by default."""
+    fused_adam: bool | None = None
+    """AdamW's fused kernel (one kernel for all parameters; the same maths as the per-tensor loop up to
+    rounding). Unset: fused wherever torch has the kernel for the learner's device (CPU and CUDA do)."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """What the learner samples from: the replay on disk, its loader, hindsight relabeling and offline data."""
+
+    replay_capacity: int = 1_000_000
+    """FIFO replay capacity in timesteps."""
+    num_workers: int = 0
+    """DataLoader worker processes (0: load in the learner process)."""
+    relabel: Literal["none", "some", "all"] = "none"
+    """Hindsight instruction relabeling of sampled rollouts (goal-conditioned tasks, DESIGN §7): "some"
+    adds a random number of goals the rollout achieved, "all" turns every rollout into a success."""
+    relabel_rare_goals: bool = False
+    """Pick hindsight goals by inverse achievement frequency, so rarely reached goals are replayed more."""
+    offline_data: str | None = None
+    """Offline data loaded once into RUN_DIR/replay/protected (never evicted): a local Minari dataset id
+    (in $MINARI_DATASETS_PATH, default ~/.minari/datasets; never downloaded; needs icrl[offline]) or its
+    folder, or icrl rollout files (a run dir, its replay/, or a folder of .npz files). Spaces must match --env."""
+    offline_fraction: float | None = None
+    """Probability that a sampled training window comes from the offline (protected) data; the others come
+    from collected rollouts (when one side is still empty, windows come from the other). Unset: every stored
+    rollout file is equally likely."""
+    offline_updates: int = 0
+    """Gradient updates on the stored data before the first env step, in epochs of --updates-per-epoch
+    (rounded up) that collect nothing; evaluation still runs every --eval-every epochs. With
+    --total-env-steps 0 the run is purely offline."""
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """How long to train and how collection and updates alternate (one epoch = collect, then update)."""
+
+    total_env_steps: int = 100_000
+    """Stop after this many env steps."""
+    steps_per_epoch: int = 1_000
+    """Env steps collected per epoch (across all parallel envs)."""
+    updates_per_epoch: int = 200
+    """Gradient updates per epoch (updates per env step = this / steps_per_epoch)."""
+    start_updates_after: int = 0
+    """Collect at least this many env steps before the first update."""
