@@ -50,9 +50,9 @@ class Train:
 
     def run(self) -> None:
         cfg = _validated(self.config)
-        from icrl.run.loop import train
+        import icrl  # the public entry point, as a Python user calls it
 
-        run_stoppable(train, cfg)
+        run_stoppable(icrl.train, cfg)
 
 
 @dataclass(frozen=True)

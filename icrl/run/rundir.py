@@ -31,7 +31,8 @@ from icrl.spaces_json import write_spaces
 RESUMABLE_CHANGES = (
     "run.resume", "schedule.total_env_steps", "run.run_dir", "run.device", "run.threads", "replay.num_workers",
     "run.log_backends", "run.log_every", "run.keep_checkpoints", "optim.compile", "env.async_envs",
-    "eval.eval_max_steps",
+    "eval.eval_max_steps", "optim.fused_adam", "asynchronous.utd", "asynchronous.publish_every",
+    "asynchronous.max_lead",
 )
 
 

@@ -1,0 +1,86 @@
+"""Static checks that keep the code base readable: short functions, small modules, the training loop as a
+leaf that nothing else imports, and a README layout section that names every module that exists."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "icrl"
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 450
+
+
+def _name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_functions_fit_on_a_screen(path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"{_name(path)}: split these into named steps: {', '.join(long)}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_modules_do_one_thing(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{_name(path)} has {lines} lines: split it by what its parts do"
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_nothing_imports_from_the_training_loop():
+    """The loop composes the pieces; the asynchronous, evaluation and API paths share those pieces, not it.
+    Only `icrl.train` (icrl/__init__.py) imports it; the CLI calls `icrl.train` too."""
+    entry_points = {"icrl"}
+    sources = [*MODULES, *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "examples").glob("*.py")]
+    offenders = [
+        str(p.relative_to(ROOT)) for p in sources
+        if _name(p) not in entry_points and any(m.startswith("icrl.run.loop") for m in _imports(p))
+    ]
+    assert not offenders, f"these import from icrl.run.loop: {offenders}; import the shared piece instead"
+
+
+def _layout_modules(readme: str) -> set[str]:
+    """Module paths the README's layout block names: a line starting with `icrl/...` sets the package, and
+    every `name.py` on it and on its indented continuation lines is a module of that package."""
+    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```", 2)[1]
+    listed, package = set(), None
+    for line in block.splitlines():
+        if line and not line[0].isspace():
+            first = line.split()[0]
+            package = None if not first.startswith("icrl/") else first if first.endswith("/") else first.rsplit("/", 1)[0] + "/"
+            if first.endswith(".py") and package:
+                listed.add(first)
+        if package is not None:
+            listed.update(package + name for name in re.findall(r"(?<![\w/.])([A-Za-z_]\w*\.py)\b", line))
+    return listed
+
+
+def test_readme_layout_names_every_module_and_only_existing_ones():
+    listed = _layout_modules((ROOT / "README.md").read_text(encoding="utf-8"))
+    existing = {str(p.relative_to(ROOT)) for p in MODULES if not p.name.startswith("__")}
+    stale = sorted(listed - existing - {str(p.relative_to(ROOT)) for p in MODULES})
+    missing = sorted(existing - listed)
+    assert not stale, f"README's layout names modules that do not exist: {stale}"
+    assert not missing, f"README's layout does not name: {missing}"
