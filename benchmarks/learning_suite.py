@@ -292,7 +292,7 @@ def plot_suites(out: Path, runs: list[dict], summary: dict[str, dict]) -> dict[s
         ax.minorticks_off()
         ax.set_xlabel("corridor length N")
         ax.set_ylabel("final eval return")
-        ax.set_title(f"Passive T-Maze, {runs[0]['config']['train']['total_env_steps']:,} env steps per run")
+        ax.set_title(f"Passive T-Maze, {runs[0]['config']['schedule']['total_env_steps']:,} env steps per run")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
         save(fig, "tmaze_lengths")

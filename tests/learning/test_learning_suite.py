@@ -85,19 +85,20 @@ def test_every_suite_config_is_valid_under_its_budget(tmp_path, steps):
             run_dir = tmp_path / run_name
             cfg = suite.with_budget(base, steps=steps, seed=3, run_dir=run_dir, threads=1, device="cpu")
             cfg.validate(check_device=False)
-            t, b = cfg.train, base.train
-            assert (t.seed, t.run_dir, t.threads, t.device, t.resume) == (3, str(run_dir), 1, "cpu", False)
+            r, t, b = cfg.run, cfg.schedule, base.schedule
+            assert (r.seed, r.run_dir, r.threads, r.device, r.resume) == (3, str(run_dir), 1, "cpu", False)
             assert t.total_env_steps >= steps and t.steps_per_epoch <= max(steps, cfg.env.parallel_envs)
             if b.updates_per_epoch:
                 ratio = b.updates_per_epoch / b.steps_per_epoch
                 assert abs(t.updates_per_epoch / t.steps_per_epoch - ratio) <= 0.5 / t.steps_per_epoch
             epochs = t.total_env_steps // t.steps_per_epoch
-            evals = epochs // t.eval_every
+            evals = epochs // cfg.eval.eval_every
             if epochs < suite.EVALS_PER_RUN:
                 assert evals == epochs
             else:
                 assert suite.EVALS_PER_RUN <= evals < 2 * suite.EVALS_PER_RUN
-            assert (cfg.model, cfg.env, cfg.loss) == (base.model, base.env, base.loss)  # the suite's own
+            same = ("env", "model", "loss", "explore", "optim")  # the suite's own settings, untouched
+            assert [getattr(cfg, g) for g in same] == [getattr(base, g) for g in same]
 
 
 def _run(suite: str, name: str, seed: int, final: float, best: float, **about) -> dict:
