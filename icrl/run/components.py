@@ -158,13 +158,25 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
     main = replicas.is_main
-    venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories)
-    eval_venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories) if main else None
-    spaces = venv_spaces_record(venv, e.env, e.kwargs, source.rebuild)
-    spec = ActionSpec.from_space(venv.single_action_space)
-    relabeler = make_relabeler(cfg.replay, venv)  # before the run dir exists: a wrong --relabel leaves nothing behind
-    lock = take_run_dir(cfg, main)
-    return _build_learning(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock)
+    opened: list[Any] = []  # what to close if a later step raises (bad offline data, a full disk...)
+    try:
+        venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories)
+        opened.append(venv)
+        eval_venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories) if main else None
+        opened.append(eval_venv)
+        spaces = venv_spaces_record(venv, e.env, e.kwargs, source.rebuild)
+        spec = ActionSpec.from_space(venv.single_action_space)
+        relabeler = make_relabeler(cfg.replay, venv)  # before the run dir exists: a wrong --relabel leaves nothing
+        lock = take_run_dir(cfg, main)
+        opened.append(lock)
+        return _build_learning(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock)
+    except BaseException:  # no env processes left behind, and the run dir free again for the next attempt
+        for thing in reversed(opened):
+            if isinstance(thing, RunLock):
+                thing.release()
+            elif thing is not None:
+                thing.close()
+        raise
 
 
 def _build_learning(cfg: ExperimentConfig, replicas: Replicas, seed: int, steps_per_rank: int,

@@ -84,9 +84,14 @@ def take_run_dir(cfg: ExperimentConfig, main: bool = True) -> RunLock | None:
     leaves nothing behind; the lock is taken before the first write."""
     run_dir = Path(cfg.run.run_dir)
     lock = RunLock.acquire(run_dir) if main else None
-    if main:
-        check_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if main:
+            check_run_dir(cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except BaseException:  # refused under the lock: the run dir is free again at once
+        if lock is not None:
+            lock.release()
+        raise
     return lock
 
 

@@ -292,3 +292,26 @@ def test_offline_filtered_bc_learns_tmaze_from_a_minari_dataset(tmp_path, minari
     assert result["env_steps"] == 0 and result["updates"] == 300
     assert train_rows[-1]["train/loss"] < train_rows[0]["train/loss"]
     assert result["success_rate"] >= 0.9 and result["return_mean"] >= 0.9, result
+
+
+def test_bad_offline_data_leaves_no_env_open(tmp_path, monkeypatch):
+    """Offline data is found missing only after the envs exist and the run dir is locked: the failed call
+    closes its envs (env subprocesses with --async-envs) instead of leaving them to the garbage collector."""
+    import icrl.run.components as components
+
+    opened = []
+
+    def recording_make_env(*args, **kwargs):
+        opened.append(make_env(*args, **kwargs))
+        return opened[-1]
+
+    make_env = components.make_env
+    monkeypatch.setattr(components, "make_env", recording_make_env)
+    cfg = ExperimentConfig(
+        env=EnvConfig(env="tmaze", env_kwargs='{"length": 2}', parallel_envs=2),
+        model=ModelConfig(d_model=16, layers=1, heads=2, max_seq_len=8),
+    ).replace(run_dir=str(tmp_path / "run"), total_env_steps=16, steps_per_epoch=8, updates_per_epoch=1,
+              batch_size=2, eval_rollouts=2, offline_data=str(tmp_path / "missing"), device="cpu")
+    with pytest.raises(OfflineDataNotFoundError):
+        train(cfg)
+    assert len(opened) == 2 and all(v.closed for v in opened)  # the train and eval envs
