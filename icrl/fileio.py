@@ -46,7 +46,7 @@ def atomic_path(
 
     fsync: fsync the temporary file (or folder) before the rename and the parent folder after it, so the
     new contents survive a power loss; without it the write is still crash-safe. The temporary name is
-    `tmp_name` (not created; the caller writes it), or else a new empty file `.<name>.XXXXXXXX<suffix>`
+    `tmp_name` (not created; the caller writes it), or else a new empty file `.<name>.<random><suffix>`
     from `tempfile.mkstemp` (`suffix` keeps an extension that writers choose a format by).
     """
     path = Path(path)

@@ -41,14 +41,16 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
     (this process) are taken, or `stop` is set. Returns its final counters.
 
     `max_lead`: pause while the run's stored env steps exceed (the published weights' updates / utd) +
-    max_lead, i.e. while the collectors are more than `max_lead` env steps ahead of the learner (None: never
-    pause). It cannot deadlock with the learner's throttle: the learner waits only while
+    max_lead, i.e. while the collectors are more than `max_lead` env steps ahead of the learner (None: the
+    run's `asynchronous.max_lead` from its config.json, read once the learner has written it; unset there:
+    never pause). It cannot deadlock with the learner's throttle: the learner waits only while
     stored >= updates / utd, and publishes its weights before it waits.
     """
     paths = AsyncPaths(run_dir)
     cfg = wait_for_run(paths, wait_s, stop, override or EnvOverride())
     if cfg is None:
         return {}
+    max_lead = cfg.asynchronous.max_lead if max_lead is None else max_lead
     counters = read_own_counters(paths, collector_id)
     starts = int(counters.get("starts", 0)) + 1
     seed = derive_seed(cfg.run.seed, "collector", collector_id, "start", starts)  # a restart draws new tasks

@@ -45,12 +45,12 @@ from icrl.spaces_json import venv_spaces_record
 from icrl.types import ActionSpec
 
 
-def learn(cfg: ExperimentConfig, *, utd: float | None = None, publish_every: int | None = None,
-          stop: StopFlag | None = None) -> dict:
+def learn(cfg: ExperimentConfig, *, stop: StopFlag | None = None) -> dict:
     """Train from the collectors' rollouts in cfg.run.run_dir; returns the final evaluation (or {} when
-    stopped early). `utd`: max updates per stored env step (default updates_per_epoch / steps_per_epoch);
-    `publish_every`: publish weights every this many updates (default updates_per_epoch)."""
-    s = Learning(cfg, utd, publish_every)  # every refusal, the seed, the eval env, agent, learner; run dir locked
+    stopped early). `cfg.asynchronous.utd`: max updates per stored env step (default updates_per_epoch /
+    steps_per_epoch); `cfg.asynchronous.publish_every`: publish weights every this many updates (default
+    updates_per_epoch)."""
+    s = Learning(cfg)  # every refusal, the seed, the eval env, agent, learner; run dir locked
     cfg, learner, upe = s.cfg, s.learner, s.cfg.schedule.updates_per_epoch
     start_epoch, wall_offset = s.resume() if cfg.run.resume else (0, 0.0)
     s.open_run()  # config.json, spaces.json and the first weights: collectors may start acting
@@ -120,11 +120,11 @@ class Learning:
     """The learner's run: its setup (in the order of `icrl train`'s: refusals before anything is written, the
     run lock before the first write) and the steps of its epochs."""
 
-    def __init__(self, cfg: ExperimentConfig, utd: float | None, publish_every: int | None) -> None:
+    def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg = with_task_defaults(cfg).validate()
         e = cfg.env
-        self.ratio = update_ratio(cfg, utd)
-        self.publish_every = publish_every or cfg.schedule.updates_per_epoch
+        self.ratio = update_ratio(cfg, cfg.asynchronous.utd)
+        self.publish_every = cfg.asynchronous.publish_every or cfg.schedule.updates_per_epoch
         check_run_dir_free(cfg)  # one learner (or icrl train) per run dir; collectors take no lock
         seed_everything(cfg.run.seed)
         if cfg.run.threads > 0:

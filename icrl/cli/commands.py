@@ -74,8 +74,7 @@ class Learn:
         from icrl.run.checkpoint import CheckpointError
 
         try:
-            a = cfg.asynchronous
-            learn(cfg, utd=a.utd, publish_every=a.publish_every, stop=StopFlag())
+            learn(cfg, stop=StopFlag())
         except (*INPUT_ERRORS, CheckpointError) as e:
             fail(one_line(e))
 
@@ -105,10 +104,9 @@ class Collect:
                                       "--max-env-steps": (self.max_env_steps, 1), "--max-lead": (self.max_lead, 0)})
         from icrl.asynchronous.collect import StopFlag, collect
 
-        max_lead = self.max_lead if self.max_lead is not None else _run_max_lead(self.run_dir)
         try:
             collect(self.run_dir, self.collector_id, device=self.device, wait_s=self.wait,
-                    max_env_steps=self.max_env_steps, max_lead=max_lead, stop=StopFlag(),
+                    max_env_steps=self.max_env_steps, max_lead=self.max_lead, stop=StopFlag(),
                     override=self.run_env.override())
         except INPUT_ERRORS as e:
             fail(one_line(e))
@@ -271,13 +269,6 @@ def _validated(cfg: ExperimentConfig) -> ExperimentConfig:
         fail(str(e))
 
 
-def _run_max_lead(run_dir: str) -> int | None:
-    """The run's `asynchronous.max_lead` when its config.json is readable now, else None (never pause): the
-    learner may not have written it yet, and `collect` itself reports a broken one."""
-    try:
-        return ExperimentConfig.from_json((Path(run_dir) / "config.json").read_text()).asynchronous.max_lead
-    except (OSError, ValueError):
-        return None
 
 
 def with_config(command: type, cfg: ExperimentConfig, preset: str | None):

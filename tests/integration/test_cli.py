@@ -60,9 +60,46 @@ def test_wandb_backend_logs_offline(tmp_path, monkeypatch):
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
 
 
+def _max_lead_collect_uses(monkeypatch, cfg, flag):
+    """The max_lead `icrl.asynchronous.collect.collect` throttles with, once the learner's config.json is read
+    (the config is read after the collector waited for the learner, so a collector started first gets it)."""
+    import icrl.asynchronous.collect as collect_module
+
+    used = []
+
+    class OneRound:
+        waited, weights = 0.0, type("W", (), {"reloads": 0})()
+
+        def __init__(self, *args):
+            self.rounds = 0
+
+        def wants_more(self, stop, max_env_steps):
+            self.rounds += 1
+            return self.rounds == 1
+
+        def ahead_of_learner(self, max_lead):
+            used.append(max_lead)
+            return False
+
+        def collect_round(self, stop):
+            pass
+
+        def finish(self, stop):
+            counters.update(state="done", env_steps=0, stored_rollouts=0)
+
+    counters: dict = {}
+    monkeypatch.setattr(collect_module, "wait_for_run", lambda *args: cfg)
+    monkeypatch.setattr(collect_module, "read_own_counters", lambda *args: counters)
+    monkeypatch.setattr(collect_module, "make_env", lambda *args, **kw: type("V", (), {"close": lambda self: None})())
+    monkeypatch.setattr(collect_module, "Collecting", OneRound)
+    collect_module.collect(cfg.run.run_dir, 0, max_lead=flag)
+    monkeypatch.undo()
+    return used[0]
+
+
 def test_learn_and_collect_take_the_asynchronous_group(tmp_path, monkeypatch):
-    """`icrl learn --utd --publish-every` reach `learn` from the config's asynchronous group; `icrl collect`
-    takes --max-lead from its flag, else from the run's config.json."""
+    """`icrl learn --utd --publish-every` reach `learn` in the config's asynchronous group; `icrl collect`
+    passes --max-lead on, and without the flag `collect` takes the run's config.json value."""
     import icrl.asynchronous.collect as collect_module
     import icrl.asynchronous.learn as learn_module
     from icrl.cli import main
@@ -73,16 +110,17 @@ def test_learn_and_collect_take_the_asynchronous_group(tmp_path, monkeypatch):
     monkeypatch.setattr(collect_module, "collect", lambda run_dir, cid, **kw: seen.update(collect=kw))
     run = tmp_path / "run"
     main(["learn", str(run), "--utd", "0.5", "--publish-every", "3", "--max-lead", "7", "--device", "cpu"])
-    assert (seen["learn"]["utd"], seen["learn"]["publish_every"]) == (0.5, 3)
-    assert seen["cfg"].run.run_dir == str(run) and seen["cfg"].asynchronous.max_lead == 7
+    a = seen["cfg"].asynchronous
+    assert (a.utd, a.publish_every) == (0.5, 3)
+    assert seen["cfg"].run.run_dir == str(run) and a.max_lead == 7
     main(["collect", str(run)])
-    assert seen["collect"]["max_lead"] is None  # no config.json yet: never pause
-    run.mkdir()
-    (run / "config.json").write_text(seen["cfg"].to_json())
-    main(["collect", str(run)])
-    assert seen["collect"]["max_lead"] == 7
+    assert seen["collect"]["max_lead"] is None  # no flag: collect reads the run's value
     main(["collect", str(run), "--max-lead", "2"])
     assert seen["collect"]["max_lead"] == 2
+    monkeypatch.undo()
+    assert _max_lead_collect_uses(monkeypatch, seen["cfg"], None) == 7  # the run's config.json
+    assert _max_lead_collect_uses(monkeypatch, seen["cfg"], 2) == 2  # the flag wins
+    monkeypatch.setattr(learn_module, "learn", lambda cfg, **kw: seen.update(learn=kw, cfg=cfg))
     with pytest.raises(SystemExit) as stop:
         main(["learn", str(run), "--publish-every", "0"])
     assert stop.value.code == 2
