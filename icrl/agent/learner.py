@@ -87,8 +87,10 @@ def use_fused_adam(choice: bool | None, device: torch.device) -> bool:
     type (CPU, CUDA, MPS, ... in recent torch), so an unset choice never fails on a device without it."""
     if choice is not None:
         return choice
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
+    try:  # a private torch helper; without it, fuse on CUDA only (fused CPU AdamW came later than CUDA)
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:
+        return device.type == "cuda"
     return device.type in _get_fused_kernels_supported_devices()
 
 
