@@ -36,6 +36,7 @@ from icrl.run.rundir import (
     resume_point,
     take_run_dir,
     truncate_metrics,
+    with_run_dir,
     write_run_files,
 )
 from icrl.run.timer import Timer
@@ -121,7 +122,7 @@ class Learning:
     run lock before the first write) and the steps of its epochs."""
 
     def __init__(self, cfg: ExperimentConfig) -> None:
-        self.cfg = cfg = with_task_defaults(cfg).validate()
+        self.cfg = cfg = with_run_dir(with_task_defaults(cfg).validate())  # unset: a new folder
         e = cfg.env
         self.ratio = update_ratio(cfg, cfg.asynchronous.utd)
         self.publish_every = cfg.asynchronous.publish_every or cfg.schedule.updates_per_epoch

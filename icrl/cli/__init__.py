@@ -21,7 +21,7 @@ from icrl.cli.errors import fail, tyro_error_line
 
 __all__ = ["USAGE", "main", "parse", "tyro_error_line"]
 
-USAGE = """usage: icrl {train,eval,envs,plot,learn,collect,export-minari} ...
+USAGE = """usage: icrl {train,eval,envs,plot,export,learn,collect,export-minari} ... | icrl --version
 
   icrl train [--preset NAME] [--env NAME] [--env-kwargs JSON] ...  train an agent (icrl train --help)
   icrl eval RUN_DIR [--checkpoint PATH] [--rollouts N] [--seed S]   greedy evaluation of a run's weights
@@ -112,6 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return
+    if argv[0] in ("-V", "--version"):
+        from icrl import __version__
+
+        print(f"icrl {__version__}")
+        return
+    from icrl.config.errors import speak_cli
+
+    speak_cli()  # errors name flags (--resume), not Python arguments (resume=True)
     args = parse(argv)
     try:
         args.run()

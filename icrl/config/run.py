@@ -25,8 +25,9 @@ class RunConfig:
     """Where and how this process runs: the run directory, seed, device, logging and checkpoints. Apart from
     the seed, nothing here changes what is learned, so most of it may change on --resume."""
 
-    run_dir: str = "runs/icrl"
-    """Folder for metrics, replay, checkpoints and plots."""
+    run_dir: str | None = None
+    """Folder for metrics, replay, checkpoints and plots (unset: a new folder per run,
+    runs/<env>-<seed>-<date>-<time>, printed at the start, so runs never collide; name one to resume it)."""
     seed: int = 0
     """Seeds Python, numpy, torch, every env copy and every loader worker."""
     device: str = "auto"
@@ -38,8 +39,9 @@ class RunConfig:
     resume: bool = False
     """Continue the run in --run-dir from its newest readable checkpoint: same counters, exploration level
     and RNG states, the replay buffer reused (rollouts in progress at the checkpoint are dropped). The
-    config must match the run's config.json except for --total-env-steps. Without it, a run dir that
-    already holds a run is refused."""
+    config must match the run's config.json except for --total-env-steps (and run-only settings). Without
+    it, a run dir that already holds a run is refused. Not a bit-exact continuation: the sampler and the
+    training envs are reseeded, and rollouts stored after the checkpoint stay in the replay."""
     log_backends: tuple[Literal["tensorboard", "wandb"], ...] = ()
     """Extra logging back-ends beside RUN_DIR/metrics.jsonl (each needs its package installed)."""
     log_every: int = 1

@@ -9,6 +9,7 @@ seeds, refusals and first writes.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from icrl.envs.make import task_exploration
 from icrl.envs.user import apply_env
 from icrl.run.distributed import Replicas, init_replicas
 from icrl.run.loggers import say
-from icrl.run.rundir import check_run_dir_free, take_run_dir
+from icrl.run.rundir import check_run_dir_free, take_run_dir, with_run_dir
 from icrl.run.runlock import RunLock
 from icrl.seeding import derive_seed, seed_everything
 from icrl.spaces_json import venv_spaces_record
@@ -151,6 +152,7 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     e = cfg.env
     replicas = init_replicas(cfg.run.device)  # one process, or this rank of a data-parallel run
     steps_per_rank = _steps_per_rank(cfg, replicas.world_size)
+    cfg = with_run_dir(cfg, stamp=replicas.max([int(time.time())])[0])  # unset: a new folder, the same on every rank
     check_run_dir_free(cfg)  # before anything is created or written
     replicas.barrier()  # every rank has checked the run dir before any of them writes to it
     seed_everything(cfg.run.seed, replicas.rank)

@@ -184,7 +184,8 @@ def final_eval(c: Components, epoch: int, seed_epoch: int, start: float) -> dict
 
 
 def finish(c: Components, last_eval: dict | None) -> dict:
-    """Rank 0: the final weights, the plot and the result line, then the run dir is free again."""
+    """Rank 0: the final weights, the plot and the result line, then the run dir is free again; returns the
+    final evaluation with the run dir."""
     assert last_eval is not None
     try:
         finish_run(c.run_dir, c.agent, c.cfg, last_eval, c.env_steps(), c.learner.updates)

@@ -8,6 +8,8 @@ Refusals come before anything is written: a bad env, `--relabel` or run dir leav
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent
 from icrl.config import ConfigError, ExperimentConfig
+from icrl.config.errors import setting
 from icrl.dicts import flatten
 from icrl.envs import Collector
 from icrl.fileio import write_text_atomic
@@ -42,14 +45,37 @@ def holds_run(run_dir: Path) -> bool:
     return bool(list_checkpoints(run_dir)) or (metrics.is_file() and metrics.stat().st_size > 0)
 
 
+def default_run_dir(env: str, seed: int, stamp: float | None = None, root: Path = Path("runs")) -> Path:
+    """A folder no earlier run uses: runs/<env>-<seed>-<date>-<time> (a suffix -2, -3... when that exists,
+    e.g. a notebook cell run twice within a second). Readable, sorted by time, and never the same for two
+    runs, so running one command after another, a second seed or a rerun of a script is never refused."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", env).strip("._") or "env"
+    base = f"{slug[:60]}-{seed}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}"
+    path, n = root / base, 1
+    while path.exists():
+        n += 1
+        path = root / f"{base}-{n}"
+    return path
+
+
+def with_run_dir(cfg: ExperimentConfig, stamp: float | None = None) -> ExperimentConfig:
+    """`cfg` with its run dir chosen when unset (`default_run_dir`); every rank passes the same `stamp`.
+    Resuming needs the run named: there is nothing to guess."""
+    if cfg.run.run_dir is not None:
+        return cfg
+    if cfg.run.resume:
+        raise ConfigError(f"{setting('resume')} continues a run: name it with {setting('run_dir', 'RUN_DIR')}")
+    return cfg.replace(run_dir=str(default_run_dir(cfg.env.env, cfg.run.seed, stamp)))
+
+
 def check_run_dir(cfg: ExperimentConfig) -> None:
     """Refuse to overwrite an existing run without --resume, and to resume one with a different config."""
     run_dir = Path(cfg.run.run_dir)
     if not cfg.run.resume:
         if holds_run(run_dir):
             raise ConfigError(
-                f"--run-dir {run_dir} already holds a run (checkpoints or metrics.jsonl): pass --resume to "
-                "continue it, or choose another --run-dir"
+                f"{setting('run_dir', str(run_dir))} already holds a run (checkpoints or metrics.jsonl): pass "
+                f"{setting('resume')} to continue it, or choose another run dir (leave it unset for a new one)"
             )
         return
     path = run_dir / "config.json"
@@ -58,15 +84,15 @@ def check_run_dir(cfg: ExperimentConfig) -> None:
     try:
         old = json.loads(ExperimentConfig.from_json(path.read_text(encoding="utf-8")).to_json())
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"--resume: cannot read the run's config {path} ({e}); choose another --run-dir") from e
+        raise ConfigError(f"{setting('resume')}: cannot read the run's config {path} ({e}); choose another --run-dir") from e
     new = json.loads(cfg.to_json())
     a, b = flatten(old), flatten(new)
     diffs = [k for k in sorted(set(a) | set(b)) if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
     if diffs:
         listed = ", ".join(f"{k} ({a.get(k)!r} in the run, {b.get(k)!r} now)" for k in diffs)
         raise ConfigError(
-            f"--resume: the config differs from {path} in {listed}; resume with the run's values (only "
-            "--total-env-steps may change), or start a new run in another --run-dir"
+            f"{setting('resume')}: the config differs from {path} in {listed}; resume with the run's values "
+            f"(only {setting('total_env_steps', 'N')} may change), or start a new run in another run dir"
         )
 
 
