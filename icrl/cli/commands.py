@@ -164,38 +164,51 @@ class Eval:
 
 @dataclass(frozen=True)
 class Envs:
-    """List the built-in tasks, or the members of one family (`icrl envs popgym`; needs its package)."""
+    """List the built-in tasks, or the members of one family (`icrl envs popgym`, `icrl envs babyai`; a
+    family's optional package must be installed to list its members)."""
 
     family: tyro.conf.Positional[str | None] = None
-    """A family prefix such as popgym or metaworld."""
+    """A family prefix such as popgym, babyai or metaworld."""
 
     def run(self) -> None:
-        import functools
-
         from icrl.envs.make import BUILTIN_ENVS, ENV_FAMILIES
 
+        families = {**_popgym_family(BUILTIN_ENVS), **ENV_FAMILIES}
         if self.family is not None:
-            self._members(ENV_FAMILIES)
+            self._members(families)
             return
         for name, factory in sorted(BUILTIN_ENVS.items()):
-            if isinstance(factory, functools.partial):  # one entry of a family, e.g. popgym/<EnvClassName>
-                line = f"{factory.func.__name__}({', '.join(map(repr, factory.args))}): see that package's docs"
-            else:
+            if not name.startswith("popgym"):  # POPGym's ~50 tasks: one line below, `icrl envs popgym` lists them
                 doc = (factory.__doc__ or "").strip().splitlines()
-                line = doc[0] if doc else ""
-            print(f"{name:<28} {line}")
-        for prefix, family in sorted(ENV_FAMILIES.items()):
+                print(f"{name:<28} {doc[0] if doc else ''}")
+        for prefix, family in sorted(families.items()):
             print(f"{prefix + '<name>':<28} {family.help}")
 
     def _members(self, families: dict) -> None:
         prefix = str(self.family).rstrip("/") + "/"
         if prefix not in families:
-            fail(f"usage: icrl envs [FAMILY]; families: {', '.join(p.rstrip('/') for p in families)}")
+            fail(f"usage: icrl envs [FAMILY]; families: {', '.join(sorted(p.rstrip('/') for p in families))}")
         try:
             members = families[prefix].members()
         except ImportError as e:
             fail(one_line(e))
         print("\n".join(prefix + m for m in members))
+
+
+def _popgym_family(builtin: dict) -> dict:
+    """POPGym as a family for `icrl envs`: its tasks are built-in names when the package is installed (listed
+    by `icrl envs popgym`); without it the family is still shown, with the pip command."""
+    from icrl.envs.make import EnvFamily
+
+    names = sorted(n.removeprefix("popgym/") for n in builtin if n.startswith("popgym/"))
+
+    def members() -> list[str]:
+        if not names:
+            raise ImportError("POPGym tasks need the optional package popgym: pip install 'icrl[popgym]'")
+        return names
+
+    state = f"{len(names)} tasks, and popgym_multi; icrl envs popgym" if names else "not installed: pip install 'icrl[popgym]'"
+    return {"popgym/": EnvFamily(None, members, f"POPGym memory tasks ({state})")}
 
 
 @dataclass(frozen=True)

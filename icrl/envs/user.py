@@ -85,6 +85,24 @@ def _callable_source(fn: Any) -> EnvSource:
     return EnvSource(name, (fn,), "import" if plain else "none")
 
 
+@dataclass(frozen=True)
+class SubEnv:
+    """One of a user's vector env's `env_fns`, called as icrl calls every factory (with the run's env kwargs).
+    The closure was made with its kwargs (`gymnasium.make_vec(id, **kwargs)`), so the run's kwargs, recorded
+    from the same spec, are not passed again; other kwargs cannot reach it and are refused."""
+
+    fn: Callable[[], gym.Env]
+    kwargs: dict[str, Any]
+
+    def __call__(self, **kwargs: Any) -> gym.Env:
+        if kwargs and kwargs != self.kwargs:
+            raise ValueError(
+                f"env_kwargs {kwargs} differ from those the vector env's sub-envs were made with ({self.kwargs}): "
+                "make the vector env with them (gymnasium.make_vec(id, **kwargs)) or pass the id and env_kwargs"
+            )
+        return self.fn()
+
+
 def _vector_source(venv: gym.vector.VectorEnv) -> EnvSource:
     """A user's vector env: icrl rebuilds its sub-envs from `env_fns` (Sync/AsyncVectorEnv) or from its
     registered id, each wrapped and with SAME_STEP autoreset; the env passed in is closed."""
@@ -101,7 +119,8 @@ def _vector_source(venv: gym.vector.VectorEnv) -> EnvSource:
     if fns:
         name = spec.id if by_id else f"<{type(venv).__name__} of {spec.id if spec is not None else 'env_fns'}>"
         venv.close()
-        return EnvSource(name, tuple(fns), "gymnasium" if by_id else "none", n, asynchronous, kwargs if by_id else None)
+        subs = tuple(SubEnv(fn, kwargs if by_id else {}) for fn in fns)  # the closures hold their kwargs already
+        return EnvSource(name, subs, "gymnasium" if by_id else "none", n, asynchronous, kwargs if by_id else None)
     if by_id:
         venv.close()
         return EnvSource(spec.id, None, "gymnasium", n, False, kwargs)

@@ -192,4 +192,4 @@ def finish(c: Components, last_eval: dict | None) -> dict:
     finally:
         if c.lock is not None:
             c.lock.release()
-    return last_eval
+    return {**last_eval, "run_dir": str(c.run_dir)}  # where the run lives, also when icrl chose the folder

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 
 from icrl.envs.user import EnvOverride, run_env_config
@@ -20,6 +21,33 @@ def _batched(tree):
     if isinstance(tree, dict):
         return {k: _batched(v) for k, v in tree.items()}
     return np.asarray(tree)[None]
+
+
+def _one_line(error: BaseException) -> str:
+    """The first line of an error (icrl.cli.errors.one_line; the CLI is a higher layer)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _frames(env, policy, num_rollouts: int, seed: int, max_steps: int, name: str) -> list[np.ndarray]:
+    """Every frame of `num_rollouts` greedy rollouts (`env.render()` before each step, and after the last)."""
+    from icrl.types import Timesteps
+
+    frames: list[np.ndarray] = []
+    for i in range(num_rollouts):
+        step, _ = env.reset(seed=seed + i)
+        new_rollout, done, steps = np.ones(1, bool), False, 0
+        while not done and steps < max_steps:  # an episode that never ends is cut, as in evaluation
+            steps += 1
+            frame = env.render()
+            if not isinstance(frame, np.ndarray) or frame.ndim != 3:
+                raise ValueError(f"env {name!r} did not return an rgb_array frame from render()")
+            frames.append(frame)
+            action = policy.act(Timesteps.from_numpy(_batched(step)), new_rollout)
+            step, _, terminated, truncated, _ = env.step(action[0])
+            new_rollout, done = np.zeros(1, bool), terminated or truncated
+        frames.append(env.render())
+    return frames
 
 
 def record_video(
@@ -35,14 +63,15 @@ def record_video(
     """Act greedily for `num_rollouts` rollouts and save every frame to a GIF (default RUN_DIR/eval_video.gif).
 
     The env is chosen as `icrl eval` chooses it (`override`: --env, --env-kwargs, --trust-run-env). Raises
-    ValueError naming the env when it cannot render `rgb_array` frames.
+    ValueError naming the env when it cannot render `rgb_array` frames, ImportError when rendering needs a
+    package that is missing (Gymnasium's DependencyNotInstalled, e.g. pygame), so `icrl eval --video` fails
+    in one line.
     """
     from PIL import Image
 
     from icrl.agent.model import AgentPolicy
     from icrl.envs import make_wrapped_env
     from icrl.run.evaluate import load_agent
-    from icrl.types import Timesteps
 
     if num_rollouts < 1:
         raise ValueError(f"--video needs at least 1 rollout, got {num_rollouts}")
@@ -53,24 +82,14 @@ def record_video(
         env = make_wrapped_env(
             e.env, {**e.kwargs, "render_mode": "rgb_array"}, e.episodes_per_rollout, e.rollout_horizon
         )
-    except ValueError as err:
-        raise ValueError(f"env {e.env!r} cannot make rgb_array frames for a video ({err})") from err
+    except (ValueError, gym.error.DependencyNotInstalled) as err:
+        raise ValueError(f"env {e.env!r} cannot make rgb_array frames for a video ({_one_line(err)})") from err
     policy = AgentPolicy(agent, 1, greedy=True)
     frames: list[np.ndarray] = []
     try:
-        for i in range(num_rollouts):
-            step, _ = env.reset(seed=seed + i)
-            new_rollout, done, steps = np.ones(1, bool), False, 0
-            while not done and steps < cfg.eval.eval_max_steps:  # an episode that never ends is cut, as in evaluation
-                steps += 1
-                frame = env.render()
-                if not isinstance(frame, np.ndarray) or frame.ndim != 3:
-                    raise ValueError(f"env {e.env!r} did not return an rgb_array frame from render()")
-                frames.append(frame)
-                action = policy.act(Timesteps.from_numpy(_batched(step)), new_rollout)
-                step, _, terminated, truncated, _ = env.step(action[0])
-                new_rollout, done = np.zeros(1, bool), terminated or truncated
-            frames.append(env.render())
+        frames = _frames(env, policy, num_rollouts, seed, cfg.eval.eval_max_steps, e.env)
+    except gym.error.DependencyNotInstalled as err:  # e.g. pygame for CartPole / FrozenLake: not an ImportError
+        raise ImportError(f"env {e.env!r} cannot render frames for a video: {_one_line(err)}") from err
     finally:
         env.close()
     scale = max(1, -(-min_height // frames[0].shape[0]))

@@ -1,0 +1,128 @@
+"""Habits users bring from SB3, CleanRL and the official AMAGO (issue 21): run dirs that never collide, the
+public names of `icrl`, vector envs and env instances handed to `icrl.train`, one-line failures, `icrl envs`
+for every family, `icrl.evaluate`, callbacks, `--config FILE`, export / load of a zip."""
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import icrl
+from icrl.cli import main as cli_main
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ModelConfig
+from icrl.config.errors import speak_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny(run_dir=None, env="tmaze", env_kwargs='{"length": 3}', **fields) -> ExperimentConfig:
+    """Two epochs of 32 env steps, one update each, an evaluation of 2 rollouts at the end (about a second)."""
+    cfg = ExperimentConfig(
+        env=EnvConfig(env=env, env_kwargs=env_kwargs, parallel_envs=2),
+        model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=32),
+    ).replace(run_dir=None if run_dir is None else str(run_dir), total_env_steps=64, steps_per_epoch=32,
+              updates_per_epoch=1, batch_size=2, eval_every=2, eval_rollouts=2, device="cpu", threads=1)
+    return cfg.replace(**fields)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """The working directory is a fresh folder (default run dirs go to ./runs); errors in Python words."""
+    monkeypatch.chdir(tmp_path)
+    speak_cli(False)
+    yield tmp_path
+    speak_cli(False)
+
+
+def cli(*args: str) -> int:
+    """`icrl ARGS` in this process; its exit code (0 when it returns)."""
+    try:
+        cli_main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        speak_cli(False)
+    return 0
+
+
+# -------------------------------------------------------------------------------- 2: run dirs never collide
+def test_default_run_dirs_never_collide(in_tmp):
+    """The README's snippet (a notebook cell) run twice, and a second seed: each run gets its own folder."""
+    first = icrl.train(tiny())
+    again = icrl.train(tiny())
+    seed1 = icrl.train(tiny(seed=1))
+    dirs = [Path(r["run_dir"]) for r in (first, again, seed1)]
+    assert len(set(dirs)) == 3 and all(d.parent == Path("runs") and (in_tmp / d / "agent.safetensors").is_file()
+                                      for d in dirs)
+    assert dirs[0].name.startswith("tmaze-0-") and dirs[2].name.startswith("tmaze-1-")
+    assert json.loads((in_tmp / dirs[1] / "config.json").read_text())["run"]["run_dir"] == str(dirs[1])
+
+
+def test_a_named_run_dir_that_holds_a_run_is_refused_in_the_readers_words(in_tmp, capsys):
+    icrl.train(tiny("runs/mine"))
+    with pytest.raises(ConfigError, match=r"resume=True") as e:  # Python words in Python
+        icrl.train(tiny("runs/mine"))
+    assert "--resume" not in str(e.value)
+    with pytest.raises(ConfigError, match="run_dir"):  # nothing to resume when no run is named
+        icrl.train(tiny(resume=True))
+    capsys.readouterr()
+    code = cli("train", "--env", "tmaze", "--env-kwargs", '{"length": 3}', "--run-dir", "runs/mine",
+               "--total-env-steps", "64", "--steps-per-epoch", "32", "--parallel-envs", "2")
+    err = capsys.readouterr().err
+    assert code == 2 and "pass --resume" in err and "resume=True" not in err
+
+
+# -------------------------------------------------------------------------------- 10: the public names
+def test_dir_and_version():
+    names = dir(icrl)
+    assert {"train", "load", "evaluate", "InContextPolicy", "__version__"} <= set(names)
+    assert set(icrl.__all__) <= set(names) and all(callable(getattr(icrl, n)) for n in icrl.__all__ if n[0] != "_")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert icrl.__version__ == version
+
+
+def test_cli_version(capsys):
+    assert cli("--version") == 0
+    assert capsys.readouterr().out.strip() == f"icrl {icrl.__version__}"
+
+
+# -------------------------------------------------------------------------------- 3: a user's vector env
+def test_make_vec_with_kwargs_trains(in_tmp):
+    """make_vec's closures already hold their kwargs (map_name, is_slippery): they are not passed again."""
+    venv = gym.make_vec("FrozenLake-v1", num_envs=2, vectorization_mode="sync", is_slippery=True)
+    result = icrl.train(tiny("runs/lake", env_kwargs="{}"), env=venv)
+    cfg = json.loads((in_tmp / "runs/lake/config.json").read_text())
+    assert cfg["env"]["env"] == "FrozenLake-v1" and json.loads(cfg["env"]["env_kwargs"])["is_slippery"] is True
+    assert result["rollouts"] == 2
+
+
+# -------------------------------------------------------------------------------- 4: --video without pygame
+def test_video_without_pygame_is_one_line_exit_2(in_tmp, monkeypatch, capsys):
+    icrl.train(tiny("runs/pole", env="CartPole-v1", env_kwargs='{"max_episode_steps": 8}'))
+    monkeypatch.setitem(sys.modules, "pygame", None)  # `import pygame` raises ImportError: as if not installed
+    capsys.readouterr()
+    code = cli("eval", "runs/pole", "--rollouts", "2", "--video", "1")
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "pygame" in err and "CartPole-v1" in err
+
+
+# -------------------------------------------------------------------------------- 7: icrl envs FAMILY
+def test_envs_lists_popgym_as_a_family(capsys):
+    pytest.importorskip("popgym")
+    assert cli("envs", "popgym") == 0
+    out = capsys.readouterr().out.split()
+    assert "popgym/RepeatPreviousEasy" in out and all(n.startswith("popgym/") for n in out)
+
+
+def test_envs_shows_popgym_without_the_extra(monkeypatch, capsys):
+    from icrl.envs import make
+
+    monkeypatch.setattr(make, "BUILTIN_ENVS", {k: v for k, v in make.BUILTIN_ENVS.items() if "popgym" not in k})
+    assert cli("envs") == 0
+    out = capsys.readouterr().out
+    assert "popgym/<name>" in out and "pip install 'icrl[popgym]'" in out
+    assert cli("envs", "popgym") == 2
+    assert "pip install 'icrl[popgym]'" in capsys.readouterr().err
