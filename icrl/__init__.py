@@ -22,7 +22,7 @@ _LAZY = {
     "train": "icrl.run.loop",
     "load": "icrl.policy",
     "InContextPolicy": "icrl.policy",
-    "evaluate": "icrl.run.evaluate_policy",
+    "evaluate": "icrl.policy",
     "Callback": "icrl.run.callbacks",
     "EvalCallback": "icrl.run.callbacks",
     "CheckpointCallback": "icrl.run.callbacks",

@@ -278,3 +278,46 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
     agent = build_agent(cfg, io.observation_space["obs"], io.action_spec, dev)
     load_weights(agent, weights, dev)
     return InContextPolicy(agent, cfg, spaces[0], spaces[1], dev)
+
+
+def evaluate(policy: InContextPolicy | str | Path, env: Any = None, n_episodes: int = 10, deterministic: bool = True,
+             *, env_kwargs: dict[str, Any] | None = None, seed: int = 0, parallel_envs: int | None = None,
+             max_steps: int | None = None) -> dict[str, Any]:
+    """Play `n_episodes` rollouts with a trained policy and summarise them, as SB3's `evaluate_policy`:
+    `return_mean`, `return_std`, `success_rate` (None when the env reports no `info["success"]`), and each
+    rollout's `returns`, `successes` and `lengths` (for meta-RL runs also `return_by_episode`).
+
+    policy: an `icrl.load` result, or a path to load. env: any form `icrl.train` takes (an id or task name,
+        a class, a zero-arg factory, an instance made by gymnasium.make, a vector env); None: the run's own env
+        when its name can be rebuilt safely (a built-in task or a registered id). It must give the spaces the
+        policy was trained on.
+    n_episodes: rollouts to play; a rollout is the run's `episodes_per_rollout` episodes of one task (one
+        episode for most runs), and returns sum over them.
+    deterministic: greedy actions (as `icrl eval`), else sampled from the policy.
+    env_kwargs: kwargs for the env (default: the run's when `env` is None or the run's env name, else none).
+    seed: seeds the envs; with the run's env and seed this is exactly `icrl eval RUN --seed S`'s evaluation.
+    """
+    import dataclasses
+
+    from icrl.envs.user import resolve_env, run_env_config
+    from icrl.run.components import make_env
+    from icrl.run.evaluate import check_env_fits, play
+
+    if n_episodes < 1:
+        raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
+    policy = policy if isinstance(policy, InContextPolicy) else load(policy)
+    cfg = policy.config
+    if env is None:
+        cfg = run_env_config(cfg, "the policy's run")  # refuses a run env that names code
+    src = resolve_env(cfg.env.env if env is None else env)
+    if env_kwargs is None:
+        env_kwargs = src.env_kwargs or (cfg.env.kwargs if src.name == cfg.env.env else {})
+    e = dataclasses.replace(cfg.env, env=src.name, env_kwargs=json.dumps(env_kwargs))
+    n_envs = min(parallel_envs or src.parallel_envs or e.parallel_envs, n_episodes)
+    venv = make_env(e, n_envs, factories=src.factories)
+    try:
+        check_env_fits(venv, (policy.observation_space, policy.action_space), src.name)
+        return play(policy.agent, venv, policy.device, n_episodes, seed=seed,
+                    max_steps=cfg.eval.eval_max_steps if max_steps is None else max_steps, deterministic=deterministic)
+    finally:
+        venv.close()

@@ -22,19 +22,45 @@ WEIGHTS = "agent.safetensors"
 
 
 def evaluate(agent: Any, collector: Any, num_rollouts: int, device: torch.device, seed: int,
-             max_steps: int | None = None) -> dict:
-    """Greedy rollouts summarised over rollouts (`summarize_episodes`); `max_steps` caps a rollout's length
-    (episodes that never end), with a warning, so an evaluation always ends."""
-    from icrl.agent.model import AgentPolicy
+             max_steps: int | None = None, greedy: bool = True) -> dict:
+    """Rollouts of the policy (greedy, or sampled from it with `greedy=False`) summarised over rollouts
+    (`summarize_episodes`); `max_steps` caps a rollout's length (episodes that never end), with a warning,
+    so an evaluation always ends."""
     from icrl.run.episodes import summarize_episodes
+
+    return summarize_episodes(evaluation_episodes(agent, collector, num_rollouts, device, seed, max_steps, greedy))
+
+
+def evaluation_episodes(agent: Any, collector: Any, num_rollouts: int, device: torch.device, seed: int,
+                        max_steps: int | None = None, greedy: bool = True) -> list:
+    """The episodes of `evaluate`'s rollouts (icrl.types.EpisodeStats), before they are summarised."""
+    from icrl.agent.model import AgentPolicy
     from icrl.run.loggers import say
 
-    policy = AgentPolicy(agent, collector.num_envs, greedy=True, device=device)
+    policy = AgentPolicy(agent, collector.num_envs, greedy=greedy, device=device)
     _, episodes = collector.collect_rollouts(policy, num_rollouts, seed=seed, max_steps=max_steps)
     if collector.capped_rollouts:
         say(f"icrl: warning: evaluation stopped at {max_steps:,} steps per rollout; {collector.capped_rollouts} "
             "rollout(s) had not ended and count as they stood (raise --eval-max-steps to let them finish)")
-    return summarize_episodes(episodes)
+    return episodes
+
+
+def play(agent: Any, venv: Any, device: torch.device, rollouts: int, *, seed: int, max_steps: int | None,
+         deterministic: bool = True) -> dict[str, Any]:
+    """Evaluate `agent` in `venv` (icrl's wrapped vector env) over `rollouts` rollouts: the summary, and each
+    rollout's return, success and length (`returns`, `successes`, `lengths`). `icrl eval` and
+    `icrl.evaluate` both call this, with the same seeds, so they agree on the same weights and env."""
+    from icrl.envs import Collector
+    from icrl.run.episodes import group_rollouts, summarize_episodes
+    from icrl.seeding import derive_seed
+    from icrl.types import ActionSpec
+
+    collector = Collector(venv, ActionSpec.from_space(venv.single_action_space), seed=derive_seed(seed, "eval-cli"))
+    episodes = evaluation_episodes(agent, collector, rollouts, device, derive_seed(seed, "eval-cli", "rollouts"),
+                                   max_steps, greedy=deterministic)
+    groups = group_rollouts(episodes)
+    return {**summarize_episodes(episodes), "returns": [float(sum(e.ret for e in r)) for r in groups],
+            "successes": [r[-1].success for r in groups], "lengths": [int(sum(e.length for e in r)) for r in groups]}
 
 
 def eval_row(agent: Any, collector: Any, cfg: ExperimentConfig, device: torch.device, *, epoch: int,
@@ -165,13 +191,13 @@ def load_agent(
     return agent, cfg
 
 
-def check_env_fits(venv, run_dir: str | Path, env_name: str) -> None:
-    """RunDirError when the env to act in does not give the observations and actions of the run's
-    spaces.json (an env chosen with --env instead of the run's); runs without the file are not checked."""
-    from icrl.spaces_json import read_spaces, spaces_wrapper
+def check_env_fits(venv, spaces: tuple | None, env_name: str) -> None:
+    """RunDirError when the env to act in does not give the observations and actions of the agent's
+    `spaces` (the env's (observation, action) spaces it was trained on, e.g. RUN_DIR/spaces.json), as with an
+    env chosen with --env instead of the run's; without `spaces` (runs of older icrl) nothing is checked."""
+    from icrl.spaces_json import spaces_wrapper
     from icrl.types import ActionSpec
 
-    spaces = read_spaces(run_dir)
     if spaces is None:
         return
     io = spaces_wrapper(*spaces)
@@ -183,6 +209,19 @@ def check_env_fits(venv, run_dir: str | Path, env_name: str) -> None:
 
         raise RunDirError(f"env {env_name!r} does not fit the run's agent: it gives {show(obs, spec)}, the agent was "
                           f"trained on {show(want_obs, want_spec)}")
+
+
+def eval_device(device: str) -> torch.device:
+    """The torch device `device` names, usable here; RunDirError (one line) otherwise."""
+    from icrl.run.distributed import resolve_device
+
+    try:
+        dev = resolve_device(device)
+    except RuntimeError as e:
+        raise RunDirError(f"--device {device!r} is not a torch device ({e})") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RunDirError(f"--device {device}: this torch build has no usable CUDA device; use --device cpu")
+    return dev
 
 
 def evaluate_run(
@@ -202,22 +241,15 @@ def evaluate_run(
     Defaults come from the run's config: its eval_rollouts, parallel_envs and seed (the eval envs are
     seeded with derive_seed(seed, "eval-cli"), apart from the training-time evaluations).
     """
-    from icrl.envs import Collector
     from icrl.run.components import make_env
-    from icrl.run.distributed import resolve_device
-    from icrl.seeding import derive_seed, seed_everything
-    from icrl.types import ActionSpec
+    from icrl.seeding import seed_everything
+    from icrl.spaces_json import read_spaces
 
     if rollouts is not None and rollouts < 1:
         raise RunDirError(f"--rollouts must be >= 1, got {rollouts}")
     if parallel_envs is not None and parallel_envs < 1:
         raise RunDirError(f"--parallel-envs must be >= 1, got {parallel_envs}")
-    try:
-        dev = resolve_device(device)
-    except RuntimeError as e:
-        raise RunDirError(f"--device {device!r} is not a torch device ({e})") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RunDirError(f"--device {device}: this torch build has no usable CUDA device; use --device cpu")
+    dev = eval_device(device)
     agent, cfg = load_agent(run_dir, checkpoint, dev, override)
     cfg = run_env_config(cfg, run_dir, override)
     e = cfg.env
@@ -227,11 +259,8 @@ def evaluate_run(
     seed_everything(seed)
     venv = make_env(e, n_envs)
     try:
-        check_env_fits(venv, run_dir, e.env)
-        spec = ActionSpec.from_space(venv.single_action_space)
-        collector = Collector(venv, spec, seed=derive_seed(seed, "eval-cli"))
-        stats = evaluate(agent, collector, rollouts, dev, seed=derive_seed(seed, "eval-cli", "rollouts"),
-                         max_steps=cfg.eval.eval_max_steps)
+        check_env_fits(venv, read_spaces(run_dir), e.env)
+        stats = play(agent, venv, dev, rollouts, seed=seed, max_steps=cfg.eval.eval_max_steps)
     finally:
         venv.close()
     return {

@@ -126,3 +126,20 @@ def test_envs_shows_popgym_without_the_extra(monkeypatch, capsys):
     assert "popgym/<name>" in out and "pip install 'icrl[popgym]'" in out
     assert cli("envs", "popgym") == 2
     assert "pip install 'icrl[popgym]'" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------- icrl.evaluate
+def test_evaluate_a_loaded_policy_agrees_with_icrl_eval(in_tmp, capsys):
+    icrl.train(tiny("runs/t"))
+    policy = icrl.load("runs/t")
+    result = icrl.evaluate(policy, n_episodes=4, seed=3)  # the run's own env
+    assert result["rollouts"] == 4 and len(result["returns"]) == 4 and len(result["successes"]) == 4
+    assert result["return_mean"] == pytest.approx(sum(result["returns"]) / 4)
+    assert result["success_rate"] is not None and result["return_std"] >= 0
+    assert cli("eval", "runs/t", "--rollouts", "4", "--seed", "3") == 0
+    on_cli = json.loads((in_tmp / "runs/t/eval.json").read_text())
+    assert on_cli["returns"] == result["returns"] and on_cli["return_mean"] == result["return_mean"]
+    other = icrl.evaluate("runs/t", env="tmaze", env_kwargs={"length": 3}, n_episodes=2, deterministic=False)
+    assert other["rollouts"] == 2
+    with pytest.raises(ValueError, match="does not fit"):
+        icrl.evaluate(policy, env="CartPole-v1", n_episodes=2)
