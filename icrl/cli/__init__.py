@@ -14,6 +14,7 @@ import contextlib
 import io
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Union
 
 from icrl.cli.commands import COMMANDS, Learn, Train, with_config
@@ -41,35 +42,61 @@ USAGE = """usage: icrl {train,eval,envs,plot,export,learn,collect,export-minari}
 
 
 @dataclass(frozen=True)
-class _PresetOnly:
-    """The one flag read before the full parse (see `_preset_arg`)."""
+class _StartOnly:
+    """The flags read before the full parse (see `_start_args`)."""
 
     preset: str | None = None
+    config: str | None = None
 
 
-def _preset_arg(argv: list[str], prog: str = "icrl train") -> str | None:
-    """The value of `--preset NAME` / `--preset=NAME` among a subcommand's arguments (tyro, the rest ignored):
-    the preset must be known before the full parse, because it supplies the flags' defaults."""
+def _start_args(argv: list[str], prog: str = "icrl train") -> tuple[str | None, str | None]:
+    """The values of `--preset NAME` and `--config FILE` among a subcommand's arguments (tyro, the rest
+    ignored): they must be known before the full parse, because they supply the flags' defaults."""
     import tyro
 
     with _tyro_errors(prog):
-        known, _ = tyro.cli(_PresetOnly, args=argv, return_unknown_args=True, add_help=False)
-    return known.preset
+        known, _ = tyro.cli(_StartOnly, args=argv, return_unknown_args=True, add_help=False)
+    if known.preset is not None and known.config is not None:
+        fail(f"{prog}: pass --preset or --config, not both (the flags on top apply to either)")
+    return known.preset, known.config
 
 
-def _subcommands(preset: str | None) -> Any:
-    """The union of every subcommand for tyro, `train` and `learn` defaulting to `preset`'s config."""
-    import tyro
+def _preset_arg(argv: list[str], prog: str = "icrl train") -> str | None:
+    """The value of `--preset NAME` among a subcommand's arguments."""
+    return _start_args(argv, prog)[0]
 
+
+def _start_config(preset: str | None, config_file: str | None) -> Any:
+    """The config the flags apply on top of: a preset's, a config.json's (a run's, e.g. someone else's: its
+    run dir and --resume are not taken, so the new run gets its own folder), or the library defaults."""
     from icrl.config import ExperimentConfig
     from icrl.config.presets import PRESETS
 
-    cfg = ExperimentConfig()
     if preset is not None:
         if preset not in PRESETS:
             fail(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
-        cfg = PRESETS[preset]()
-    defaults = {Train: with_config(Train, cfg, preset), Learn: with_config(Learn, cfg, preset)}
+        return PRESETS[preset]()
+    if config_file is None:
+        return ExperimentConfig()
+    from icrl.run.evaluate import RunDirError, load_config
+
+    path = Path(config_file)
+    try:
+        if not path.exists():
+            raise RunDirError(f"--config {path} does not exist; pass a config.json or a run directory")
+        cfg = load_config(path) if path.is_dir() else load_config(path.parent, path.name)
+    except RunDirError as e:
+        fail(str(e))
+    return cfg.replace(run_dir=None, resume=False)
+
+
+def _subcommands(preset: str | None, config_file: str | None = None) -> Any:
+    """The union of every subcommand for tyro, `train` and `learn` defaulting to the config of `preset` or
+    `config_file` (`_start_config`)."""
+    import tyro
+
+    cfg = _start_config(preset, config_file)
+    defaults = {cls: with_config(cls, cfg, preset, config_file) for cls in (Train, Learn)}
     members = [
         Annotated[cls, tyro.conf.subcommand(name, default=defaults.get(cls, tyro.MISSING_NONPROP))]
         for name, cls in COMMANDS.items()
@@ -101,8 +128,8 @@ def parse(argv: list[str]):
         fail(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
     if command == "learn" and any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest):
         fail("icrl learn: the run dir is the first argument; drop --run-dir")
-    preset = _preset_arg(rest, f"icrl {command}") if command in ("train", "learn") else None
-    union = _subcommands(preset)
+    preset, config_file = _start_args(rest, f"icrl {command}") if command in ("train", "learn") else (None, None)
+    union = _subcommands(preset, config_file)
     with _tyro_errors(f"icrl {command}"):
         return tyro.cli(union, args=argv, prog="icrl", config=(tyro.conf.OmitArgPrefixes,))
 

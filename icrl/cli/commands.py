@@ -17,6 +17,8 @@ from icrl.config import ConfigError, ExperimentConfig
 RunDir = Annotated[str, tyro.conf.arg(metavar="RUN_DIR")]
 """A run directory (written by `icrl train` / `icrl learn`), given as the first positional argument."""
 FlatConfig = Annotated[ExperimentConfig, tyro.conf.arg(name="")]
+ConfigFile = Annotated[str | None, tyro.conf.arg(name="config", metavar="FILE")]
+"""`--config FILE`: a config.json to start from (read before the full parse, as `--preset`)."""
 """Every field of the config as a flag without its group prefix (`--d-model`, not `--model.d-model`)."""
 
 
@@ -46,6 +48,9 @@ class Train:
 
     preset: str | None = None
     """Start from this preset (icrl.config.presets: cue_recall, goal_grid, tmaze)."""
+    config_file: ConfigFile = None
+    """Start from this config.json (or a run directory's), e.g. another run's, the flags applying on top; its
+    run dir and --resume are not taken, so the new run gets its own folder."""
     config: FlatConfig = field(default_factory=ExperimentConfig)
 
     def run(self) -> None:
@@ -65,6 +70,9 @@ class Learn:
     """The run directory shared with the collectors (created, or continued with --resume)."""
     preset: str | None = None
     """Start from this preset (icrl.config.presets: cue_recall, goal_grid, tmaze)."""
+    config_file: ConfigFile = None
+    """Start from this config.json (or a run directory's), e.g. another run's, the flags applying on top; its
+    run dir and --resume are not taken, so the new run gets its own folder."""
     config: FlatConfig = field(default_factory=ExperimentConfig)
 
     def run(self) -> None:
@@ -284,8 +292,8 @@ def _validated(cfg: ExperimentConfig) -> ExperimentConfig:
 
 
 
-def with_config(command: type, cfg: ExperimentConfig, preset: str | None):
-    """The default instance of `command` (Train or Learn) whose config is `cfg` (a preset's), its positional
-    arguments still required."""
+def with_config(command: type, cfg: ExperimentConfig, preset: str | None, config_file: str | None = None):
+    """The default instance of `command` (Train or Learn) whose config is `cfg` (a preset's or a file's), its
+    positional arguments still required."""
     required = {f.name: tyro.MISSING for f in dataclasses.fields(command) if f.name == "run_dir"}
-    return command(**required, preset=preset, config=cfg)
+    return command(**required, preset=preset, config_file=config_file, config=cfg)

@@ -81,13 +81,14 @@ class RunDirError(ValueError):
     """A run directory, checkpoint or weights file that cannot be used; the message says what is wrong."""
 
 
-def load_config(run_dir: str | Path) -> ExperimentConfig:
+def load_config(run_dir: str | Path, name: str = "config.json") -> ExperimentConfig:
+    """A run's config (RUN_DIR/config.json, or the file `name` in that folder), checked as the flags are."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is not a directory; pass a run directory written by `icrl train`")
-    path = run_dir / "config.json"
+    path = run_dir / name
     if not path.is_file():
-        raise RunDirError(f"{run_dir} has no config.json; pass a run directory written by `icrl train`")
+        raise RunDirError(f"{run_dir} has no {name}; pass a run directory written by `icrl train`")
     try:  # values checked like flags: a hand-edited config.json fails here, in one line, not deep in a build
         return ExperimentConfig.from_json(path.read_text(encoding="utf-8")).validate(check_device=False)
     except (json.JSONDecodeError, TypeError, ValueError) as e:

@@ -143,3 +143,19 @@ def test_evaluate_a_loaded_policy_agrees_with_icrl_eval(in_tmp, capsys):
     assert other["rollouts"] == 2
     with pytest.raises(ValueError, match="does not fit"):
         icrl.evaluate(policy, env="CartPole-v1", n_episodes=2)
+
+
+# -------------------------------------------------------------------------------- --config FILE
+def test_train_from_another_runs_config_with_flags_on_top(in_tmp, capsys):
+    icrl.train(tiny("runs/theirs"))
+    assert cli("train", "--config", "runs/theirs/config.json", "--seed", "5") == 0
+    theirs = json.loads((in_tmp / "runs/theirs/config.json").read_text())
+    (mine,) = [p for p in (in_tmp / "runs").iterdir() if p.name.startswith("tmaze-5-")]  # a folder of its own
+    cfg = json.loads((mine / "config.json").read_text())
+    assert cfg["run"]["seed"] == 5 and cfg["run"]["run_dir"] == str(mine.relative_to(in_tmp))
+    for group in ("env", "model", "schedule"):
+        assert cfg[group] == theirs[group]
+    capsys.readouterr()
+    assert cli("train", "--config", "nowhere/config.json") == 2
+    assert "nowhere/config.json does not exist" in capsys.readouterr().err
+    assert cli("train", "--config", "runs/theirs", "--preset", "tmaze") == 2
