@@ -297,27 +297,9 @@ def evaluate(policy: InContextPolicy | str | Path, env: Any = None, n_episodes: 
     env_kwargs: kwargs for the env (default: the run's when `env` is None or the run's env name, else none).
     seed: seeds the envs; with the run's env and seed this is exactly `icrl eval RUN --seed S`'s evaluation.
     """
-    import dataclasses
+    from icrl.run.evaluate import evaluate_agent
 
-    from icrl.envs.user import resolve_env, run_env_config
-    from icrl.run.components import make_env
-    from icrl.run.evaluate import check_env_fits, play
-
-    if n_episodes < 1:
-        raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
     policy = policy if isinstance(policy, InContextPolicy) else load(policy)
-    cfg = policy.config
-    if env is None:
-        cfg = run_env_config(cfg, "the policy's run")  # refuses a run env that names code
-    src = resolve_env(cfg.env.env if env is None else env)
-    if env_kwargs is None:
-        env_kwargs = src.env_kwargs or (cfg.env.kwargs if src.name == cfg.env.env else {})
-    e = dataclasses.replace(cfg.env, env=src.name, env_kwargs=json.dumps(env_kwargs))
-    n_envs = min(parallel_envs or src.parallel_envs or e.parallel_envs, n_episodes)
-    venv = make_env(e, n_envs, factories=src.factories)
-    try:
-        check_env_fits(venv, (policy.observation_space, policy.action_space), src.name)
-        return play(policy.agent, venv, policy.device, n_episodes, seed=seed,
-                    max_steps=cfg.eval.eval_max_steps if max_steps is None else max_steps, deterministic=deterministic)
-    finally:
-        venv.close()
+    return evaluate_agent(policy.agent, policy.config, (policy.observation_space, policy.action_space),
+                          policy.device, env, n_episodes, deterministic, env_kwargs=env_kwargs, seed=seed,
+                          parallel_envs=parallel_envs, max_steps=max_steps)

@@ -18,6 +18,11 @@ class EvalConfig:
     eval_max_steps: int = 50_000
     """Evaluation stops a rollout after this many steps (counted as it stands, with a warning), so an env
     whose episodes never end cannot hang evaluation."""
+    stop_at_return: float | None = None
+    """Stop the run once --stop-patience evaluations in a row reach this eval return (e.g. 0.95; unset: run
+    the whole budget). The run ends as at its last epoch: checkpointed, final weights and plot written."""
+    stop_patience: int = 1
+    """Evaluations in a row at or above --stop-at-return before the run stops."""
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "env.rollout_horizon": _ge(1),
     "eval.eval_rollouts": _ge(1),
     "eval.eval_max_steps": _ge(1),
+    "eval.stop_patience": _ge(1),
     "model.d_model": _ge(1),
     "model.layers": _ge(1),
     "model.heads": _ge(1),

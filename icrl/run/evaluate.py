@@ -212,6 +212,33 @@ def check_env_fits(venv, spaces: tuple | None, env_name: str) -> None:
                           f"trained on {show(want_obs, want_spec)}")
 
 
+def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: torch.device, env: Any = None,
+                   n_episodes: int = 10, deterministic: bool = True, *, env_kwargs: dict[str, Any] | None = None,
+                   seed: int = 0, parallel_envs: int | None = None, max_steps: int | None = None) -> dict[str, Any]:
+    """`icrl.evaluate` (icrl.policy.evaluate, which documents the arguments) for an agent of a run with config
+    `cfg` trained on the env's `spaces` (observation, action); callbacks evaluate a training agent with it."""
+    import dataclasses
+
+    from icrl.envs.user import resolve_env
+    from icrl.run.components import make_env
+
+    if n_episodes < 1:
+        raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
+    if env is None:
+        cfg = run_env_config(cfg, "the policy's run")  # refuses a run env that names code
+    src = resolve_env(cfg.env.env if env is None else env)
+    if env_kwargs is None:
+        env_kwargs = src.env_kwargs or (cfg.env.kwargs if src.name == cfg.env.env else {})
+    e = dataclasses.replace(cfg.env, env=src.name, env_kwargs=json.dumps(env_kwargs))
+    venv = make_env(e, min(parallel_envs or src.parallel_envs or e.parallel_envs, n_episodes), factories=src.factories)
+    try:
+        check_env_fits(venv, spaces, src.name)
+        return play(agent, venv, device, n_episodes, seed=seed, deterministic=deterministic,
+                    max_steps=cfg.eval.eval_max_steps if max_steps is None else max_steps)
+    finally:
+        venv.close()
+
+
 def eval_device(device: str) -> torch.device:
     """The torch device `device` names, usable here; RunDirError (one line) otherwise."""
     from icrl.run.distributed import resolve_device

@@ -203,20 +203,28 @@ def say(text: str) -> None:
     console.file.flush()
 
 
-def progress_line(row: dict[str, Any], last_eval: dict[str, Any] | None) -> str:
+def progress_line(row: dict[str, Any], new_eval: dict[str, Any] | None, live: bool = False) -> str:
+    """The epoch's line: counters, speeds, the train return and, in the epoch it ran, the evaluation.
+    `live`: the short form the progress bar shows, which fits an 80-column terminal beside the bar."""
+    upd, train = row.get("time/updates_per_s", 0), row.get("train/return_mean")
+    if live:
+        parts = [f"{upd:5.1f} upd/s"] + ([f"train {train:+.2f}"] if train is not None else [])
+        if new_eval is not None and new_eval.get("return_mean") is not None:
+            parts.append(f"[cyan]eval {new_eval['return_mean']:+.2f}[/cyan]")
+        return " ".join(parts)
     parts = [
         f"[bold]epoch {row['epoch']:>4}[/bold]",
         f"env steps {row['env_steps']:>8,}",
         f"updates {row['updates']:>6,}",
         f"{row.get('time/env_steps_per_s', 0):7.0f} env steps/s",
-        f"{row.get('time/updates_per_s', 0):5.1f} updates/s",
+        f"{upd:5.1f} updates/s",
     ]
-    if row.get("train/return_mean") is not None:
-        parts.append(f"train return {row['train/return_mean']:+.3f}")
-    if last_eval is not None:
-        text = f"eval return {last_eval['return_mean']:+.3f}"
-        if last_eval.get("success_rate") is not None:
-            text += f" success {last_eval['success_rate']:.2f}"
+    if train is not None:
+        parts.append(f"train return {train:+.3f}")
+    if new_eval is not None:
+        text = f"eval return {new_eval['return_mean']:+.3f}" if new_eval.get("return_mean") is not None else "eval"
+        if new_eval.get("success_rate") is not None:
+            text += f" success {new_eval['success_rate']:.2f}"
         parts.append(f"[cyan]{text}[/cyan]")
     return " | ".join(parts)
 
@@ -227,10 +235,10 @@ def progress_bar(total_env_steps: int):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
+        TextColumn("{task.description}"),  # progress_line(..., live=True): at most ~34 columns
+        BarColumn(bar_width=12),
         MofNCompleteColumn(),
-        TextColumn("env steps"),
+        TextColumn("steps"),
         TimeRemainingColumn(),
         console=console,
         transient=True,

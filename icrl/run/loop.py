@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from icrl.config import ExperimentConfig
+from icrl.run.callbacks import Callbacks, TrainingRun
 from icrl.run.checkpoint import save_checkpoint
 from icrl.run.components import Components, build_components
 from icrl.run.episodes import train_stats
@@ -23,26 +25,31 @@ from icrl.run.rundir import resume_training, write_run_files
 from icrl.run.timer import Timer
 from icrl.run.updates import LazyLoader, make_train_loader, run_updates
 from icrl.seeding import derive_seed
+from icrl.spaces_json import read_spaces_record
 from icrl.types import EpisodeStats, Rollout
 
 
-def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
-    """Train an agent as `cfg` says; returns the final evaluation. Writes everything under run_dir.
+def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Sequence[Any] | Any = ()) -> dict:
+    """Train an agent as `cfg` says; returns the final evaluation (and `run_dir`). Writes everything under
+    run_dir (unset: a new folder runs/<env>-<seed>-<time>).
 
     `env` (or `cfg.env.env`) is a built-in task, a Gymnasium id or 'module:factory', a gymnasium.Env subclass,
-    a zero-arg factory, or a gymnasium.vector.VectorEnv (icrl.envs.user.resolve_env): icrl wraps and vectorises
-    its own copies. RUN_DIR/spaces.json records the env's spaces, so `icrl.load(RUN_DIR)` needs no env.
-    `icrl.train(cfg, env=...)` is this function.
+    a zero-arg factory, an env made by gymnasium.make, or a gymnasium.vector.VectorEnv
+    (icrl.envs.user.resolve_env): icrl wraps and vectorises its own copies. RUN_DIR/spaces.json records the
+    env's spaces, so `icrl.load(RUN_DIR)` needs no env. `callbacks`: objects with hooks (icrl.run.callbacks);
+    one returning True stops the run after that epoch, as `cfg.eval.stop_at_return` does.
 
     Started N times by a launcher (`torchrun --nproc_per_node N -m icrl train ...`), the processes train one
     agent data-parallel (icrl.run.distributed): per epoch each collects steps_per_epoch / N env steps with its own
     envs into the shared replay, and each update averages the gradients of N batches of batch_size windows.
-    Rank 0 alone writes the run directory and evaluates; the other ranks return {}.
+    Rank 0 alone writes the run directory, evaluates and calls the callbacks; the other ranks return {}.
     """
+    hooks = Callbacks(callbacks)  # a callback without any hook is refused before anything is built
     c = build_components(cfg, env)  # every refusal, the seeds, envs, agent, learner, replay; the run dir locked
     cfg, main = c.cfg, c.replicas.is_main
+    hooks = Callbacks(hooks.items, cfg)  # with --stop-at-return's
     start_epoch, wall_offset = resume(c) if cfg.run.resume else (0, 0.0)
-    log = start_log(c)
+    log = start_log(c, hooks)
     batches = LazyLoader(lambda: make_train_loader(
         cfg, c.replay.root, c.spec, c.device, transform=c.relabeler,
         # a resumed run draws a fresh sample stream rather than replaying the first one's
@@ -52,7 +59,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     bar.start()
     try:
         num_epochs = max(1, c.offline_epochs + cfg.schedule.total_env_steps // cfg.schedule.steps_per_epoch)
-        start, last_eval, hinted = time.perf_counter() - wall_offset, None, False
+        start, last_eval, hinted, stop, epoch = time.perf_counter() - wall_offset, None, False, False, start_epoch
         for epoch in range(start_epoch + 1, num_epochs + 1):
             timer, steps0, policy_s0 = Timer(), c.env_steps(), c.policy.seconds
             with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
@@ -62,16 +69,16 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
             hinted = hinted or hint_nothing_stored(c, epoch, rollouts)
             metrics, n_updates = update(c, batches, timer)
             row = train_row(c, epoch, start, episodes, metrics, timer, steps0, policy_s0, n_updates)
-            if main:
-                last_eval = report_epoch(
-                    log, row, cfg, epoch=epoch, num_epochs=num_epochs, last_eval=last_eval,
-                    evaluate=lambda: eval_row(c.agent, c.eval_collector, cfg, c.device, epoch=epoch,  # noqa: B023
-                                              env_steps=c.env_steps(), updates=c.learner.updates, start=start),
-                    progress=lambda r, ev: bar.update(bar_task, completed=c.env_steps(), description=progress_line(r, ev)))
-            if due(epoch, cfg.run.checkpoint_every, num_epochs):
+            new_eval = report(c, log, row, epoch, num_epochs, start, lambda r, ev: bar.update(  # noqa: B023
+                bar_task, completed=c.env_steps(), description=progress_line(r, ev, live=True))) if main else None
+            stop = c.replicas.max([int(main and hooks.epoch_end(row, new_eval))])[0] > 0  # every rank stops
+            last_eval = new_eval or (None if stop else last_eval)  # a run stopped between evaluations: one more
+            if stop or due(epoch, cfg.run.checkpoint_every, num_epochs):
                 checkpoint(c, epoch, start)
-        if main and last_eval is None:  # resumed a run that had already reached its last epoch
-            last_eval = final_eval(c, max(start_epoch, num_epochs), num_epochs, start)
+            if stop:
+                break
+        if main and last_eval is None:  # resumed a run that had already reached its last epoch, or stopped early
+            last_eval = final_eval(c, epoch if stop else max(start_epoch, num_epochs), num_epochs, start)
     except BaseException:  # an error or Ctrl-C: the run dir is free again at once
         if c.lock is not None:
             c.lock.release()
@@ -81,7 +88,16 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
         log.close()
         batches.close()
         c.close()
-    return finish(c, last_eval) if main else {}
+    return finish(c, last_eval, hooks) if main else {}
+
+
+def report(c: Components, log: Logger, row: dict, epoch: int, num_epochs: int, start: float,
+           progress: Any) -> dict | None:
+    """Rank 0 logs the epoch's train row and, when due, evaluates; returns this epoch's evaluation, if any."""
+    cfg = c.cfg
+    return report_epoch(log, row, cfg, epoch=epoch, num_epochs=num_epochs, last_eval=None, progress=progress,
+                        evaluate=lambda: eval_row(c.agent, c.eval_collector, cfg, c.device, epoch=epoch,
+                                                  env_steps=c.env_steps(), updates=c.learner.updates, start=start))
 
 
 def resume(c: Components) -> tuple[int, float]:
@@ -90,9 +106,9 @@ def resume(c: Components) -> tuple[int, float]:
                            collector=c.collector, exploration=c.exploration)
 
 
-def start_log(c: Components) -> Logger:
-    """Rank 0, the one writer of the run directory: config.json, spaces.json, the metrics log and the banner.
-    The other ranks log nothing."""
+def start_log(c: Components, hooks: Callbacks) -> Logger:
+    """Rank 0, the one writer of the run directory: config.json, spaces.json, the metrics log and the banner;
+    then the callbacks' on_train_start. The other ranks log nothing."""
     if not c.replicas.is_main:
         return MultiLogger([])
     cfg, e, world = c.cfg, c.cfg.env, c.replicas.world_size
@@ -103,6 +119,7 @@ def start_log(c: Components) -> Logger:
         f"({sum(p.numel() for p in c.agent.online_parameters()):,} parameters) on {c.device}"
         + (f" x {world} processes" if world > 1 else "") + f"; run dir {c.run_dir}"
     )
+    hooks.start(TrainingRun(cfg, c.run_dir, c.agent, read_spaces_record(c.spaces, "the run"), c.device, c.env_steps))
     return log
 
 
@@ -183,7 +200,7 @@ def final_eval(c: Components, epoch: int, seed_epoch: int, start: float) -> dict
     return {**row_head("eval", epoch, c.env_steps(), c.learner.updates, start), **stats}
 
 
-def finish(c: Components, last_eval: dict | None) -> dict:
+def finish(c: Components, last_eval: dict | None, hooks: Callbacks) -> dict:
     """Rank 0: the final weights, the plot and the result line, then the run dir is free again; returns the
     final evaluation with the run dir."""
     assert last_eval is not None
@@ -192,4 +209,6 @@ def finish(c: Components, last_eval: dict | None) -> dict:
     finally:
         if c.lock is not None:
             c.lock.release()
-    return {**last_eval, "run_dir": str(c.run_dir)}  # where the run lives, also when icrl chose the folder
+    result = {**last_eval, "run_dir": str(c.run_dir)}  # where the run lives, also when icrl chose the folder
+    hooks.end(result)
+    return result

@@ -33,13 +33,15 @@ def report_epoch(log: Logger, row: dict[str, Any], cfg: ExperimentConfig, *, epo
                  last_eval: dict | None, evaluate: Callable[[], dict],
                  progress: Callable[[dict, dict | None], None] | None = None) -> dict | None:
     """Write the train `row`, then (when due) an evaluation row and the progress line; returns the latest
-    evaluation. `progress` sees every row (a progress bar)."""
+    evaluation (this epoch's, else `last_eval`). `progress` sees every row (a progress bar). Lines show an
+    evaluation only in the epoch it ran, so an old one is never printed again as if it were new."""
     log.write(row)
+    new_eval = None
     if due(epoch, cfg.eval.eval_every, num_epochs):
-        last_eval = evaluate()
-        log.write(last_eval)
+        new_eval = evaluate()
+        log.write(new_eval)
     if progress is not None:
-        progress(row, last_eval)
+        progress(row, new_eval)
     if due(epoch, cfg.run.log_every, num_epochs):
-        say(progress_line(row, last_eval))
-    return last_eval
+        say(progress_line(row, new_eval))
+    return new_eval or last_eval
