@@ -249,8 +249,8 @@ def _find_run(path: Path) -> tuple[ExperimentConfig, Path, tuple[gym.Space, gym.
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = None) -> InContextPolicy:
-    """The policy of a run directory, a checkpoint folder (RUN_DIR/checkpoints/ckpt-N) or a weights file in
-    either, ready to `predict`. The latest checkpoint of a run directory is used (else its final weights), as
+    """The policy of a run directory, a checkpoint folder (RUN_DIR/checkpoints/ckpt-N), a weights file in
+    either, or a zip written by `icrl export` (checked as hostile input: icrl.run.export), ready to `predict`. The latest checkpoint of a run directory is used (else its final weights), as
     `icrl eval` does. `device`: "cpu", "cuda", "auto", ...
 
     Nothing of the env is imported or built: the spaces come from RUN_DIR/spaces.json (or the checkpoint).
@@ -260,6 +260,11 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
     path = Path(path)
     if not path.exists():
         raise RunDirError(f"{path} does not exist; pass a run directory written by `icrl train` or a checkpoint")
+    if path.is_file() and path.suffix.lower() == ".zip":  # `icrl export`: unpacked, checked, loaded, removed
+        from icrl.run.export import unpacked
+
+        with unpacked(path) as folder:
+            return load(folder, device, env=env)
     cfg, weights, spaces = _find_run(path)
     if spaces is None:
         if env is None:

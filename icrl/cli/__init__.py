@@ -36,6 +36,8 @@ USAGE = """usage: icrl {train,eval,envs,plot,export,learn,collect,export-minari}
             [--max-env-steps N] [--max-lead STEPS] [--wait S]
             [--env NAME] [--env-kwargs JSON] [--trust-run-env]      (eval, collect, export-minari: a run's
                                                                     module:factory env runs only if asked)
+  icrl export RUN_DIR OUT.zip [--checkpoint PATH] [--overwrite]  share a run: weights, config, spaces,
+                                                                    metrics, plot (icrl.load("OUT.zip"))
   icrl export-minari RUN_DIR DATASET_ID [--folder fifo|protected|all] [--overwrite]
                                                                     a run's rollouts as a local Minari dataset
 """

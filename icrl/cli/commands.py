@@ -277,9 +277,33 @@ class ExportMinari:
         print(f"{self.dataset_id}: {episodes:,} episodes, {steps:,} steps in {path}")
 
 
+@dataclass(frozen=True)
+class Export:
+    """Share a run as one zip: its weights (safetensors), config.json, spaces.json, metrics and plot; no pickle.
+    `icrl.load("out.zip")` (or `icrl eval`-like use through Python) reads it back without the env."""
+
+    run_dir: tyro.conf.Positional[RunDir]
+    """The run to export."""
+    out: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="OUT.zip")]]
+    """The zip file to write."""
+    checkpoint: str | None = None
+    """Weights of this checkpoint (default: the ones `icrl.load(RUN_DIR)` uses: the latest checkpoint, else
+    RUN_DIR/agent.safetensors)."""
+    overwrite: bool = False
+    """Replace OUT.zip when it exists."""
+
+    def run(self) -> None:
+        from icrl.run.export import export
+
+        try:
+            print(export(self.run_dir, self.out, self.checkpoint, overwrite=self.overwrite))
+        except INPUT_ERRORS as e:
+            fail(one_line(e))
+
+
 COMMANDS: dict[str, type] = {
     "train": Train, "learn": Learn, "collect": Collect, "eval": Eval, "envs": Envs, "plot": Plot,
-    "export-minari": ExportMinari,
+    "export": Export, "export-minari": ExportMinari,
 }
 
 

@@ -217,3 +217,47 @@ def test_builtin_callbacks(in_tmp):
     assert icrl.load("runs/e/best_agent.safetensors").config.env.env == "tmaze"
     assert sorted(p.name for p in (in_tmp / "runs/e/weights").iterdir()) == [
         "agent-000000032.safetensors", "agent-000000064.safetensors"]
+
+
+# -------------------------------------------------------------------------------- export / load a zip
+def test_export_and_load_a_zip(in_tmp, capsys):
+    import zipfile
+
+    import torch
+
+    icrl.train(tiny("runs/x"))
+    assert cli("export", "runs/x", "shared/x.zip") == 0
+    names = set(zipfile.ZipFile(in_tmp / "shared/x.zip").namelist())
+    assert names == {"agent.safetensors", "config.json", "spaces.json", "metrics.jsonl", "learning_curve.png",
+                     "icrl_export.json"}  # no pickle: no optimiser state, no replay
+    a, b = icrl.load("runs/x"), icrl.load("shared/x.zip")
+    assert all(torch.equal(p, q) for p, q in zip(a.agent.state_dict().values(), b.agent.state_dict().values()))
+    assert icrl.evaluate(b, n_episodes=2)["returns"] == icrl.evaluate(a, n_episodes=2)["returns"]
+    capsys.readouterr()
+    assert cli("export", "runs/x", "shared/x.zip") == 2 and "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("member", ["../evil.txt", "/tmp/evil.txt", "sub/config.json", "..\\evil.txt"])
+def test_a_zip_with_paths_leaving_the_archive_is_refused(in_tmp, member):
+    import zipfile
+
+    from icrl.run.evaluate import RunDirError
+
+    icrl.train(tiny("runs/x"))
+    assert cli("export", "runs/x", "x.zip") == 0
+    with zipfile.ZipFile(in_tmp / "x.zip", "a") as z:
+        z.writestr(member, "gotcha")
+    with pytest.raises(RunDirError, match="outside the archive"):
+        icrl.load("x.zip")
+    assert not (in_tmp.parent / "evil.txt").exists()
+
+
+def test_an_oversized_member_is_refused(in_tmp, monkeypatch):
+    from icrl.run import export
+    from icrl.run.evaluate import RunDirError
+
+    icrl.train(tiny("runs/x"))
+    assert cli("export", "runs/x", "x.zip") == 0
+    monkeypatch.setattr(export, "MAX_OTHER_BYTES", 100)  # config.json is larger
+    with pytest.raises(RunDirError, match="limit"):
+        icrl.load("x.zip")
