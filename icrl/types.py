@@ -46,8 +46,8 @@ class ActionSpec:
         if isinstance(space, gym.spaces.MultiBinary) and np.ndim(space.n) == 0:
             return cls("multibinary", int(space.n))
         raise ValueError(
-            f"Unsupported action space {space!r}. icrl supports Discrete(n), a 1-D Box and a 1-D MultiBinary; "
-            "flatten other spaces with a gymnasium wrapper first."
+            f"Unsupported agent action space {space!r}: the agent acts in Discrete(n), a 1-D Box or a 1-D "
+            "MultiBinary (agent_action_space maps an env's action space onto one of them)"
         )
 
     @property
@@ -104,7 +104,11 @@ def action_to_vector(spec: ActionSpec, action: Any) -> np.ndarray:
     return spec.to_vector(spec.as_stored(np.asarray(action).reshape(spec.storage_shape(1)[1:])))
 
 
-SUPPORTED_ACTION_SPACES = "Discrete(n), a bounded 1-D Box, a 1-D MultiBinary"
+SUPPORTED_ACTION_SPACES = ("Discrete(n), a bounded 1-D Box, a 1-D MultiBinary, a 1-D MultiDiscrete of up to "
+                           "MAX_JOINT_ACTIONS combinations")
+MAX_JOINT_ACTIONS = 4096
+"""A MultiDiscrete action space becomes one Discrete over every combination (np.ravel_multi_index): exact,
+and the agent's discrete heads need nothing new, but the head's width is the number of combinations."""
 
 
 def agent_action_space(env_space: gym.Space) -> gym.Space:
@@ -121,10 +125,20 @@ def agent_action_space(env_space: gym.Space) -> gym.Space:
         return gym.spaces.Box(-1.0, 1.0, env_space.shape, np.float32)
     if isinstance(env_space, gym.spaces.MultiBinary) and np.ndim(env_space.n) == 0:
         return gym.spaces.MultiBinary(int(env_space.n))
+    if isinstance(env_space, gym.spaces.MultiDiscrete) and np.ndim(env_space.nvec) == 1:
+        joint = int(np.prod(env_space.nvec, dtype=np.int64))
+        if joint <= MAX_JOINT_ACTIONS:
+            return gym.spaces.Discrete(joint)
+        raise ValueError(
+            f"Unsupported action space {env_space!r}: icrl acts in a MultiDiscrete space as one Discrete over every "
+            f"combination, and this one has {joint:,} (at most {MAX_JOINT_ACTIONS:,}); Gymnasium has no wrapper for "
+            "this: write a gymnasium.ActionWrapper that exposes a Box (each entry rounded into its range) or "
+            "MultiBinary action instead"
+        )
     raise ValueError(
-        f"Unsupported action space {env_space!r}. icrl supports {SUPPORTED_ACTION_SPACES}; "
-        "flatten other spaces (Tuple, MultiDiscrete, multi-dimensional Box, ...) with a gymnasium wrapper "
-        "first."
+        f"Unsupported action space {env_space!r}. icrl supports {SUPPORTED_ACTION_SPACES.replace('MAX_JOINT_ACTIONS', str(MAX_JOINT_ACTIONS))}; "
+        "Gymnasium ships no wrapper that flattens other action spaces (Tuple, Dict, a multi-dimensional Box): "
+        "write a gymnasium.ActionWrapper that exposes one of these (e.g. a flat Box reshaped in `action()`)."
     )
 
 
@@ -132,7 +146,7 @@ def agent_to_env_action(env_space: gym.Space, action: Any) -> Any:
     """Agent action in storage format -> the action the wrapped env expects. Pure: no env state involved.
 
     Discrete: id in [0, n) -> id + start. Box: [-1, 1] (clipped) -> linearly onto [low, high], exact at both
-    ends. MultiBinary: 0/1 vector as int8.
+    ends. MultiBinary: 0/1 vector as int8. MultiDiscrete: the joint id -> np.unravel_index(id, nvec) + start.
     """
     if isinstance(env_space, gym.spaces.Discrete):
         a = int(np.asarray(action).reshape(()))
@@ -146,6 +160,12 @@ def agent_to_env_action(env_space: gym.Space, action: Any) -> Any:
         return np.clip(out, low, high).astype(env_space.dtype)
     if isinstance(env_space, gym.spaces.MultiBinary):
         return (np.asarray(action).reshape(env_space.shape) > 0).astype(np.int8)
+    if isinstance(env_space, gym.spaces.MultiDiscrete):  # the joint id -> one entry per sub-action
+        nvec = np.asarray(env_space.nvec, dtype=np.int64)
+        a = int(np.asarray(action).reshape(()))
+        if not 0 <= a < int(np.prod(nvec)):
+            raise ValueError(f"discrete action {a} outside [0, {int(np.prod(nvec))})")
+        return (np.array(np.unravel_index(a, nvec), dtype=np.int64) + env_space.start).astype(env_space.dtype)
     agent_action_space(env_space)  # raises the explanatory error
     raise AssertionError("unreachable")
 

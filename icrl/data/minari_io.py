@@ -111,6 +111,10 @@ def env_to_agent_actions(space: gym.Space, actions: Any) -> np.ndarray:
         if n and (ids.min() < 0 or ids.max() >= space.n):
             raise ValueError(f"discrete actions outside {space}: min {ids.min()}, max {ids.max()} after -start")
         return ids
+    if isinstance(space, gym.spaces.MultiDiscrete):  # one entry per sub-action -> the joint id
+        nvec = np.asarray(space.nvec, dtype=np.int64)
+        sub = a.astype(np.int64).reshape(n, len(nvec)) - np.asarray(space.start, dtype=np.int64)
+        return np.ravel_multi_index(tuple(sub.T), nvec).astype(np.int64) if n else np.zeros(0, np.int64)
     if isinstance(space, gym.spaces.Box):
         x = a.astype(np.float64).reshape(n, spec.dim)  # [T, D]
         low, high = space.low.astype(np.float64), space.high.astype(np.float64)

@@ -3,7 +3,7 @@
 Two directions, one rule each:
 
 * **In** (`icrl.train(cfg, env=...)`): a Gymnasium id or icrl name, a `gymnasium.Env` subclass, a zero-arg
-  factory, or a `gymnasium.vector.VectorEnv`. `resolve_env` turns any of them into the name recorded in
+  factory, an env made by `gymnasium.make` (re-created from its spec), or a `gymnasium.vector.VectorEnv`. `resolve_env` turns any of them into the name recorded in
   config.json plus the factories icrl builds its own copies with (each wrapped in `TimestepWrapper`, in a
   SAME_STEP vector env: users never meet those internals). What can be rebuilt by name later is recorded
   as such ("builtin", "gymnasium", "import"); a class defined in a script or a lambda is recorded as "none".
@@ -16,6 +16,7 @@ Two directions, one rule each:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 from dataclasses import dataclass
@@ -132,6 +133,32 @@ def _vector_source(venv: gym.vector.VectorEnv) -> EnvSource:
     )
 
 
+def _instance_source(env: gym.Env) -> EnvSource:
+    """An env instance (SB3's habit): icrl needs several copies (training and evaluation envs), so it
+    re-creates the instance from its Gymnasium spec: by id with its kwargs and time limit when nothing else
+    was added, else `gymnasium.make(spec)` (its wrappers too; not rebuildable by name). The instance itself
+    is left to the caller. One without a spec (a class of one's own, made directly) is refused with the
+    forms that work."""
+    spec, name = env.spec, type(env.unwrapped).__name__
+    if spec is None or spec.id not in gym.registry:
+        raise ValueError(
+            f"env= is an instance of {name} without a registered Gymnasium spec, and icrl builds several copies "
+            f"(training and evaluation envs): pass the class, env={name}, a zero-arg factory, env=lambda: "
+            f"{name}(...) (wrappers inside it), or gymnasium.make's result for a registered id"
+        )
+    kwargs = {k: v for k, v in spec.kwargs.items() if k != "render_mode"}  # copies train without a window
+    if spec.max_episode_steps != gym.spec(spec.id).max_episode_steps:
+        kwargs["max_episode_steps"] = spec.max_episode_steps
+    try:
+        json.dumps(kwargs)
+        plain = not spec.additional_wrappers
+    except TypeError:
+        plain = False
+    if plain:
+        return EnvSource(spec.id, None, "gymnasium", env_kwargs=kwargs)
+    return EnvSource(f"<{spec.id} with wrappers>", (functools.partial(gym.make, spec),), "none")
+
+
 def resolve_env(env: Any) -> EnvSource:
     """Any accepted `env=` value -> EnvSource; ValueError with the accepted forms for anything else."""
     if isinstance(env, str):
@@ -141,11 +168,7 @@ def resolve_env(env: Any) -> EnvSource:
     if isinstance(env, TimestepWrapper) or (isinstance(env, type) and issubclass(env, TimestepWrapper)):
         raise ValueError("env= is a TimestepWrapper: pass the plain env (or its class), icrl wraps it")
     if isinstance(env, gym.Env):
-        raise ValueError(
-            f"env= is an env instance ({type(env).__name__}); icrl builds several copies (training and evaluation "
-            f"envs), so pass its class or a zero-arg factory, e.g. env={type(env).__name__} or env=lambda: "
-            f"{type(env).__name__}(...)"
-        )
+        return _instance_source(env)
     if isinstance(env, type) and not issubclass(env, gym.Env):
         raise ValueError(f"env={env.__qualname__} is a class but not a gymnasium.Env subclass")
     if callable(env):

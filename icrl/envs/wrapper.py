@@ -16,7 +16,7 @@ import numpy as np
 # The action conversions live beside ActionSpec (icrl.types); importable from here as before.
 from icrl.types import ActionSpec, action_to_vector, agent_action_space, agent_to_env_action
 
-SUPPORTED_OBS_SPACES = "Box (any rank), Discrete, MultiDiscrete, MultiBinary, and Dict of these (nested)"
+SUPPORTED_OBS_SPACES = "Box (any rank), Discrete, MultiDiscrete, MultiBinary, and Dict / Tuple of these (nested)"
 # `time` is int64 but declared with an int32 bound: gymnasium cannot sample an int64 Box up to int64 max.
 _TIME_HIGH = np.iinfo(np.int32).max
 
@@ -55,9 +55,10 @@ def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConve
         return gym.spaces.Box(0.0, 1.0, (width,), np.float32), lambda x: np.asarray(
             x, dtype=np.float32
         ).reshape(width)
+    where = f" (the observation's entry {key!r})" if key != "obs" else ""
     raise ValueError(
-        f"Unsupported observation space {space!r} (at key {key!r}). icrl supports {SUPPORTED_OBS_SPACES}; "
-        "convert other spaces (Tuple, Text, Graph, Sequence, ...) with a gymnasium wrapper first."
+        f"Unsupported observation space {space!r}{where}. icrl supports {SUPPORTED_OBS_SPACES}; map other "
+        "spaces (Text, Graph, Sequence, ...) onto these with a gymnasium.ObservationWrapper of your own first."
     )
 
 
@@ -65,10 +66,12 @@ ObsLeaf = tuple[str, tuple[str, ...], gym.spaces.Box, ObsConverter]  # key "a/b"
 
 
 def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[ObsLeaf]:
-    """Flatten a (nested) Dict observation space into (key "a/b", path ("a", "b"), Box, converter) leaves."""
-    if isinstance(space, gym.spaces.Dict):
+    """Flatten a (nested) Dict or Tuple observation space into (key "a/b", path ("a", "b"), Box, converter)
+    leaves; a Tuple's entries are named by their index ("0", "1", ...; the path holds the int)."""
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
         leaves = []
-        for name, sub in space.spaces.items():
+        items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(space.spaces)
+        for name, sub in items:
             key = f"{prefix}/{name}" if prefix else str(name)
             for k, path, box, fn in _flatten_obs_space(sub, key):
                 leaves.append((k, (name, *path), box, fn))

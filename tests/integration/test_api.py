@@ -113,7 +113,7 @@ def test_resolve_env_forms():
     cfg, src = apply_env(tiny("x"), gym.make_vec("CartPole-v1", num_envs=2))  # CartPole's own vector env
     assert src.factories is None and cfg.env.env == "CartPole-v1" and json.loads(cfg.env.env_kwargs) == {
         "max_episode_steps": 500}
-    with pytest.raises(ValueError, match="pass its class or a zero-arg factory"):
+    with pytest.raises(ValueError, match="pass the class, env=Ring, a zero-arg factory"):
         resolve_env(Ring())
     with pytest.raises(ValueError, match="not a gymnasium.Env subclass"):
         resolve_env(dict)

@@ -3,11 +3,12 @@ public names of `icrl`, vector envs and env instances handed to `icrl.train`, on
 for every family, `icrl.evaluate`, callbacks, `--config FILE`, export / load of a zip."""
 
 import json
+import re
 import sys
-import tomllib
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 import icrl
@@ -80,7 +81,7 @@ def test_dir_and_version():
     names = dir(icrl)
     assert {"train", "load", "evaluate", "InContextPolicy", "__version__"} <= set(names)
     assert set(icrl.__all__) <= set(names) and all(callable(getattr(icrl, n)) for n in icrl.__all__ if n[0] != "_")
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
     assert icrl.__version__ == version
 
 
@@ -261,3 +262,66 @@ def test_an_oversized_member_is_refused(in_tmp, monkeypatch):
     monkeypatch.setattr(export, "MAX_OTHER_BYTES", 100)  # config.json is larger
     with pytest.raises(RunDirError, match="limit"):
         icrl.load("x.zip")
+
+
+# -------------------------------------------------------------------------------- 6: env instances, spaces
+def test_an_env_made_by_gymnasium_make_is_accepted(in_tmp):
+    """SB3's first habit: an instance. icrl re-creates it from its spec (kwargs and time limit kept)."""
+    result = icrl.train(tiny("runs/inst", env_kwargs="{}"), env=gym.make("CartPole-v1", max_episode_steps=6))
+    cfg = json.loads((in_tmp / "runs/inst/config.json").read_text())
+    assert cfg["env"]["env"] == "CartPole-v1" and json.loads(cfg["env"]["env_kwargs"]) == {"max_episode_steps": 6}
+    assert result["episode_length_mean"] <= 6
+
+
+class Combo(gym.Env):
+    """Tuple observations, MultiDiscrete actions: reward 1 when the action's entries sum to the observed id."""
+
+    observation_space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(0.0, 1.0, (2,), np.float32)))
+    action_space = gym.spaces.MultiDiscrete([2, 3], start=[0, 1])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.actions = 0, []
+        return self._obs(), {}
+
+    def _obs(self):
+        return int(self.np_random.integers(3)), np.zeros(2, np.float32)
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action)), action
+        self.actions.append(np.asarray(action).tolist())
+        self.t += 1
+        return self._obs(), float(sum(action) % 3 == 0), False, self.t >= 4, {}
+
+
+def test_tuple_observations_and_multidiscrete_actions_train_and_act(in_tmp):
+    icrl.train(tiny("runs/combo", env_kwargs="{}"), env=Combo)
+    policy = icrl.load("runs/combo")
+    env = Combo()
+    obs, _ = env.reset(seed=0)
+    action, state = policy.predict(obs)
+    assert env.action_space.contains(np.asarray(action))
+    assert icrl.evaluate(policy, env=Combo, n_episodes=2)["rollouts"] == 2
+
+
+def test_too_many_multidiscrete_combinations_give_advice_that_exists():
+    from icrl.types import agent_action_space
+
+    with pytest.raises(ValueError, match="ActionWrapper") as e:
+        agent_action_space(gym.spaces.MultiDiscrete([100, 100]))
+    assert "Gymnasium has no wrapper" in str(e.value)
+
+
+class Plain(gym.Env):
+    """An env of the user's own, without a Gymnasium spec."""
+
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+
+def test_an_instance_without_a_spec_says_what_to_pass():
+    from icrl.envs.user import resolve_env
+
+    with pytest.raises(ValueError) as e:
+        resolve_env(gym.wrappers.TimeLimit(Plain(), 10))
+    assert "env=Plain" in str(e.value) and "env=TimeLimit" not in str(e.value)

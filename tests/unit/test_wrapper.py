@@ -129,11 +129,10 @@ def test_nested_dict_observation_flattened():
 @pytest.mark.parametrize(
     "space, name",
     [
-        (gym.spaces.Tuple([gym.spaces.Discrete(2)]), "Tuple"),
         (gym.spaces.Text(5), "Text"),
         (gym.spaces.Graph(gym.spaces.Box(0, 1, (2,)), None), "Graph"),
         (gym.spaces.Sequence(gym.spaces.Discrete(2)), "Sequence"),
-        (gym.spaces.Dict({"a": gym.spaces.Tuple([gym.spaces.Discrete(2)])}), "Tuple"),
+        (gym.spaces.Dict({"a": gym.spaces.Text(3)}), "Text"),
     ],
 )
 def test_unsupported_observation_space(space, name):
@@ -191,14 +190,14 @@ def test_multibinary_action():
         (gym.spaces.Box(-np.inf, np.inf, (2,)), "infinite"),
         (gym.spaces.Box(-1, 1, (2, 2)), "Box"),
         (gym.spaces.Tuple([gym.spaces.Discrete(2)]), "Tuple"),
-        (gym.spaces.MultiDiscrete([2, 3]), "MultiDiscrete"),
+        (gym.spaces.MultiDiscrete([100, 100]), "MultiDiscrete"),  # 10,000 combinations: too many
         (gym.spaces.MultiBinary([2, 2]), "MultiBinary"),
     ],
 )
 def test_unsupported_action_space(space, words):
     with pytest.raises(ValueError, match=words) as e:
         TimestepWrapper(SpaceEnv(gym.spaces.Box(-1, 1, (2,)), space))
-    assert "Discrete(n)" in str(e.value) or "infinite" in str(e.value)
+    assert "Discrete(n)" in str(e.value) or "infinite" in str(e.value) or "combination" in str(e.value)
 
 
 # ----------------------------------------------------------------------------------------- multi-episode
