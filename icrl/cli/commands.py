@@ -227,7 +227,8 @@ class Plot:
     run_dirs: tyro.conf.Positional[Annotated[tuple[str, ...], tyro.conf.arg(metavar="RUN_DIR [RUN_DIR ...]")]]
     """Run directories written by `icrl train`."""
     out: str | None = None
-    """PNG path (default: RUN_DIR/learning_curve.png of the first run)."""
+    """PNG path (default: RUN_DIR/learning_curve.png for one run; ./learning_curves.png for several, so no run's
+    own plot is overwritten)."""
     x: Literal["env_steps", "wall_time"] = "env_steps"
     """x axis."""
 
@@ -237,7 +238,10 @@ class Plot:
         for d in self.run_dirs:
             if not (Path(d) / "metrics.jsonl").is_file():
                 fail(f"{d} has no metrics.jsonl; pass run directories written by `icrl train`")
-        out = Path(self.out or Path(self.run_dirs[0]) / "learning_curve.png")
+        from icrl.run.plot import MULTI_RUN_PLOT
+
+        one = Path(self.run_dirs[0]) / "learning_curve.png"
+        out = Path(self.out or (one if len(set(self.run_dirs)) == 1 else MULTI_RUN_PLOT))
         if out.suffix.lower() != ".png":
             fail(f"--out {out} must be a .png file")
         from icrl.run.plot import adaptation_path, plot_adaptation, plot_learning_curves

@@ -20,9 +20,14 @@ import numpy as np  # noqa: E402
 
 from icrl.dicts import flatten  # noqa: E402
 from icrl.run.loggers import read_metrics  # noqa: E402
+from icrl.run.rundir import RESUMABLE_CHANGES  # noqa: E402
 
 X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
-_IGNORED = ("run.seed", "run.run_dir")
+# Not what a run learns, so neither a group nor a label: the seed, and the run-only settings that may change
+# on --resume (the flag itself, the device, ...), except the budget.
+_IGNORED = ("run.seed", *(k for k in RESUMABLE_CHANGES if k != "schedule.total_env_steps"))
+MULTI_RUN_PLOT = "learning_curves.png"
+"""Where `icrl plot A B ...` draws by default: the working directory, never one of the runs' own plots."""
 
 
 def _config(run_dir: Path) -> dict[str, Any] | None:
@@ -63,21 +68,22 @@ def group_runs(run_dirs: list[str | Path]) -> list[tuple[str, list[Path]]]:
     return out
 
 
-def _eval_rows(run_dir: Path) -> list[dict[str, Any]]:
+def _eval_rows(run_dir: Path, kind: str = "eval", key: str = "return_mean") -> list[dict[str, Any]]:
+    """The run's rows of `kind` that carry `key` (train rows: "train/return_mean")."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [r for r in read_metrics(path) if r.get("kind") == "eval" and r.get("return_mean") is not None]
+    return [r for r in read_metrics(path) if r.get("kind") == kind and r.get(key) is not None]
 
 
-def _band(ax, xs: list[list[float]], ys: list[list[float]], label: str, color) -> None:
+def _band(ax, xs: list[list[float]], ys: list[list[float]], label: str, color, style: str = "-") -> None:
     """Mean over runs with a min/max band, over the evaluations every run has (the shortest run)."""
     n = min(len(y) for y in ys)
     if n == 0:
         return
     x = np.mean([xi[:n] for xi in xs], axis=0)
     y = np.array([yi[:n] for yi in ys], dtype=float)
-    ax.plot(x, y.mean(0), marker="o", ms=3, label=label, color=color)
+    ax.plot(x, y.mean(0), marker="o" if style == "-" else None, ms=3, label=label, color=color, ls=style)
     if len(ys) > 1:
         ax.fill_between(x, y.min(0), y.max(0), alpha=0.2, color=color)
 
@@ -85,7 +91,8 @@ def _band(ax, xs: list[list[float]], ys: list[list[float]], label: str, color) -
 def plot_learning_curves(
     run_dirs: list[str | Path], out: str | Path, title: str | None = None, x: str = "env_steps"
 ) -> Path:
-    """Eval return and success rate vs env steps (or wall time), one line (mean, min/max band) per group."""
+    """Eval return (and, dashed, the training rollouts' return) and success rate vs env steps (or wall time),
+    one line (mean, min/max band) per group."""
     if x not in X_AXES:
         raise ValueError(f"x must be one of {', '.join(X_AXES)}, got {x!r}")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -97,9 +104,13 @@ def plot_learning_curves(
         color = colors[gi % len(colors)]
         xs = [[float(r.get(x) or 0.0) for r in rows] for rows in runs]
         _band(axes[0], xs, [[r["return_mean"] for r in rows] for rows in runs], label, color)
+        train = [rows for rows in (_eval_rows(d, "train", "train/return_mean") for d in dirs) if rows]
+        if train:  # dashed: the exploring policy's return on the training rollouts
+            _band(axes[0], [[float(r.get(x) or 0.0) for r in rows] for rows in train],
+                  [[r["train/return_mean"] for r in rows] for rows in train], f"{label} (train)", color, "--")
         if any(r.get("success_rate") is not None for rows in runs for r in rows):
             _band(axes[1], xs, [[r.get("success_rate") or 0.0 for r in rows] for rows in runs], label, color)
-    axes[0].set_ylabel("eval return (mean over rollouts)")
+    axes[0].set_ylabel("return (solid: eval, dashed: train)")
     axes[1].set_ylabel("eval success rate")
     axes[1].set_ylim(-0.05, 1.05)
     for ax in axes:

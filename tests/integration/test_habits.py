@@ -325,3 +325,45 @@ def test_an_instance_without_a_spec_says_what_to_pass():
     with pytest.raises(ValueError) as e:
         resolve_env(gym.wrappers.TimeLimit(Plain(), 10))
     assert "env=Plain" in str(e.value) and "env=TimeLimit" not in str(e.value)
+
+
+# -------------------------------------------------------------------------------- 8: progress lines, plots
+def test_lines_show_an_evaluation_only_when_it_is_new(in_tmp, capsys):
+    icrl.train(tiny("runs/p", total_env_steps=128, eval_every=2))  # 4 epochs, evaluations at 2 and 4
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("epoch")]
+    assert [("eval return" in ln) for ln in lines] == [False, True, False, True]
+
+
+def test_the_live_line_fits_80_columns():
+    import io
+
+    from rich.console import Console
+
+    from icrl.run.loggers import progress_bar, progress_line
+
+    row = {"epoch": 123, "env_steps": 49_000, "updates": 12_345, "time/env_steps_per_s": 1234.0,
+           "time/updates_per_s": 98.7, "train/return_mean": -0.906}
+    bar, task = progress_bar(50_000)
+    bar.update(task, completed=49_000, description=progress_line(row, {"return_mean": 0.95}, live=True))
+    out = io.StringIO()
+    Console(file=out, width=80, force_terminal=False, color_system=None).print(bar.make_tasks_table(bar.tasks))
+    text = out.getvalue()
+    assert "98.7 upd/s" in text and "train -0.91" in text and "eval +0.95" in text and "49000/50000" in text
+    assert max(len(ln) for ln in text.splitlines()) <= 80
+
+
+def test_plot_of_several_runs_keeps_each_runs_own_plot(in_tmp, monkeypatch):
+    from icrl.run import plot
+
+    icrl.train(tiny("runs/a"))
+    icrl.train(tiny("runs/a", total_env_steps=128, resume=True, device="cpu"))  # resumed: only run-only fields differ
+    icrl.train(tiny("runs/b", seed=1, d_model=32, total_env_steps=128))
+    own = (in_tmp / "runs/a/learning_curve.png").read_bytes()
+    assert cli("plot", "runs/a", "runs/b") == 0
+    assert (in_tmp / "runs/a/learning_curve.png").read_bytes() == own and (in_tmp / "learning_curves.png").is_file()
+    labels = [label for label, _ in plot.group_runs(["runs/a", "runs/b"])]
+    assert labels == ["d_model=16", "d_model=32"]  # not resume=True
+    figs = []
+    monkeypatch.setattr(plot, "_save", lambda fig, out: figs.append(fig) or Path(out))
+    plot.plot_learning_curves(["runs/a"], "x.png")
+    assert any(t.endswith("(train)") for t in figs[0].axes[0].get_legend_handles_labels()[1])
