@@ -11,6 +11,7 @@ with code 2 (no traceback), writing nothing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import sys
 from dataclasses import dataclass
@@ -133,7 +134,24 @@ def parse(argv: list[str]):
     preset, config_file = _start_args(rest, f"icrl {command}") if command in ("train", "learn") else (None, None)
     union = _subcommands(preset, config_file)
     with _tyro_errors(f"icrl {command}"):
-        return tyro.cli(union, args=argv, prog="icrl", config=(tyro.conf.OmitArgPrefixes,))
+        args = tyro.cli(union, args=argv, prog="icrl", config=(tyro.conf.OmitArgPrefixes,))
+    named = any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest)
+    if command == "train" and preset is not None and not named and not args.config.run.resume:
+        args = dataclasses.replace(args, config=args.config.replace(run_dir=_fresh(args.config.run.run_dir)))
+    return args
+
+
+def _fresh(run_dir: str | None) -> str | None:
+    """A preset's run dir (e.g. runs/tmaze20), or the first of runs/tmaze20-2, -3, ... that holds no run: a
+    default never collides with an earlier run (a run dir the user names still does, unless --resume)."""
+    from icrl.run.rundir import holds_run
+
+    if run_dir is None or not holds_run(Path(run_dir)):
+        return run_dir
+    n = 2
+    while holds_run(Path(f"{run_dir}-{n}")):
+        n += 1
+    return f"{run_dir}-{n}"
 
 
 def main(argv: list[str] | None = None) -> None:

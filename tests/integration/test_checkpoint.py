@@ -183,7 +183,7 @@ def test_existing_run_needs_resume_and_same_config(tmp_path):
     run = tmp_path / "run"
     train(tiny(run, total=8))
     before = sorted(str(p) for p in run.rglob("*"))
-    with pytest.raises(ConfigError, match="--resume"):
+    with pytest.raises(ConfigError, match="resume=True"):  # Python words in Python (the CLI says --resume)
         train(tiny(run, total=8))
     assert sorted(str(p) for p in run.rglob("*")) == before
     with pytest.raises(ConfigError, match=r"optim\.lr"):

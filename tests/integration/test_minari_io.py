@@ -264,8 +264,11 @@ def test_unsupported_and_corrupt_datasets(minari_home):
     episode = dict(observations=(np.array([0, 1]), np.array([2, 0])), actions=np.array([1]), rewards=[0.0],
                    terminations=[True], truncations=[False])
     create_foreign(minari_home, "test/tuple-v0", [episode], tup, gym.spaces.Discrete(2))
-    with pytest.raises(ValueError, match="Unsupported observation space Tuple"):
-        list(read_minari("test/tuple-v0", tup, gym.spaces.Discrete(2)))
+    (rollout,) = list(read_minari("test/tuple-v0", tup, gym.spaces.Discrete(2)))  # Tuple: entries "0", "1"
+    assert rollout.obs["0"].tolist() == [[1, 0], [0, 1]] and rollout.obs["1"].tolist() == [[0, 0, 1], [1, 0, 0]]
+    text = gym.spaces.Dict({"t": gym.spaces.Text(3)})
+    with pytest.raises(ValueError, match="Unsupported observation space Text"):
+        list(read_minari("test/tuple-v0", text, gym.spaces.Discrete(2)))
 
     rollouts, obs_space, act_space = _tmaze_rollouts()
     path, _, _ = write_minari("test/broken-v0", rollouts, obs_space, act_space)
