@@ -47,7 +47,7 @@ def evaluation_episodes(agent: Any, collector: Any, num_rollouts: int, device: t
 
 def play(agent: Any, venv: Any, device: torch.device, rollouts: int, *, seed: int, max_steps: int | None,
          deterministic: bool = True) -> dict[str, Any]:
-    """Evaluate `agent` in `venv` (icrl's wrapped vector env) over `rollouts` rollouts: the summary, and each
+    """Evaluate `agent` in `venv` (icrl's wrapped vector env) over exactly `rollouts` rollouts: the summary, and each
     rollout's return, success and length (`returns`, `successes`, `lengths`). `icrl eval` and
     `icrl.evaluate` both call this, with the same seeds, so they agree on the same weights and env."""
     from icrl.envs import Collector
@@ -58,7 +58,9 @@ def play(agent: Any, venv: Any, device: torch.device, rollouts: int, *, seed: in
     collector = Collector(venv, ActionSpec.from_space(venv.single_action_space), seed=derive_seed(seed, "eval-cli"))
     episodes = evaluation_episodes(agent, collector, rollouts, device, derive_seed(seed, "eval-cli", "rollouts"),
                                    max_steps, greedy=deterministic)
-    groups = group_rollouts(episodes)
+    # every env played ceil(rollouts / N) rollouts: keep exactly `rollouts`, the first ones of each env first
+    groups = sorted(group_rollouts(episodes), key=lambda r: (r[0].rollout_id, r[0].env_index))[:rollouts]
+    episodes = [e for r in groups for e in r]
     return {**summarize_episodes(episodes), "returns": [float(sum(e.ret for e in r)) for r in groups],
             "successes": [r[-1].success for r in groups], "lengths": [int(sum(e.length for e in r)) for r in groups]}
 

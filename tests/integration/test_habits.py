@@ -140,8 +140,8 @@ def test_evaluate_a_loaded_policy_agrees_with_icrl_eval(in_tmp, capsys):
     assert cli("eval", "runs/t", "--rollouts", "4", "--seed", "3") == 0
     on_cli = json.loads((in_tmp / "runs/t/eval.json").read_text())
     assert on_cli["returns"] == result["returns"] and on_cli["return_mean"] == result["return_mean"]
-    other = icrl.evaluate("runs/t", env="tmaze", env_kwargs={"length": 3}, n_episodes=2, deterministic=False)
-    assert other["rollouts"] == 2
+    other = icrl.evaluate("runs/t", env="tmaze", env_kwargs={"length": 3}, n_episodes=3, deterministic=False)
+    assert other["rollouts"] == 3 and len(other["returns"]) == 3  # exactly n_episodes, with 2 env copies
     with pytest.raises(ValueError, match="does not fit"):
         icrl.evaluate(policy, env="CartPole-v1", n_episodes=2)
 
