@@ -164,15 +164,17 @@ def main(argv: list[str] | None = None) -> None:
 
         print(f"icrl {__version__}")
         return
-    from icrl.config.errors import speak_cli
+    from icrl.config.errors import speak_again, speak_cli
 
-    speak_cli()  # errors name flags (--resume), not Python arguments (resume=True)
-    args = parse(argv)
+    token = speak_cli()  # errors name flags (--resume), not Python arguments (resume=True)
     try:
+        args = parse(argv)
         args.run()
     except KeyboardInterrupt:  # Ctrl-C in a command without its own stop handling (train and learn have one)
         print(f"icrl: {argv[0]} interrupted (SIGINT)", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        speak_again(token)
 
 
 if __name__ == "__main__":

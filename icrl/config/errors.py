@@ -1,7 +1,7 @@
 """The one exception of the config tree, in a module of its own so every other module can import it, and the
 wording of a fix (a flag on the command line, an argument in Python)."""
 
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 
 class ConfigError(ValueError):
@@ -13,9 +13,15 @@ class ConfigError(ValueError):
 _CLI_WORDS = ContextVar("icrl_cli_words", default=False)
 
 
-def speak_cli(on: bool = True) -> None:
-    """Word the errors that name a fix for the command line (the CLI's entry point calls this)."""
-    _CLI_WORDS.set(on)
+def speak_cli(on: bool = True) -> Token:
+    """Word the errors that name a fix for the command line (`icrl.cli.main`, for the length of one command:
+    it resets the returned token, so Python code called later in the same process speaks Python again)."""
+    return _CLI_WORDS.set(on)
+
+
+def speak_again(token: Token) -> None:
+    """Undo a `speak_cli`."""
+    _CLI_WORDS.reset(token)
 
 
 def setting(name: str, value: str = "") -> str:
