@@ -25,7 +25,7 @@ __all__ = ["USAGE", "main", "parse", "tyro_error_line"]
 
 USAGE = """usage: icrl {train,eval,envs,plot,export,learn,collect,export-minari} ... | icrl --version
 
-  icrl train [--preset NAME] [--env NAME] [--env-kwargs JSON] ...  train an agent (icrl train --help)
+  icrl train [--preset NAME | --config FILE] [--env NAME] ...       train an agent (icrl train --help)
   icrl eval RUN_DIR [--checkpoint PATH] [--rollouts N] [--seed S]   greedy evaluation of a run's weights
             [--parallel-envs N] [--device D] [--video N]            (table on screen, RUN_DIR/eval.json)
             [--env NAME] [--env-kwargs JSON] [--trust-run-env]      the env to act in (default: the run's)
