@@ -39,11 +39,16 @@ class TrainingRun:
     spaces: tuple  # the env's (observation space, action space)
     device: torch.device
     env_steps: Callable[[], int]
+    env: Any = None  # the env the run trains on, as given to icrl.train (its name when built by name)
 
     def evaluate(self, env: Any = None, n_episodes: int = 8, deterministic: bool = True, **kwargs: Any) -> dict:
-        """`icrl.evaluate` of the agent as it is now (env: any form `icrl.train` takes; None: the run's)."""
+        """`icrl.evaluate` of the agent as it is now (env: any form `icrl.train` takes; None: the run's own,
+        with its kwargs, also when it is a class or factory of a script)."""
         from icrl.run.evaluate import evaluate_agent
 
+        if env is None:
+            env = self.env if self.env is not None else self.cfg.env.env
+            kwargs.setdefault("env_kwargs", self.cfg.env.kwargs)
         return evaluate_agent(self.agent, self.cfg, self.spaces, self.device, env, n_episodes, deterministic, **kwargs)
 
 

@@ -109,6 +109,7 @@ class Components:
     offline_epochs: int  # --offline-updates: epochs without env steps
     exploration: Exploration
     policy: AgentPolicy
+    env_factories: tuple | None = None  # the user's env objects (icrl.train's env=), None: built by name
 
     @property
     def run_dir(self) -> Path:
@@ -171,7 +172,9 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
         relabeler = make_relabeler(cfg.replay, venv)  # before the run dir exists: a wrong --relabel leaves nothing
         lock = take_run_dir(cfg, main)
         opened.append(lock)
-        return _build_learning(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock)
+        c = _build_learning(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock)
+        c.env_factories = source.factories
+        return c
     except BaseException:  # no env processes left behind, and the run dir free again for the next attempt
         for thing in reversed(opened):
             if isinstance(thing, RunLock):

@@ -119,7 +119,8 @@ def start_log(c: Components, hooks: Callbacks) -> Logger:
         f"({sum(p.numel() for p in c.agent.online_parameters()):,} parameters) on {c.device}"
         + (f" x {world} processes" if world > 1 else "") + f"; run dir {c.run_dir}"
     )
-    hooks.start(TrainingRun(cfg, c.run_dir, c.agent, read_spaces_record(c.spaces, "the run"), c.device, c.env_steps))
+    hooks.start(TrainingRun(cfg, c.run_dir, c.agent, read_spaces_record(c.spaces, "the run"), c.device, c.env_steps,
+                            env=c.env_factories[0] if c.env_factories else None))
     return log
 
 

@@ -218,6 +218,9 @@ def test_builtin_callbacks(in_tmp):
     assert icrl.load("runs/e/best_agent.safetensors").config.env.env == "tmaze"
     assert sorted(p.name for p in (in_tmp / "runs/e/weights").iterdir()) == [
         "agent-000000032.safetensors", "agent-000000064.safetensors"]
+    on_own_env = EvalCallback(n_episodes=2)  # the run's env is a factory of this script: evaluated all the same
+    icrl.train(tiny("runs/f", env_kwargs="{}"), env=lambda: Combo(), callbacks=[on_own_env])
+    assert len(on_own_env.results) == 1
 
 
 # -------------------------------------------------------------------------------- export / load a zip
