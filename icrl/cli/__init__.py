@@ -42,33 +42,42 @@ USAGE = """usage: icrl {train,eval,envs,plot,learn,collect,export-minari} ...
 
 @dataclass(frozen=True)
 class _PresetOnly:
-    """The one flag read before the full parse (see `_preset_arg`)."""
+    """The flags read before the full parse (see `_preset_arg`)."""
 
     preset: str | None = None
+    env_kwargs: str = "{}"
 
 
-def _preset_arg(argv: list[str], prog: str = "icrl train") -> str | None:
-    """The value of `--preset NAME` / `--preset=NAME` among a subcommand's arguments (tyro, the rest ignored):
-    the preset must be known before the full parse, because it supplies the flags' defaults."""
+def _preset_arg(argv: list[str], prog: str = "icrl train") -> tuple[str | None, dict[str, Any]]:
+    """`--preset NAME` and the `--env-kwargs` among a subcommand's arguments (tyro, the rest ignored): the
+    preset must be known before the full parse, because it supplies the flags' defaults, and it is built
+    for the env kwargs given (icrl.config.presets.preset_config). Bad JSON is left to the full parse."""
+    import json
+
     import tyro
 
     with _tyro_errors(prog):
         known, _ = tyro.cli(_PresetOnly, args=argv, return_unknown_args=True, add_help=False)
-    return known.preset
+    try:
+        kwargs = json.loads(known.env_kwargs)
+    except ValueError:
+        kwargs = {}
+    return known.preset, kwargs if isinstance(kwargs, dict) else {}
 
 
-def _subcommands(preset: str | None) -> Any:
+def _subcommands(preset: str | None, env_kwargs: dict[str, Any] | None = None) -> Any:
     """The union of every subcommand for tyro, `train` and `learn` defaulting to `preset`'s config."""
     import tyro
 
-    from icrl.config import ExperimentConfig
-    from icrl.config.presets import PRESETS
+    from icrl.config import ConfigError, ExperimentConfig
+    from icrl.config.presets import preset_config
 
     cfg = ExperimentConfig()
     if preset is not None:
-        if preset not in PRESETS:
-            fail(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
-        cfg = PRESETS[preset]()
+        try:
+            cfg = preset_config(preset, env_kwargs)
+        except ConfigError as e:
+            fail(str(e))
     defaults = {Train: with_config(Train, cfg, preset), Learn: with_config(Learn, cfg, preset)}
     members = [
         Annotated[cls, tyro.conf.subcommand(name, default=defaults.get(cls, tyro.MISSING_NONPROP))]
@@ -101,8 +110,8 @@ def parse(argv: list[str]):
         fail(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
     if command == "learn" and any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest):
         fail("icrl learn: the run dir is the first argument; drop --run-dir")
-    preset = _preset_arg(rest, f"icrl {command}") if command in ("train", "learn") else None
-    union = _subcommands(preset)
+    preset, env_kwargs = _preset_arg(rest, f"icrl {command}") if command in ("train", "learn") else (None, {})
+    union = _subcommands(preset, env_kwargs)
     with _tyro_errors(f"icrl {command}"):
         return tyro.cli(union, args=argv, prog="icrl", config=(tyro.conf.OmitArgPrefixes,))
 

@@ -44,6 +44,17 @@ class ExperimentConfig:
             raise ConfigError(error)
         return self
 
+    @property
+    def compiles(self) -> bool:
+        """Whether the learner compiles its loss: `OptimConfig.compile`, or where unset its rule (big Transformer
+        batches, >= 1,000 planned updates; the field's docstring has the measurement)."""
+        if self.optim.compile is not None:
+            return self.optim.compile
+        s = self.schedule
+        planned = (s.total_env_steps // max(s.steps_per_epoch, 1)) * s.updates_per_epoch
+        tokens = self.optim.batch_size * (self.model.context + 1)
+        return self.model.traj_encoder == "transformer" and tokens >= 4096 and planned >= 1000
+
     def replace(self, **fields: Any) -> ExperimentConfig:
         """A copy with the named fields changed, wherever they live: field names are unique across the
         groups, so `cfg.replace(lr=3e-4, run_dir="runs/a")` needs no group (unknown names raise ConfigError)."""

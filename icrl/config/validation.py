@@ -197,7 +197,7 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
     m, lo = cfg.model, cfg.loss
     return [
         (m.d_model % m.heads == 0, f"--d-model {m.d_model} is not divisible by --heads {m.heads}"),
-        (m.max_seq_len >= 2, "--max-seq-len must be >= 2 (a TD transition needs two timesteps)"),
+        (m.context >= 2, "--max-seq-len must be >= 2 (a TD transition needs two timesteps)"),
         (m.goal_dim >= 1, "--goal-dim must be >= 1"),
         (len(lo.gammas) >= 1 and all(0 <= g < 1 for g in lo.gammas), "--gammas must lie in [0, 1)"),
         (

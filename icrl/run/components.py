@@ -21,11 +21,12 @@ from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
+from icrl.config.model import DEFAULT_CONTEXT
 from icrl.data import DiskReplay
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
-from icrl.envs.make import task_exploration
+from icrl.envs.make import task_context, task_exploration
 from icrl.envs.user import apply_env
 from icrl.run.distributed import Replicas, init_replicas
 from icrl.run.loggers import say
@@ -56,11 +57,26 @@ def open_replay(cfg: ExperimentConfig, root: Path) -> DiskReplay:
 
 
 def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
-    """`cfg` with its unset exploration fields filled from the task's recommendation (asked of `factory`, the
-    user's env class or factory, when given), else the library defaults (`ExploreConfig.resolve`), so
-    config.json records exactly what ran."""
-    rec = task_exploration(cfg.env.env, cfg.env.kwargs, factory) if cfg.explore.task_recommendation else {}
-    return dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
+    """`cfg` with its unset fields resolved, so config.json records exactly what ran: exploration and the
+    context from the task's recommendations (asked of `factory`, the user's env class or factory, when given),
+    else the library defaults (`ExploreConfig.resolve`, `DEFAULT_CONTEXT`); then whether the learner compiles
+    (`ExperimentConfig.compiles`, which depends on the context)."""
+    e = cfg.env
+    rec = task_exploration(e.env, e.kwargs, factory) if cfg.explore.task_recommendation else {}
+    cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
+    if cfg.model.max_seq_len is None:
+        cfg = cfg.replace(max_seq_len=rollout_context(task_context(e.env, e.kwargs, factory), e))
+    return cfg.replace(compile=cfg.compiles)
+
+
+def rollout_context(episode: int | None, e: EnvConfig) -> int:
+    """The context that holds a whole rollout of the task's recommended `episode` context: K episodes of a
+    meta-RL rollout, each with its final timestep (DESIGN §2), or the first `--rollout-horizon` steps."""
+    if episode is None:
+        return DEFAULT_CONTEXT
+    if e.rollout_horizon is not None:
+        return e.rollout_horizon
+    return episode if e.episodes_per_rollout == 1 else e.episodes_per_rollout * (episode + 1)
 
 
 def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRelabeler | None:

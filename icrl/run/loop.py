@@ -52,7 +52,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     bar.start()
     try:
         num_epochs = max(1, c.offline_epochs + cfg.schedule.total_env_steps // cfg.schedule.steps_per_epoch)
-        start, last_eval, hinted = time.perf_counter() - wall_offset, None, False
+        start, last_eval, hinted, ctx_hinted = time.perf_counter() - wall_offset, None, False, False
         for epoch in range(start_epoch + 1, num_epochs + 1):
             timer, steps0, policy_s0 = Timer(), c.env_steps(), c.policy.seconds
             with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
@@ -60,6 +60,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
             with timer("replay_write"):
                 store(c, rollouts, batches)
             hinted = hinted or hint_nothing_stored(c, epoch, rollouts)
+            ctx_hinted = ctx_hinted or hint_short_context(c, rollouts)
             metrics, n_updates = update(c, batches, timer)
             row = train_row(c, epoch, start, episodes, metrics, timer, steps0, policy_s0, n_updates)
             if main:
@@ -129,6 +130,18 @@ def hint_nothing_stored(c: Components, epoch: int, rollouts: list[Rollout]) -> b
     say(f"icrl: epoch {epoch} finished no rollout: no episode ended within the {c.steps_per_rank // n} "
         f"steps each of the {n} envs took, so nothing is stored and no update runs; "
         "pass --chunk-len 64 to store pieces of long rollouts, or raise --steps-per-epoch (or lower --parallel-envs)")
+    return True
+
+
+def hint_short_context(c: Components, rollouts: list[Rollout]) -> bool:
+    """Say once when a rollout had more action steps than the context: its late steps cannot attend to its
+    first ones (a T-Maze cue), which no loss curve shows. True once said."""
+    steps = max((int(r.time[-1]) for r in rollouts if len(r.time)), default=0)
+    context = c.cfg.model.context
+    if not c.replicas.is_main or steps <= context:
+        return False
+    say(f"icrl: rollouts last {steps} steps but the context is {context} (--max-seq-len): late steps see only "
+        f"the last {context}; pass --max-seq-len {steps} if the task needs memory of the whole rollout")
     return True
 
 

@@ -25,7 +25,7 @@ def training_window(cfg: ExperimentConfig) -> int:
     junction's value can never be learned from memory. The Transformer's banded mask keeps each
     position's receptive field at `max_seq_len`, exactly what acting sees.
     """
-    return cfg.model.max_seq_len + 1
+    return cfg.model.context + 1
 
 
 def make_train_loader(
