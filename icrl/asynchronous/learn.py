@@ -121,7 +121,9 @@ class Learning:
     run lock before the first write) and the steps of its epochs."""
 
     def __init__(self, cfg: ExperimentConfig) -> None:
-        self.cfg = cfg = with_task_defaults(cfg).validate()
+        cfg = with_task_defaults(cfg)
+        # its epochs are counted in updates: replay_ratio's count for full windows where none is fixed
+        self.cfg = cfg = cfg.replace(updates_per_epoch=cfg.epoch_updates).validate()
         e = cfg.env
         self.ratio = update_ratio(cfg, cfg.asynchronous.utd)
         self.publish_every = cfg.asynchronous.publish_every or cfg.schedule.updates_per_epoch

@@ -75,7 +75,15 @@ class ScheduleConfig:
     """Stop after this many env steps."""
     steps_per_epoch: int = 1_000
     """Env steps collected per epoch (across all parallel envs)."""
-    updates_per_epoch: int = 200
-    """Gradient updates per epoch (updates per env step = this / steps_per_epoch)."""
+    updates_per_epoch: int | None = None
+    """Gradient updates per epoch, fixed (updates per env step = this / steps_per_epoch). Unset: as many as
+    `replay_ratio` asks, which adapts to how long the task's rollouts are."""
+    replay_ratio: float = 256.0
+    """Timesteps trained on per timestep collected, on average, when --updates-per-epoch is unset: an epoch
+    makes replay_ratio x steps_per_epoch / (batch_size x the mean window length in the replay) updates
+    (the remainder carries over). Counting timesteps rather than updates keeps the learner's share of the
+    work the same whether an episode lasts 20 steps or 1,000 (one update of 24 x 502-step T-Maze-500
+    windows trains 25x the timesteps of one of 24 x 20). 256 is SAC's ratio (one update of 256 transitions
+    per env step); the official AMAGO's T-Maze and POPGym examples train ~60 and ~190."""
     start_updates_after: int = 0
     """Collect at least this many env steps before the first update."""

@@ -179,7 +179,7 @@ def import_offline_data(cfg: ExperimentConfig, replay_root: str | os.PathLike, s
 
 def offline_epochs(cfg: ExperimentConfig) -> int:
     """Epochs of `--updates-per-epoch` updates without env steps that `--offline-updates` asks for."""
-    return -(-cfg.replay.offline_updates // cfg.schedule.updates_per_epoch) if cfg.replay.offline_updates else 0
+    return -(-cfg.replay.offline_updates // cfg.epoch_updates) if cfg.replay.offline_updates else 0
 
 
 def prepare_offline(cfg: ExperimentConfig, replay_root: str | os.PathLike, log=print, import_data: bool = True) -> int:

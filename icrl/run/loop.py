@@ -21,7 +21,7 @@ from icrl.run.reporting import due, open_log, report_epoch, row_head
 from icrl.run.results import finish_run
 from icrl.run.rundir import resume_training, write_run_files
 from icrl.run.timer import Timer
-from icrl.run.updates import LazyLoader, make_train_loader, run_updates
+from icrl.run.updates import LazyLoader, UpdateBudget, make_train_loader, run_updates
 from icrl.seeding import derive_seed
 from icrl.types import EpisodeStats, Rollout
 
@@ -47,6 +47,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
         cfg, c.replay.root, c.spec, c.device, transform=c.relabeler,
         # a resumed run draws a fresh sample stream rather than replaying the first one's
         seed=derive_seed(c.seed, "loader", *(("resume", start_epoch) if start_epoch else ()))))
+    budget = UpdateBudget(cfg, c.replicas.world_size)
     bar, bar_task = progress_bar(cfg.schedule.total_env_steps)
     bar.disable = bar.disable or not main
     bar.start()
@@ -61,7 +62,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
                 store(c, rollouts, batches)
             hinted = hinted or hint_nothing_stored(c, epoch, rollouts)
             ctx_hinted = ctx_hinted or hint_short_context(c, rollouts)
-            metrics, n_updates = update(c, batches, timer)
+            metrics, n_updates = update(c, batches, timer, budget, epoch)
             row = train_row(c, epoch, start, episodes, metrics, timer, steps0, policy_s0, n_updates)
             if main:
                 last_eval = report_epoch(
@@ -145,17 +146,22 @@ def hint_short_context(c: Components, rollouts: list[Rollout]) -> bool:
     return True
 
 
-def update(c: Components, batches: LazyLoader, timer: Timer) -> tuple[dict[str, float], int]:
-    """The epoch's updates once the run has enough data; returns the last update's metrics (averaged over the
-    ranks) and the number of updates made."""
+def update(c: Components, batches: LazyLoader, timer: Timer, budget: UpdateBudget,
+           epoch: int) -> tuple[dict[str, float], int]:
+    """The epoch's updates once the run has enough data (an offline epoch: a fixed count; else `budget`'s);
+    returns the last update's metrics (averaged over the ranks) and the number of updates made."""
     cfg = c.cfg
     ready = c.env_steps() >= cfg.schedule.start_updates_after and c.replay.num_rollouts() > 0
     if not c.replicas.all_ready(ready):
         return {}, 0
+    if epoch <= c.offline_epochs:
+        n = cfg.epoch_updates
+    else:
+        n = budget.updates(cfg.schedule.steps_per_epoch, [f.num_timesteps for f in c.replay.files()])
     with timer("sample"):  # opening the loader counts as sampling
         loader = batches.get()
-    metrics = run_updates(c.learner, loader, cfg.schedule.updates_per_epoch, timer)
-    return c.replicas.average(metrics), cfg.schedule.updates_per_epoch
+    metrics = run_updates(c.learner, loader, n, timer)
+    return c.replicas.average(metrics), n
 
 
 def train_row(c: Components, epoch: int, start: float, episodes: list[EpisodeStats], metrics: dict[str, float],

@@ -46,6 +46,34 @@ def make_train_loader(
     )
 
 
+class UpdateBudget:
+    """How many updates an epoch of `icrl train` makes: --updates-per-epoch when set, else as many as train
+    `replay_ratio` timesteps per timestep collected. Each update trains batch_size x world windows, and a
+    window of a rollout of T timesteps holds min(T, training window) of them, so the count follows the
+    replay's real rollout lengths (short episodes: more updates, each cheaper), not the context. The budget
+    accrues from the first epoch that may update; the remainder carries over (a resumed run starts with none:
+    at most one update's difference). Every rank computes the same count from the shared replay."""
+
+    def __init__(self, cfg: ExperimentConfig, world_size: int = 1) -> None:
+        self.fixed = cfg.schedule.updates_per_epoch
+        self.ratio, self.window = cfg.schedule.replay_ratio, training_window(cfg)
+        self.windows_per_update = cfg.optim.batch_size * world_size
+        self.carry = 0.0  # timesteps still to train on
+
+    def updates(self, env_steps: int, rollout_lengths: list[int]) -> int:
+        """The updates for an epoch that collected `env_steps` (all ranks), given the timesteps of every
+        rollout the sampler draws from."""
+        if self.fixed is not None:
+            return self.fixed
+        if not rollout_lengths:
+            return 0
+        self.carry += self.ratio * env_steps
+        per_update = self.windows_per_update * sum(min(t, self.window) for t in rollout_lengths) / len(rollout_lengths)
+        n = int(self.carry // per_update)
+        self.carry -= n * per_update
+        return n
+
+
 class LazyLoader:
     """The train loader, opened at the first update rather than at the start: the replay may still be empty
     then, and a loader's sample stream starts when it is opened."""
