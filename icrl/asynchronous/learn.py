@@ -136,11 +136,11 @@ class Learning:
         self.paths = AsyncPaths(cfg.run.run_dir)
         self.run_dir: Path = self.paths.run_dir
         self.lock = take_run_dir(cfg)
-        self.paths.collectors.mkdir(parents=True, exist_ok=True)
+        self.paths.make_collectors_dir()
         self.eval_collector = Collector(self.eval_venv, self.spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
         self.agent = build_agent(cfg, self.eval_venv.single_observation_space["obs"], self.spec, self.device)
         self.learner = Learner(self.agent, cfg, self.device)
-        open_replay(cfg, self.paths.replay)  # the folders collectors fill
+        open_replay(cfg, self.run_dir)  # the folders collectors fill
         prepare_offline(cfg, self.paths.replay, log=say)  # --offline-data into replay/protected, once
         self.schedule = Exploration(cfg.explore, self.spec, 1, seed=0)  # only to log the collectors' epsilon
         self.counts = RunCounters(self.paths).read()
