@@ -58,7 +58,8 @@ def learn(cfg: ExperimentConfig, *, stop: StopFlag | None = None) -> dict:
     say(f"icrl learn: {s.total_updates:,} updates (<= {s.ratio:g} per env step stored) on {s.device}; start "
         f"collectors with `icrl collect {s.run_dir} --collector-id K`")
     batches = LazyLoader(lambda: make_train_loader(
-        cfg, s.paths.replay, s.spec, s.device, transform=s.relabeler,
+        cfg, s.paths.replay, s.spec, s.device, obs_space=s.eval_venv.single_observation_space["obs"],
+        transform=s.relabeler,
         seed=derive_seed(cfg.run.seed, "loader", "async", start_epoch), auto_refresh=True))  # files arrive at any time
     num_epochs = math.ceil(s.total_updates / upe)
     last_eval, epoch, last_ckpt = None, start_epoch, learner.updates
