@@ -10,6 +10,7 @@ refused), and `open_regular` opens a file without following a symlink or blockin
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -41,8 +42,10 @@ def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 
     nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     fd = os.open(path, flags | nofollow, mode)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            what = "a folder" if stat.S_ISDIR(kind) else "a FIFO" if stat.S_ISFIFO(kind) else "a device or socket"
+            raise OSError(errno.EINVAL, what, os.fspath(path))
         if nofollow and hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
     except BaseException:

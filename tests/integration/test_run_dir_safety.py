@@ -1,0 +1,172 @@
+"""A run directory may be shared or downloaded, so `icrl train --resume` must not trust what it holds (issue 20):
+whatever sits in it (a symlink leading out, a FIFO, a folder, a forged rollout name), nothing outside it is ever
+written, truncated or deleted, and a bad replay file is skipped with a warning naming it, or the run stops with
+one line naming the path. Each test resumes a copy of one finished tiny run (well under a second each)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from icrl import train
+from icrl.config import EnvConfig, ExperimentConfig, LossConfig, ModelConfig
+from icrl.data import load_rollout, save_rollout
+
+
+def tiny(run_dir: Path, total: int) -> ExperimentConfig:
+    """T-Maze of length 1 (2-step episodes, 2 envs): 8 env steps and 2 updates an epoch."""
+    return ExperimentConfig(
+        env=EnvConfig(env="tmaze", env_kwargs='{"length": 1}', parallel_envs=2),
+        model=ModelConfig(d_model=16, layers=1, heads=2, max_seq_len=8, max_time=16, head_hidden=16, head_layers=1),
+        loss=LossConfig(num_critics=2, redq_subset=2, gammas=(0.9, 0.99)),
+    ).replace(run_dir=str(run_dir), seed=3, total_env_steps=total, steps_per_epoch=8, updates_per_epoch=2,
+              batch_size=4, warmup_updates=1, device="cpu", threads=1, checkpoint_every=1, eval_rollouts=2)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("finished") / "run"
+    train(tiny(run, total=16))
+    return run
+
+
+@pytest.fixture
+def run(finished: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(finished, copy, symlinks=True)
+    return copy
+
+
+@pytest.fixture
+def deadline():
+    """A test that blocks (say, opening a FIFO that no one writes) fails after 60 s instead of hanging."""
+    def _expired(signum, frame):
+        raise TimeoutError("blocked for 60 s")
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def resume(run: Path, total: int = 24) -> None:
+    train(tiny(run, total=total).replace(resume=True))
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under `path` (or `path` itself) and its bytes: what must not change outside the run."""
+    if path.is_file():
+        return {".": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_a_forged_rollout_length_evicts_no_genuine_rollout(run, capfd):
+    fifo = run / "replay" / "fifo"
+    genuine = sorted(os.listdir(fifo))
+    forged = fifo / f"{time.time_ns():020d}-1-deadbeef-T{10**30}.npz"
+    shutil.copy(fifo / genuine[-1], forged)
+    resume(run)
+    kept = set(os.listdir(fifo))
+    assert set(genuine) <= kept, f"evicted {len(set(genuine) - kept)} genuine rollouts"
+    assert forged.name in kept  # skipped, not deleted: it is not a file icrl wrote
+    out = capfd.readouterr().out
+    assert f"skipping corrupt rollout file {forged}" in out and "contents 3" in out
+
+
+def _victim_dir(tmp_path: Path, run: Path, entry: str) -> Path:
+    """A folder outside the run holding a copy of the run's `entry` folder: what a symlink there would lead to."""
+    victim = tmp_path / "victim"
+    shutil.copytree(run / entry, victim)
+    return victim
+
+
+@pytest.mark.parametrize("entry", ["replay", "replay/fifo", "replay/protected", "checkpoints"])
+def test_a_folder_symlinked_out_of_the_run_is_refused(run, tmp_path, entry):
+    victim = _victim_dir(tmp_path, run, entry)
+    before = snapshot(victim)
+    shutil.rmtree(run / entry)
+    (run / entry).symlink_to(victim)
+    with pytest.raises(ValueError, match=re.escape(f"{run / entry} leads outside")):
+        resume(run)
+    assert snapshot(victim) == before
+
+
+def test_a_checkpoint_symlinked_out_of_the_run_is_ignored(run, tmp_path):
+    victim = _victim_dir(tmp_path, run, "checkpoints/ckpt-000002")
+    before = snapshot(victim)
+    (run / "checkpoints/ckpt-000009").symlink_to(victim)
+    resume(run, total=48)  # prunes to the last three checkpoints
+    assert snapshot(victim) == before
+
+
+@pytest.mark.parametrize("entry", [".lock", "metrics.jsonl", "learning_curve.png", "config.json", "spaces.json",
+                                   "agent.safetensors", "checkpoints/latest"])
+def test_a_file_symlinked_out_of_the_run_is_never_written_through(run, tmp_path, entry):
+    victim = tmp_path / "victim"
+    shutil.copy(run / entry, victim) if (run / entry).exists() else victim.write_text("precious\n")
+    before = snapshot(victim)
+    (run / entry).unlink(missing_ok=True)
+    (run / entry).symlink_to(victim)
+    try:
+        resume(run)
+    except (ValueError, OSError) as e:  # a refusal names the path
+        assert str(run / entry) in str(e) and "\n" not in str(e)
+    assert snapshot(victim) == before
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+@pytest.mark.parametrize("entry", [".lock", "metrics.jsonl"])
+def test_a_fifo_or_folder_as_a_run_file_is_refused_in_one_line(run, entry, kind, deadline):
+    (run / entry).unlink(missing_ok=True)
+    os.mkfifo(run / entry) if kind == "fifo" else (run / entry).mkdir()
+    with pytest.raises((ValueError, OSError), match=re.escape(f"{run / entry} is not a regular file")) as e:
+        resume(run)
+    assert "\n" not in str(e.value)
+
+
+def test_fifos_folders_and_symlinks_named_like_rollouts_are_skipped(run, tmp_path, capfd, deadline):
+    fifo = run / "replay" / "fifo"
+    outside = tmp_path / "outside.npz"
+    shutil.copy(next(fifo.iterdir()), outside)
+    stamp = time.time_ns()
+    bad = {kind: fifo / f"{stamp + i:020d}-1-0000000{i}-T3.npz" for i, kind in enumerate(["fifo", "dir", "loop", "out"])}
+    os.mkfifo(bad["fifo"])
+    bad["dir"].mkdir()
+    bad["loop"].symlink_to(bad["loop"].name)
+    bad["out"].symlink_to(outside)
+    before = snapshot(outside)
+    resume(run, total=48)
+    out = capfd.readouterr().out
+    for path in bad.values():
+        assert os.path.lexists(path) and f"skipping corrupt rollout file {path}" in out
+    assert snapshot(outside) == before
+
+
+def test_a_rollout_of_another_observation_width_is_skipped(run):
+    fifo = run / "replay" / "fifo"
+    rollout = load_rollout(sorted(fifo.iterdir())[0])
+    wide = dataclasses.replace(rollout, obs={"obs": np.zeros((rollout.num_timesteps, 99), np.float32)})
+    stamp = time.time_ns()
+    for i in range(24):  # most draws land on one: the old code stopped every resume with a broadcast error
+        save_rollout(fifo / f"{stamp + i:020d}-1-{i:08x}-T{rollout.num_timesteps}.npz", wide, fsync=False)
+    with pytest.warns(RuntimeWarning, match=re.escape(f"{fifo}/") + r".*observations of shapes \{'obs': \(99,\)\}"):
+        resume(run)
+
+
+def test_export_minari_refuses_a_fifo_named_like_a_rollout_in_one_line(run, minari_home, deadline):
+    from icrl.data.offline import export_run
+
+    fifo = run / "replay" / "fifo"
+    bad = fifo / f"{time.time_ns():020d}-1-0000000f-T3.npz"
+    os.mkfifo(bad)
+    with pytest.raises(ValueError, match=re.escape(f"corrupt rollout file {bad}: not a regular file")):
+        export_run(run, "icrl/safety-v0")
