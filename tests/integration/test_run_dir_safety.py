@@ -170,3 +170,16 @@ def test_export_minari_refuses_a_fifo_named_like_a_rollout_in_one_line(run, mina
     os.mkfifo(bad)
     with pytest.raises(ValueError, match=re.escape(f"corrupt rollout file {bad}: not a regular file")):
         export_run(run, "icrl/safety-v0")
+
+
+def test_the_cli_refuses_a_symlinked_lock_in_one_line_with_exit_2(run, tmp_path):
+    from helpers import run_icrl
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (run / ".lock").unlink(missing_ok=True)
+    (run / ".lock").symlink_to(victim)
+    out = run_icrl("train", "--env", "tmaze", "--run-dir", run, "--resume")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(f"icrl: error: {run / '.lock'} is not a regular file")
+    assert victim.read_text() == "precious\n"
