@@ -466,3 +466,33 @@ def test_two_writer_processes_share_one_buffer(tmp_path: Path) -> None:
     assert 0 < lazy_replay.num_timesteps() <= cap
     for f in lazy_replay.files():
         assert load_rollout(f.path).num_timesteps == f.num_timesteps
+
+
+def test_eviction_reads_lengths_from_the_files_not_their_names(tmp_path: Path) -> None:
+    """A copied rollout renamed `-T<huge>` once made eviction delete every genuine rollout (issue 20)."""
+    from icrl.data.storage import stored_timesteps
+
+    replay = DiskReplay(tmp_path, capacity_timesteps=100, fsync=False)
+    genuine = [replay.write(make_rollout(9, SPECS[0], seed=i, image=False)) for i in range(5)]  # 50 timesteps
+    assert stored_timesteps(genuine[0]) == 10
+    forged = replay.fifo_dir / f"{time.time_ns():020d}-1-deadbeef-T{10**30}.npz"
+    forged.write_bytes(genuine[-1].read_bytes())
+    warned: list[str] = []
+    again = DiskReplay(tmp_path, capacity_timesteps=100, fsync=False, log=warned.append)
+    assert again.num_timesteps("fifo") == 50 and again.evict() == []
+    again.write(make_rollout(9, SPECS[0], image=False))
+    assert all(p.exists() for p in [*genuine, forged])
+    assert len(warned) == 1 and str(forged) in warned[0] and "contents 10" in warned[0]
+
+
+def test_non_regular_entries_named_like_rollouts_are_corrupt_not_blocking(tmp_path: Path) -> None:
+    from icrl.data.storage import rollout_file_name
+
+    replay = DiskReplay(tmp_path, capacity_timesteps=5, fsync=False, log=lambda line: None)
+    fifo = replay.fifo_dir / rollout_file_name(3)
+    os.mkfifo(fifo)
+    with pytest.raises(CorruptRolloutError, match="a FIFO"):
+        load_rollout(fifo)
+    for _ in range(3):
+        replay.write(make_rollout(3, SPECS[0], image=False))  # over capacity: evicts, never the FIFO
+    assert fifo.exists() and replay.num_rollouts("fifo") == 1
