@@ -8,7 +8,6 @@ Batches come from real rollouts (RandomPolicy -> Collector -> DiskReplay -> make
 from __future__ import annotations
 
 import copy
-
 import dataclasses
 import functools
 import re
