@@ -183,3 +183,20 @@ def test_the_cli_refuses_a_symlinked_lock_in_one_line_with_exit_2(run, tmp_path)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith(f"icrl: error: {run / '.lock'} is not a regular file")
     assert victim.read_text() == "precious\n"
+
+
+def test_an_interrupted_import_manifest_deletes_only_rollout_files_in_protected(tmp_path):
+    import json
+
+    from icrl.data.offline import MANIFEST, _undo_interrupted
+    from icrl.data.storage import rollout_file_name
+
+    root = tmp_path / "run" / "replay"
+    (root / "protected").mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    moved = root / "protected" / rollout_file_name(3)
+    moved.write_bytes(b"")
+    (root / MANIFEST).write_text(json.dumps({"status": "moving", "files": ["../../../victim", moved.name]}))
+    _undo_interrupted(root)  # what the next import does first
+    assert victim.read_text() == "precious\n" and not moved.exists()
