@@ -50,6 +50,7 @@ Folder = Literal["fifo", "protected", "all"]
 
 ROLLOUT_FILE_RE = re.compile(r"^(\d{20})-(\d+)-([0-9a-f]{8})-T(\d+)\.npz$")
 _NAME_RE = re.compile(r"[0-9]{20}-[0-9]+-[0-9a-f]{8}-T([0-9]+)\.npz")  # the same, faster (fullmatch)
+_TMP_RE = re.compile(_NAME_RE.pattern + r"\.[0-9a-f]{8}" + re.escape(TMP_SUFFIX))  # save_rollout's temporary names
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -222,17 +223,18 @@ def list_rollout_files(folder: str | os.PathLike) -> list[RolloutFile]:
 
 
 def clean_stale_tmp(folder: str | os.PathLike, older_than_s: float) -> int:
-    """Delete `.tmp` files older than `older_than_s` (left by killed writers). Returns how many."""
+    """Delete the temporary files `save_rollout` names (`<rollout name>.<8 hex>.tmp`) older than `older_than_s`
+    (left by killed writers). Returns how many. Anything else, or anything not a regular file, is left alone."""
     removed = 0
     now = time.time()
     try:
         with os.scandir(folder) as it:
-            entries = [e for e in it if e.name.endswith(TMP_SUFFIX)]
+            entries = [e for e in it if e.name.endswith(TMP_SUFFIX) and _TMP_RE.fullmatch(e.name)]
     except FileNotFoundError:
         return 0
     for entry in entries:
         try:
-            if now - entry.stat().st_mtime > older_than_s:
+            if entry.is_file(follow_symlinks=False) and now - entry.stat(follow_symlinks=False).st_mtime > older_than_s:
                 os.unlink(entry.path)
                 removed += 1
         except OSError:  # another process cleaned it, its writer finished, or it is a folder or symlink loop

@@ -137,6 +137,8 @@ def save_checkpoint(
     assert_finite_weights(agent, f"checkpoint {name}")  # no checkpoint ever holds a NaN (icrl.guards)
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
+    if final.is_symlink():  # never listed as a checkpoint: replaced like any file, what it leads to is untouched
+        final.unlink()
     lstate = learner.state_dict()
     state = {
         "format_version": FORMAT_VERSION,

@@ -100,12 +100,14 @@ def test_a_folder_symlinked_out_of_the_run_is_refused(run, tmp_path, entry):
     assert snapshot(victim) == before
 
 
-def test_a_checkpoint_symlinked_out_of_the_run_is_ignored(run, tmp_path):
+@pytest.mark.parametrize("name", ["ckpt-000003", "ckpt-000009"])  # the next epoch's, a later one
+def test_a_checkpoint_symlinked_out_of_the_run_is_ignored(run, tmp_path, name):
     victim = _victim_dir(tmp_path, run, "checkpoints/ckpt-000002")
     before = snapshot(victim)
-    (run / "checkpoints/ckpt-000009").symlink_to(victim)
-    resume(run, total=48)  # prunes to the last three checkpoints
+    (run / "checkpoints" / name).symlink_to(victim)
+    resume(run, total=48)  # writes epochs 3 to 6 and prunes to the last three checkpoints
     assert snapshot(victim) == before
+    assert (run / "checkpoints/ckpt-000006").is_dir()
 
 
 @pytest.mark.parametrize("entry", [".lock", "metrics.jsonl", "learning_curve.png", "config.json", "spaces.json",

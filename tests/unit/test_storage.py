@@ -496,3 +496,19 @@ def test_non_regular_entries_named_like_rollouts_are_corrupt_not_blocking(tmp_pa
     for _ in range(3):
         replay.write(make_rollout(3, SPECS[0], image=False))  # over capacity: evicts, never the FIFO
     assert fifo.exists() and replay.num_rollouts("fifo") == 1
+
+
+def test_stale_temp_cleanup_removes_only_the_writers_own_temporary_files(tmp_path: Path) -> None:
+    from icrl.data.storage import clean_stale_tmp, rollout_file_name
+
+    ours = tmp_path / f"{rollout_file_name(3)}.1234abcd.tmp"
+    others = [tmp_path / "notes.tmp", tmp_path / f"{rollout_file_name(3)}.folder0.tmp"]
+    ours.write_bytes(b"partial")
+    others[0].write_text("a user's file")
+    (tmp_path / f"{rollout_file_name(4)}.abcdef01.tmp").mkdir()  # named like ours, but a folder
+    others[1].write_bytes(b"")
+    old = time.time() - 3600
+    for p in tmp_path.iterdir():
+        os.utime(p, (old, old))
+    assert clean_stale_tmp(tmp_path, older_than_s=60) == 1
+    assert not ours.exists() and all(p.exists() for p in others) and len(list(tmp_path.iterdir())) == 3
