@@ -38,11 +38,6 @@ class CorruptRolloutError(Exception):
         return f"corrupt rollout file {self.path}: {self.reason}"
 
 
-# ----------------------------------------------------------------------------------------------------
-# One file
-# ----------------------------------------------------------------------------------------------------
-
-
 def save_rollout(path: str | os.PathLike, rollout: Rollout, *, fsync: bool = True) -> Path:
     """Write `rollout` to `path` as an uncompressed `.npz`, atomically.
 

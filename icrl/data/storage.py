@@ -13,8 +13,9 @@ They sort by creation time (oldest first), are unique across processes, and enco
 timesteps. A name can be copied or forged, though (one renamed `-T1000...0.npz` once made eviction delete
 every genuine rollout), so the buffer's eviction index reads each new file's length once from its contents
 (`stored_timesteps`: the array header only) and skips, with one warning, any entry whose contents disagree
-or that is not a regular file (a FIFO, folder or symlink named like a rollout). Temporary files end in `.tmp` and are invisible to the listing; stale ones (left by a killed
-writer) are removed after `stale_tmp_seconds`. Listing is the one cost that grows with the buffer (~1 us
+or that is not a regular file (a FIFO, folder or symlink named like a rollout). Temporary files end in
+`.tmp` and are invisible to the listing; stale ones (left by a killed writer) are removed after
+`stale_tmp_seconds`. Listing is the one cost that grows with the buffer (~1 us
 per file), so `FolderIndex` lists incrementally and skips unchanged folders, and `DiskReplay` lists only
 when eviction may be due.
 
@@ -98,6 +99,12 @@ class FolderIndex:
     a network file system whose server clock or attribute cache cannot be relied on).
 
     `names` is replaced, never mutated, so a reader may hold on to it as a consistent snapshot.
+
+    `verify=True` (the buffer's eviction index) reads each new file's length from its contents once (~0.2 ms a
+    file, once per process: files never change) and rejects, with one `log` line each (default: a
+    RuntimeWarning), entries whose contents disagree with their names or that are not regular files, so a
+    forged name can never make eviction delete genuine rollouts. Samplers list without it: they load every file
+    they draw anyway, and skip bad ones then.
     """
 
     def __init__(self, folder: str | os.PathLike, *, trust_after_s: float | None = 1.0, verify: bool = False,
@@ -275,6 +282,11 @@ class DiskReplay:
     or kernel crash; it costs milliseconds per write on a real disk. Collected rollouts are cheap to
     lose (`fsync=False` is a sensible choice for the fifo); demonstrations in `protected` are not
     (`fsync_protected` defaults to True and is independent of `fsync`).
+
+    Untrusted folders. A replay may be shared or downloaded: only files whose contents hold the length their
+    name says are counted and evicted (the fifo's index verifies them, see `FolderIndex`; bad ones are reported
+    through `log` and left alone), and `root/fifo` or `root/protected` as a symlink leading out of `root` is
+    refused (OutsideRunDirError), since eviction deletes there.
     """
 
     def __init__(
