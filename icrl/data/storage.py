@@ -101,7 +101,7 @@ class FolderIndex:
     `names` is replaced, never mutated, so a reader may hold on to it as a consistent snapshot.
 
     `verify=True` (the buffer's eviction index) reads each new file's length from its contents once (~0.2 ms a
-    file, once per process: files never change) and rejects, with one `log` line each (default: a
+    file, once per process: files never change; not the files this process wrote, see `wrote`) and rejects, with one `log` line each (default: a
     RuntimeWarning), entries whose contents disagree with their names or that are not regular files, so a
     forged name can never make eviction delete genuine rollouts. Samplers list without it: they load every file
     they draw anyway, and skip bad ones then.
@@ -112,6 +112,7 @@ class FolderIndex:
         self.folder = os.fspath(folder)
         self.verify, self.log = verify, log or _warn
         self.rejected: set[str] = set()  # with `verify`: rollout-named entries that are not valid rollouts
+        self._written: set[str] = set()  # names this process wrote since the last scan: known good, not re-read
         self.trust_after_ns = None if trust_after_s is None else int(trust_after_s * 1e9)
         self.names: list[str] = []  # rollout file names, oldest first
         self.steps: dict[str, int] = {}  # name -> num_timesteps
@@ -167,11 +168,12 @@ class FolderIndex:
         added, lengths = [], []  # (no per-file tuples: creating ~1e5 containers triggers the cyclic GC)
         if self.rejected:
             self.rejected.intersection_update(listing)  # forget rejected files that were removed
+        written, self._written = self._written, set()  # (in this listing now, unless deleted meanwhile)
         for name in unknown:
             m = match(name)
             if m is None or name in self.rejected:
                 continue
-            if self.verify:
+            if self.verify and name not in written:
                 try:
                     stored = stored_timesteps(os.path.join(self.folder, name))
                     if stored != int(m[1]):
@@ -186,6 +188,10 @@ class FolderIndex:
             added.append(name)
             lengths.append(int(m[1]))
         return added, lengths
+
+    def wrote(self, name: str) -> None:
+        """Note a file this process just wrote (its name states the length it holds): not re-read by `verify`."""
+        self._written.add(name)
 
     def _replace(self, names, steps, total, stamp, t0) -> None:
         self.names, self.steps, self.total, self._stamp = names, steps, total, stamp
@@ -344,6 +350,7 @@ class DiskReplay:
         path = save_rollout(folder / rollout_file_name(rollout.num_timesteps), rollout, fsync=fsync)
         now = self._clock()
         if not protected:
+            self._index["fifo"].wrote(path.name)
             self._fifo_estimate += rollout.num_timesteps
             due = now - self._last_count >= self.recount_seconds
             if due or self._fifo_estimate > self.capacity_timesteps:

@@ -512,3 +512,19 @@ def test_stale_temp_cleanup_removes_only_the_writers_own_temporary_files(tmp_pat
         os.utime(p, (old, old))
     assert clean_stale_tmp(tmp_path, older_than_s=60) == 1
     assert not ours.exists() and all(p.exists() for p in others) and len(list(tmp_path.iterdir())) == 3
+
+
+def test_the_eviction_index_reads_each_file_once_and_never_its_own_writes(tmp_path: Path, monkeypatch) -> None:
+    import icrl.data.storage as storage
+
+    reads: list[str] = []
+    real = storage.stored_timesteps
+    monkeypatch.setattr(storage, "stored_timesteps", lambda path: reads.append(path) or real(path))
+    replay = DiskReplay(tmp_path, capacity_timesteps=30, fsync=False)
+    for i in range(6):
+        replay.write(make_rollout(9, SPECS[0], seed=i, image=False))  # 10 timesteps each: evicts as it goes
+    assert reads == [] and replay.num_timesteps("fifo") <= 30
+    other = DiskReplay(tmp_path, capacity_timesteps=30, fsync=False)  # another process: reads each file once
+    listed = other.num_rollouts("fifo")
+    other.evict(), other.num_timesteps("fifo")
+    assert len(reads) == listed
