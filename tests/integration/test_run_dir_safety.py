@@ -135,6 +135,20 @@ def test_a_fifo_or_folder_as_a_run_file_is_refused_in_one_line(run, entry, kind,
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+@pytest.mark.parametrize("entry", ["config.json", "spaces.json", "learning_curve.png", "agent.safetensors",
+                                   "checkpoints/latest"])
+def test_a_fifo_or_folder_as_a_replaced_file_never_blocks(run, entry, kind, deadline):
+    (run / entry).unlink()
+    os.mkfifo(run / entry) if kind == "fifo" else (run / entry).mkdir()
+    try:
+        resume(run)
+    except (ValueError, OSError) as e:  # a folder cannot be replaced by a file: one line naming it
+        assert str(run / entry) in str(e) and "\n" not in str(e)
+    else:
+        assert (run / entry).is_file()
+
+
 def test_fifos_folders_and_symlinks_named_like_rollouts_are_skipped(run, tmp_path, capfd, deadline):
     fifo = run / "replay" / "fifo"
     outside = tmp_path / "outside.npz"
@@ -202,3 +216,16 @@ def test_an_interrupted_import_manifest_deletes_only_rollout_files_in_protected(
     (root / MANIFEST).write_text(json.dumps({"status": "moving", "files": ["../../../victim", moved.name]}))
     _undo_interrupted(root)  # what the next import does first
     assert victim.read_text() == "precious\n" and not moved.exists()
+
+
+@pytest.mark.parametrize("entry", ["async", "async/collectors"])
+def test_the_asynchronous_folders_may_not_lead_out_of_the_run(tmp_path, entry):
+    from icrl.asynchronous.protocol import AsyncPaths
+
+    run, victim = tmp_path / "run", tmp_path / "victim"
+    (run / entry).parent.mkdir(parents=True, exist_ok=True)
+    victim.mkdir()
+    (run / entry).symlink_to(victim)
+    with pytest.raises(ValueError, match=re.escape(f"{run / entry} leads outside")):
+        AsyncPaths(run).make_collectors_dir()
+    assert list(victim.iterdir()) == []
