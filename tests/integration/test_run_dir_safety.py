@@ -229,3 +229,11 @@ def test_the_asynchronous_folders_may_not_lead_out_of_the_run(tmp_path, entry):
     with pytest.raises(ValueError, match=re.escape(f"{run / entry} leads outside")):
         AsyncPaths(run).make_collectors_dir()
     assert list(victim.iterdir()) == []
+
+
+def test_a_run_dir_given_through_a_symlink_resumes(run, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    before = len(os.listdir(run / "replay" / "fifo"))
+    train(tiny(link, total=24).replace(resume=True))
+    assert len(os.listdir(run / "replay" / "fifo")) > before and (run / "checkpoints/ckpt-000003").is_dir()
