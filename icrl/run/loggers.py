@@ -183,7 +183,8 @@ def make_loggers(
             elif name == "tensorboard":
                 loggers.append(TensorBoardLogger(check_inside(run_dir, run_dir / "tensorboard"), config_dict))
             else:
-                loggers.append(WandbLogger(check_inside(run_dir, run_dir / "wandb").parent, config_dict))
+                check_inside(run_dir, run_dir / "wandb")  # where wandb writes: a symlink there may not lead out
+                loggers.append(WandbLogger(run_dir, config_dict))
     except BaseException:
         for logger in loggers:
             logger.close()
