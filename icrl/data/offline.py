@@ -30,6 +30,7 @@ from icrl.data.minari_io import (
     write_minari,
 )
 from icrl.data.storage import (
+    ROLLOUT_FILE_RE,
     CorruptRolloutError,
     list_rollout_files,
     load_rollout,
@@ -124,8 +125,9 @@ def _undo_interrupted(replay_root: Path) -> None:
     if manifest.is_file():
         record = json.loads(manifest.read_text(encoding="utf-8"))
         if record.get("status") != "done":
-            for name in record.get("files", []):
-                (replay_root / "protected" / name).unlink(missing_ok=True)
+            for name in record.get("files", []):  # only rollout names: a forged manifest names no other file
+                if isinstance(name, str) and ROLLOUT_FILE_RE.fullmatch(name):
+                    (replay_root / "protected" / name).unlink(missing_ok=True)
             manifest.unlink()
 
 

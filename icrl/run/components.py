@@ -28,8 +28,9 @@ from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
 from icrl.envs.make import task_context, task_exploration
 from icrl.envs.user import apply_env
+from icrl.fileio import check_inside
 from icrl.run.distributed import Replicas, init_replicas
-from icrl.run.loggers import say
+from icrl.run.loggers import say, say_literally
 from icrl.run.rundir import check_run_dir_free, take_run_dir
 from icrl.run.runlock import RunLock
 from icrl.seeding import derive_seed, seed_everything
@@ -50,10 +51,12 @@ def make_env(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
                            episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
 
 
-def open_replay(cfg: ExperimentConfig, root: Path) -> DiskReplay:
-    """The run's disk replay. The FIFO part skips fsync: the atomic rename already keeps readers from torn
-    files after a crash; fsync would only add power-loss durability for data that is cheap to collect again."""
-    return DiskReplay(root, capacity_timesteps=cfg.replay.replay_capacity, fsync=False)
+def open_replay(cfg: ExperimentConfig, run_dir: Path) -> DiskReplay:
+    """The run's disk replay, RUN_DIR/replay (a symlink there that leads out is refused: eviction deletes files).
+    The FIFO part skips fsync: the atomic rename already keeps readers from torn files after a crash; fsync would
+    only add power-loss durability for data that is cheap to collect again. Bad files are reported on screen."""
+    root = check_inside(run_dir, Path(run_dir) / "replay")
+    return DiskReplay(root, capacity_timesteps=cfg.replay.replay_capacity, fsync=False, log=say_literally)
 
 
 def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
@@ -204,7 +207,7 @@ def _build_learning(cfg: ExperimentConfig, replicas: Replicas, seed: int, steps_
     eval_collector = Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs")) if main else None
     agent = build_agent(cfg, venv.single_observation_space["obs"], spec, device)
     learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
-    replay = open_replay(cfg, Path(cfg.run.run_dir) / "replay")
+    replay = open_replay(cfg, Path(cfg.run.run_dir))
     # --offline-data: loaded once into replay/protected (rank 0); --offline-updates: epochs without env steps
     offline_epochs = prepare_offline(cfg, replay.root, log=say, import_data=main)
     replicas.barrier()  # the offline data is on disk before any rank samples

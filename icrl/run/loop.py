@@ -44,7 +44,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None) -> dict:
     start_epoch, wall_offset = resume(c) if cfg.run.resume else (0, 0.0)
     log = start_log(c)
     batches = LazyLoader(lambda: make_train_loader(
-        cfg, c.replay.root, c.spec, c.device, transform=c.relabeler,
+        cfg, c.replay.root, c.spec, c.device, obs_space=c.venv.single_observation_space["obs"], transform=c.relabeler,
         # a resumed run draws a fresh sample stream rather than replaying the first one's
         seed=derive_seed(c.seed, "loader", *(("resume", start_epoch) if start_epoch else ()))))
     budget = UpdateBudget(cfg, c.replicas.world_size)

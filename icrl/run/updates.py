@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import gymnasium as gym
 import torch
 
 from icrl.agent.learner import Learner
@@ -29,10 +30,14 @@ def training_window(cfg: ExperimentConfig) -> int:
 
 
 def make_train_loader(
-    cfg: ExperimentConfig, replay_root: Path, spec: ActionSpec, device: torch.device, seed: int, **kwargs
+    cfg: ExperimentConfig, replay_root: Path, spec: ActionSpec, device: torch.device, seed: int,
+    obs_space: gym.spaces.Dict | None = None, **kwargs
 ) -> ReplayLoader:
     """The learner's endless batches from the replay (`train` and the asynchronous learner share it);
-    `kwargs` go to `make_loader` (e.g. `auto_refresh`)."""
+    files whose observations do not fit `obs_space` (the agent's) are skipped with a warning; `kwargs` go to
+    `make_loader` (e.g. `auto_refresh`)."""
+    if obs_space is not None:
+        kwargs["obs_shapes"] = {key: tuple(space.shape) for key, space in obs_space.spaces.items()}
     return make_loader(
         replay_root,
         batch_size=cfg.optim.batch_size,
