@@ -2,16 +2,56 @@
 
 Every atomic write in icrl goes through `atomic_path`: write to a temporary name beside the target (same file
 system, so the rename is atomic), then `os.replace` it onto the target.
+
+A run directory may be shared or downloaded, so what it contains is not trusted: `check_inside` is the one test that
+a path icrl writes, truncates or deletes resolves inside the run directory (a symlink in it that leads out is
+refused), and `open_regular` opens a file without following a symlink or blocking on a FIFO.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+class OutsideRunDirError(ValueError):
+    """A path icrl would write, truncate or delete leads outside its run directory (a symlink inside it)."""
+
+
+def check_inside(root: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Return `path` when it resolves inside `root` (symlinks followed, `root` itself may be one); raise
+    OutsideRunDirError (one line, naming the path and the fix) when a symlink in it leads elsewhere. Why: icrl must
+    never write, truncate or delete outside the run directory, whatever a shared or downloaded one contains."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise OutsideRunDirError(f"{path} leads outside {root} (to {real}): icrl writes only inside the run "
+                                 "directory; remove that symlink or choose another --run-dir")
+    return Path(path)
+
+
+def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """A descriptor of the regular file `path`, opened without following a final symlink and without blocking on
+    a FIFO; OSError when `path` is a symlink, FIFO, folder or device (a bad file, skipped or refused by callers)."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags | nofollow, mode)
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            what = "a folder" if stat.S_ISDIR(kind) else "a FIFO" if stat.S_ISFIFO(kind) else "a device or socket"
+            raise OSError(errno.EINVAL, what, os.fspath(path))
+        if nofollow and hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:

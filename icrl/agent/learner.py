@@ -11,6 +11,8 @@ function of a detached state, so it reaches the encoder only through the actor h
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -25,32 +27,26 @@ from icrl.types import Batch
 
 
 def compute_loss(
-    agent: Agent, batch: Batch, cfg: LossConfig, generator: torch.Generator | None = None
+    agent: Agent,
+    batch: Batch,
+    cfg: LossConfig,
+    generator: torch.Generator | None = None,
+    members: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Returns (loss, metrics, y, valid): the unnormalised targets [B, L, G] and their mask feed PopArt."""
+    """Returns (loss, metrics, y, valid): the unnormalised targets [B, L, G] and their mask feed PopArt.
+
+    `members` is REDQ's subset of target critics, drawn from `generator` when not given. The learner draws
+    it outside `compute_loss`, so a compiled `compute_loss` is one graph (a CPU generator breaks graphs)."""
     discrete = agent.spec.kind == "discrete"
     s = agent(batch.inputs)  # [B, L, d]
     G = agent.gammas.numel()
     valid = batch.has_action & align_next(batch.mask)  # [B, L]: transition t -> t+1 inside the window
     action = batch.action.unsqueeze(-2).expand(*batch.action.shape[:-1], G, batch.action.shape[-1])  # [B, L, G, A]
 
-    with torch.no_grad():  # TD targets from the EMA heads on the online encoder's states
-        s_next = s.detach()
-        target_dist = agent.target_actor(s_next)  # batch [B, L, G]
-        # REDQ: only the random subset of target critics reduced into the target is evaluated
+    if members is None:  # REDQ: only the random subset of target critics reduced into the target is evaluated
         members = redq_members(agent.target_critic.num_critics, cfg.redq_subset, generator)
-        if discrete:
-            q_next = agent.target_critic(s_next, members=members)  # [B, L, k, G, A] normalised
-            q_next = agent.popart.denormalize(q_next.transpose(-1, -2)).transpose(-1, -2)
-            v_next = (target_dist.probs.unsqueeze(-3) * q_next).sum(-1)  # [B, L, k, G]: exact E_{a'~π̄}
-        else:
-            q_next = agent.target_critic(s_next, target_dist.sample(), members=members)  # [B, L, k, G]
-            v_next = agent.popart.denormalize(q_next)
-        v_next = v_next.amin(-2) if cfg.redq_reduce == "min" else v_next.mean(-2)  # [B, L, G]
-        y = td_targets(
-            batch.reward, batch.terminated, valid, align_next(v_next), agent.gammas, cfg.reward_scale, cfg.n_step
-        )  # [B, L, G]
-        y_norm = agent.popart.normalize(y)
+    y = target_values(agent, s.detach(), batch, valid, cfg, members)  # [B, L, G]
+    y_norm = agent.popart.normalize(y)
 
     if discrete:
         q_all = agent.critic(s)  # [B, L, C, G, A]
@@ -80,6 +76,25 @@ def compute_loss(
         m = valid.unsqueeze(-1)
         metrics["target_mean"] = (y * m).sum() / (m.sum() * G).clamp_min(1)
     return cfg.critic_weight * loss_c + loss_a, metrics, y, valid
+
+
+@torch.no_grad()
+def target_values(
+    agent: Agent, s: torch.Tensor, batch: Batch, valid: torch.Tensor, cfg: LossConfig, members: torch.Tensor
+) -> torch.Tensor:
+    """Unnormalised TD targets y [B, L, G] from the EMA heads on the online encoder's detached states s."""
+    target_dist = agent.target_actor(s)  # batch [B, L, G]
+    if agent.spec.kind == "discrete":
+        q_next = agent.target_critic(s, members=members)  # [B, L, k, G, A] normalised
+        q_next = agent.popart.denormalize(q_next.transpose(-1, -2)).transpose(-1, -2)
+        v_next = (target_dist.probs.unsqueeze(-3) * q_next).sum(-1)  # [B, L, k, G]: exact E_{a'~π̄}
+    else:
+        q_next = agent.target_critic(s, target_dist.sample(), members=members)  # [B, L, k, G]
+        v_next = agent.popart.denormalize(q_next)
+    v_next = v_next.amin(-2) if cfg.redq_reduce == "min" else v_next.mean(-2)  # [B, L, G]
+    return td_targets(
+        batch.reward, batch.terminated, valid, align_next(v_next), agent.gammas, cfg.reward_scale, cfg.n_step
+    )
 
 
 def use_fused_adam(choice: bool | None, device: torch.device) -> bool:
@@ -119,8 +134,8 @@ class LossModule(nn.Module):
         super().__init__()
         self.agent, self.loss_fn, self.cfg = agent, loss_fn, cfg
 
-    def forward(self, batch: Batch, generator: torch.Generator | None):
-        return self.loss_fn(self.agent, batch, self.cfg, generator)
+    def forward(self, batch: Batch, members: torch.Tensor):
+        return self.loss_fn(self.agent, batch, self.cfg, members=members)
 
 
 class Learner:
@@ -149,7 +164,7 @@ class Learner:
         self.updates = 0
         self.guard = UpdateGuard()  # skipped updates: self.guard.skipped
         self.autocast_enabled = cfg.optim.dtype == "bf16"
-        self.compute_loss = torch.compile(compute_loss) if cfg.optim.compile else compute_loss
+        self.compute_loss = torch.compile(compute_loss) if cfg.compiles else compute_loss
         self.ddp = None
         if self.replicas is not None:
             # Rank 0's initial weights and buffers on every rank (in place: the optimiser's parameters stay
@@ -178,14 +193,15 @@ class Learner:
         agent, cfg = self.agent, self.cfg
         agent.train()  # acting (AgentPolicy) leaves the agent in eval mode
         batch = batch.to(self.device, non_blocking=True)
+        members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset, self.generator)
         if self.ddp is None:
             agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
-                loss, metrics, y, valid = self.compute_loss(agent, batch, cfg.loss, self.generator)
+                loss, metrics, y, valid = self._compute_loss(batch, members)
         else:
             length = self._update_normalization_all_ranks(batch)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
-                loss, metrics, y, valid = self.ddp(batch, self.generator)
+                loss, metrics, y, valid = self.ddp(batch, members)
             y, valid = self.replicas.gather_padded(y.float(), valid, length)  # [N*B, L, G]: every rank's targets
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -205,6 +221,20 @@ class Learner:
         metrics["popart_mu"] = agent.popart.mu[-1]
         metrics["popart_sigma"] = agent.popart.sigma[-1]
         return metrics
+
+    def _compute_loss(self, batch: Batch, members: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`compute_loss`, compiled or not. A compile that fails (an inductor or dynamo error on some torch,
+        device or model) warns once and leaves the run eager: the same maths, only slower."""
+        try:
+            return self.compute_loss(self.agent, batch, self.cfg.loss, members=members)
+        except Exception as e:  # noqa: BLE001 - any compiler failure; eager below re-raises a real error
+            if self.compute_loss is compute_loss:
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            warnings.warn(f"icrl: torch.compile of the learner failed ({type(e).__name__}: {first}); "
+                          "training continues eager (pass --compile False to skip compiling)", stacklevel=2)
+            self.compute_loss = compute_loss
+            return compute_loss(self.agent, batch, self.cfg.loss, members=members)
 
     @torch.no_grad()
     def _update_normalization_all_ranks(self, batch: Batch) -> int:

@@ -104,13 +104,13 @@ class Collecting:
         self.collector.total_env_steps = int(counters.get("env_steps", 0))
         self.agent = build_agent(cfg, venv.single_observation_space["obs"], spec, device)
         self.weights = WeightsWatcher(self.agent, paths)
-        self.replay = open_replay(cfg, paths.replay)
+        self.replay = open_replay(cfg, paths.run_dir)
         # the exploration schedule follows this collector's own env copies
         _, self.policy = train_policy(cfg, self.agent, self.collector, spec, seed, device)
         counters.update(collector_id=collector_id, starts=starts, pid=os.getpid(), state="collecting")
         for key in COUNTER_KEYS:
             counters.setdefault(key, 0)
-        paths.collectors.mkdir(parents=True, exist_ok=True)
+        paths.make_collectors_dir()
         self.start_steps, self.waited = self.collector.total_env_steps, 0.0
         self.others_stored = 0  # env steps the other collectors have stored (at the last look)
         say(f"icrl collect {collector_id}: {e.env} x {e.parallel_envs} envs, weights after "

@@ -59,7 +59,8 @@ def learn(cfg: ExperimentConfig, *, stop: StopFlag | None = None) -> dict:
     say(f"icrl learn: {s.total_updates:,} updates (<= {s.ratio:g} per env step stored) on {s.device}; start "
         f"collectors with `icrl collect {s.run_dir} --collector-id K`")
     batches = LazyLoader(lambda: make_train_loader(
-        cfg, s.paths.replay, s.spec, s.device, transform=s.relabeler,
+        cfg, s.paths.replay, s.spec, s.device, obs_space=s.eval_venv.single_observation_space["obs"],
+        transform=s.relabeler,
         seed=derive_seed(cfg.run.seed, "loader", "async", start_epoch), auto_refresh=True))  # files arrive at any time
     num_epochs = math.ceil(s.total_updates / upe)
     last_eval, epoch, last_ckpt = None, start_epoch, learner.updates
@@ -122,7 +123,9 @@ class Learning:
     run lock before the first write) and the steps of its epochs."""
 
     def __init__(self, cfg: ExperimentConfig) -> None:
-        self.cfg = cfg = with_run_dir(with_task_defaults(cfg).validate())  # unset: a new folder
+        cfg = with_run_dir(with_task_defaults(cfg))  # unset: a new folder
+        # its epochs are counted in updates: replay_ratio's count for full windows where none is fixed
+        self.cfg = cfg = cfg.replace(updates_per_epoch=cfg.epoch_updates).validate()
         e = cfg.env
         self.ratio = update_ratio(cfg, cfg.asynchronous.utd)
         self.publish_every = cfg.asynchronous.publish_every or cfg.schedule.updates_per_epoch
@@ -137,11 +140,11 @@ class Learning:
         self.paths = AsyncPaths(cfg.run.run_dir)
         self.run_dir: Path = self.paths.run_dir
         self.lock = take_run_dir(cfg)
-        self.paths.collectors.mkdir(parents=True, exist_ok=True)
+        self.paths.make_collectors_dir()
         self.eval_collector = Collector(self.eval_venv, self.spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
         self.agent = build_agent(cfg, self.eval_venv.single_observation_space["obs"], self.spec, self.device)
         self.learner = Learner(self.agent, cfg, self.device)
-        open_replay(cfg, self.paths.replay)  # the folders collectors fill
+        open_replay(cfg, self.run_dir)  # the folders collectors fill
         prepare_offline(cfg, self.paths.replay, log=say)  # --offline-data into replay/protected, once
         self.schedule = Exploration(cfg.explore, self.spec, 1, seed=0)  # only to log the collectors' epsilon
         self.counts = RunCounters(self.paths).read()

@@ -44,7 +44,7 @@ from safetensors import safe_open
 
 from icrl.agent.model import Agent
 from icrl.config import ConfigError
-from icrl.fileio import write_text_atomic
+from icrl.fileio import check_inside, write_text_atomic
 from icrl.run.results import save_weights
 
 
@@ -59,6 +59,13 @@ class AsyncPaths:
         self.weights = self.root / "weights.safetensors"
         self.collectors = self.root / "collectors"
         self.done = self.root / "done"
+
+    def make_collectors_dir(self) -> None:
+        """Create async/collectors; a symlink on the way that leads out of the run dir is refused, since the
+        learner publishes weights and every collector its counters there."""
+        for folder in (self.root, self.collectors):
+            check_inside(self.run_dir, folder)
+        self.collectors.mkdir(parents=True, exist_ok=True)
 
     def counter(self, collector_id: int) -> Path:
         return self.collectors / f"{collector_id}.json"

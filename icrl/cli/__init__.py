@@ -50,35 +50,47 @@ class _StartOnly:
 
     preset: str | None = None
     config: str | None = None
+    env_kwargs: str = "{}"
 
 
-def _start_args(argv: list[str], prog: str = "icrl train") -> tuple[str | None, str | None]:
-    """The values of `--preset NAME` and `--config FILE` among a subcommand's arguments (tyro, the rest
-    ignored): they must be known before the full parse, because they supply the flags' defaults."""
+def _start_args(argv: list[str], prog: str = "icrl train") -> tuple[str | None, str | None, dict[str, Any]]:
+    """`--preset NAME`, `--config FILE` and the `--env-kwargs` among a subcommand's arguments (tyro, the rest
+    ignored): the preset or file must be known before the full parse, because it supplies the flags' defaults,
+    and a preset is built for the env kwargs given (icrl.config.presets.preset_config). Bad JSON is left to
+    the full parse."""
+    import json
+
     import tyro
 
     with _tyro_errors(prog):
         known, _ = tyro.cli(_StartOnly, args=argv, return_unknown_args=True, add_help=False)
     if known.preset is not None and known.config is not None:
         fail(f"{prog}: pass --preset or --config, not both (the flags on top apply to either)")
-    return known.preset, known.config
+    try:
+        kwargs = json.loads(known.env_kwargs)
+    except ValueError:
+        kwargs = {}
+    return known.preset, known.config, kwargs if isinstance(kwargs, dict) else {}
 
 
-def _preset_arg(argv: list[str], prog: str = "icrl train") -> str | None:
-    """The value of `--preset NAME` among a subcommand's arguments."""
-    return _start_args(argv, prog)[0]
+def _preset_arg(argv: list[str], prog: str = "icrl train") -> tuple[str | None, dict[str, Any]]:
+    """`--preset NAME` and the `--env-kwargs` among a subcommand's arguments (`_start_args`)."""
+    preset, _, kwargs = _start_args(argv, prog)
+    return preset, kwargs
 
 
-def _start_config(preset: str | None, config_file: str | None) -> Any:
-    """The config the flags apply on top of: a preset's, a config.json's (a run's, e.g. someone else's: its
-    run dir and --resume are not taken, so the new run gets its own folder), or the library defaults."""
-    from icrl.config import ExperimentConfig
-    from icrl.config.presets import PRESETS
+def _start_config(preset: str | None, config_file: str | None, env_kwargs: dict[str, Any] | None = None) -> Any:
+    """The config the flags apply on top of: a preset's (built for `env_kwargs`), a config.json's (a run's,
+    e.g. someone else's: its run dir and --resume are not taken, so the new run gets its own folder), or the
+    library defaults."""
+    from icrl.config import ConfigError, ExperimentConfig
+    from icrl.config.presets import preset_config
 
     if preset is not None:
-        if preset not in PRESETS:
-            fail(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
-        return PRESETS[preset]()
+        try:
+            return preset_config(preset, env_kwargs)
+        except ConfigError as e:
+            fail(str(e))
     if config_file is None:
         return ExperimentConfig()
     from icrl.run.evaluate import RunDirError, load_config
@@ -93,12 +105,12 @@ def _start_config(preset: str | None, config_file: str | None) -> Any:
     return cfg.replace(run_dir=None, resume=False)
 
 
-def _subcommands(preset: str | None, config_file: str | None = None) -> Any:
+def _subcommands(preset: str | None, config_file: str | None = None, env_kwargs: dict[str, Any] | None = None) -> Any:
     """The union of every subcommand for tyro, `train` and `learn` defaulting to the config of `preset` or
     `config_file` (`_start_config`)."""
     import tyro
 
-    cfg = _start_config(preset, config_file)
+    cfg = _start_config(preset, config_file, env_kwargs)
     defaults = {cls: with_config(cls, cfg, preset, config_file) for cls in (Train, Learn)}
     members = [
         Annotated[cls, tyro.conf.subcommand(name, default=defaults.get(cls, tyro.MISSING_NONPROP))]
@@ -131,8 +143,9 @@ def parse(argv: list[str]):
         fail(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
     if command == "learn" and any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest):
         fail("icrl learn: the run dir is the first argument; drop --run-dir")
-    preset, config_file = _start_args(rest, f"icrl {command}") if command in ("train", "learn") else (None, None)
-    union = _subcommands(preset, config_file)
+    preset, config_file, env_kwargs = (_start_args(rest, f"icrl {command}") if command in ("train", "learn")
+                                       else (None, None, {}))
+    union = _subcommands(preset, config_file, env_kwargs)
     with _tyro_errors(f"icrl {command}"):
         args = tyro.cli(union, args=argv, prog="icrl", config=(tyro.conf.OmitArgPrefixes,))
     named = any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest)

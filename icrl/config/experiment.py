@@ -44,6 +44,26 @@ class ExperimentConfig:
             raise ConfigError(error)
         return self
 
+    @property
+    def compiles(self) -> bool:
+        """Whether the learner compiles its loss: `OptimConfig.compile`, or where unset its rule (big Transformer
+        batches, >= 1,000 planned updates; the field's docstring has the measurement)."""
+        if self.optim.compile is not None:
+            return self.optim.compile
+        planned = (self.schedule.total_env_steps // max(self.schedule.steps_per_epoch, 1)) * self.epoch_updates
+        tokens = self.optim.batch_size * (self.model.context + 1)
+        return self.model.traj_encoder == "transformer" and tokens >= 4096 and planned >= 1000
+
+    @property
+    def epoch_updates(self) -> int:
+        """Updates per epoch where a fixed number is needed (offline epochs, the asynchronous learner's default
+        ratio, plans): --updates-per-epoch, or `replay_ratio`'s count for full training windows (context + 1
+        timesteps). `icrl train` counts the replay's real windows instead (icrl.run.updates.UpdateBudget)."""
+        s = self.schedule
+        if s.updates_per_epoch is not None:
+            return s.updates_per_epoch
+        return max(1, round(s.replay_ratio * s.steps_per_epoch / (self.optim.batch_size * (self.model.context + 1))))
+
     def replace(self, **fields: Any) -> ExperimentConfig:
         """A copy with the named fields changed, wherever they live: field names are unique across the
         groups, so `cfg.replace(lr=3e-4, run_dir="runs/a")` needs no group (unknown names raise ConfigError)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+DEFAULT_CONTEXT = 256  # the context of a task that recommends none
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -18,8 +20,10 @@ class ModelConfig:
     """Attention heads."""
     d_ff: int | None = None
     """Hidden width of the Transformer's feed-forward blocks (unset: 4 x --d-model, the usual ratio)."""
-    max_seq_len: int = 256
-    """Training window length and the Transformer's context while acting (sliding window beyond it)."""
+    max_seq_len: int | None = None
+    """The Transformer's context while acting (a sliding window beyond it) and the training window's length.
+    Unset: what the task recommends for itself (T-Maze N: its whole rollout, N + 1; `recommended_context` in
+    docs/tasks.md), else 256. A run whose rollouts are longer than the context says so once."""
     max_time: int = 4096
     """Largest time index with its own learned embedding (later steps share the last one)."""
     pos_emb: Literal["learned", "sinusoidal", "none"] = "sinusoidal"
@@ -49,3 +53,8 @@ class ModelConfig:
     """Width of the instruction embedding (tasks with a "goal" observation, docs/CONTRACTS.md)."""
     goal_view: Literal["full", "current"] = "full"
     """Instruction the agent sees: every remaining sub-goal, or only the current one (the paper's ablation)."""
+
+    @property
+    def context(self) -> int:
+        """`max_seq_len`, or the library's default context where it is unset (a run resolves it first)."""
+        return DEFAULT_CONTEXT if self.max_seq_len is None else self.max_seq_len

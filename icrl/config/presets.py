@@ -7,10 +7,13 @@ it in `PRESETS`.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
+from typing import Any
 
 from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
+from icrl.config.errors import ConfigError
 
 
 def _small_run(cfg: ExperimentConfig, run_dir: str, total_env_steps: int, eval_every: int, eval_rollouts: int) -> ExperimentConfig:
@@ -36,8 +39,8 @@ def tmaze(length: int = 20) -> ExperimentConfig:
     """
     cfg = ExperimentConfig(
         env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": length}), parallel_envs=8),
-        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=length + 1, head_hidden=64),
-        # exploration: T-Maze's own recommendation (TMaze.recommended_exploration), losses: the defaults
+        # context and exploration: T-Maze's own recommendations (TMaze.recommended_context / _exploration)
+        model=ModelConfig(d_model=32, layers=2, heads=2, head_hidden=64),
     )
     return _small_run(cfg, f"runs/tmaze{length}", max(10_000, 500 * length), eval_every=10, eval_rollouts=16)
 
@@ -46,7 +49,7 @@ def cue_recall(delay: int = 5, continuous: bool = True) -> ExperimentConfig:
     """Cue recall with continuous answers: the smallest continuous-action memory task (~20 s)."""
     cfg = ExperimentConfig(
         env=EnvConfig(env="cue_recall", env_kwargs=json.dumps({"delay": delay, "continuous": continuous}), parallel_envs=8),
-        model=ModelConfig(d_model=32, layers=1, heads=2, max_seq_len=delay + 3, head_hidden=64),
+        model=ModelConfig(d_model=32, layers=1, heads=2, head_hidden=64),  # context: CueRecall.recommended_context
         loss=LossConfig(gammas=(0.9, 0.99)),
         explore=ExploreConfig(eps_anneal_steps=150),  # per env: 1,200 env steps of the 8 together
     )
@@ -68,4 +71,23 @@ def goal_grid(relabel: str = "all", size: int = 5, num_goals: int = 3) -> Experi
     return cfg.replace(relabel=relabel)
 
 
-PRESETS: dict[str, Callable[[], ExperimentConfig]] = {"tmaze": tmaze, "cue_recall": cue_recall, "goal_grid": goal_grid}
+PRESETS: dict[str, Callable[..., ExperimentConfig]] = {"tmaze": tmaze, "cue_recall": cue_recall, "goal_grid": goal_grid}
+
+
+def preset_config(name: str, env_kwargs: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Preset `name` built for the env kwargs it is given: those the preset function takes as parameters
+    (tmaze's `length`) reach it, so its budget and run dir follow them (`--preset tmaze --env-kwargs
+    '{"length": 50}'` trains 25,000 env steps in runs/tmaze50), and the kwargs it does not take are kept in
+    its env kwargs. Unknown names raise ConfigError."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
+    fn = PRESETS[name]
+    params = inspect.signature(fn).parameters
+    kwargs = dict(env_kwargs or {})
+    try:
+        cfg = fn(**{k: v for k, v in kwargs.items() if k in params})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--preset {name} cannot take --env-kwargs {json.dumps(kwargs)}: {e}") from e
+    if not kwargs:
+        return cfg
+    return cfg.replace(env_kwargs=json.dumps({**cfg.env.kwargs, **kwargs}))

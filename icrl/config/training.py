@@ -27,9 +27,14 @@ class OptimConfig:
     """Precision of the learner's forward and loss: `bf16` runs them under torch.autocast(bfloat16) (matmuls
     and attention in bf16; heads' outputs, losses, PopArt, gradients and the optimiser stay float32).
     On a CPU with bf16 instructions and 1 thread it made updates ~1.25x faster (d128, B24x256)."""
-    compile: bool = False
-    """torch.compile the learner's loss computation (the encoder pass, heads and losses). Costs tens of
-    seconds of compilation at start; on CPU it gained little (0-20% per update), so it is off by default."""
+    compile: bool | None = None
+    """torch.compile the learner's loss computation (the encoder pass, heads and losses: one graph; a failed
+    compile falls back to eager with a warning). It fuses the heads' and norms' elementwise work, which
+    dominates a CPU update: d64 x context 501, batch 24, 1 thread, bf16: 0.49 s per update compiled, 1.1 s
+    eager (benchmarks/throughput.py). Compiling costs ~30-60 s at start (and once more when the batch
+    length first changes). Unset: on for Transformer runs whose batches hold >= 4,096 timesteps and that plan
+    >= 1,000 updates, where the saving repays the compile within minutes; off otherwise (small and short runs,
+    the tests)."""
     fused_adam: bool | None = None
     """AdamW's fused kernel (one kernel for all parameters; the same maths as the per-tensor loop up to
     rounding). Unset: fused wherever torch has the kernel for the learner's device (CPU and CUDA do)."""
@@ -70,7 +75,15 @@ class ScheduleConfig:
     """Stop after this many env steps."""
     steps_per_epoch: int = 1_000
     """Env steps collected per epoch (across all parallel envs)."""
-    updates_per_epoch: int = 200
-    """Gradient updates per epoch (updates per env step = this / steps_per_epoch)."""
+    updates_per_epoch: int | None = None
+    """Gradient updates per epoch, fixed (updates per env step = this / steps_per_epoch). Unset: as many as
+    `replay_ratio` asks, which adapts to how long the task's rollouts are."""
+    replay_ratio: float = 256.0
+    """Timesteps trained on per timestep collected, on average, when --updates-per-epoch is unset: an epoch
+    makes replay_ratio x steps_per_epoch / (batch_size x the mean window length in the replay) updates
+    (the remainder carries over). Counting timesteps rather than updates keeps the learner's share of the
+    work the same whether an episode lasts 20 steps or 1,000 (one update of 24 x 502-step T-Maze-500
+    windows trains 25x the timesteps of one of 24 x 20). 256 is SAC's ratio (one update of 256 transitions
+    per env step); the official AMAGO's T-Maze and POPGym examples train ~60 and ~190."""
     start_updates_after: int = 0
     """Collect at least this many env steps before the first update."""

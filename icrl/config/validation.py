@@ -84,6 +84,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "run.seed": _in(0, 2**63 - 1),
     "schedule.total_env_steps": _ge(0),
     "schedule.steps_per_epoch": _ge(1),
+    "schedule.replay_ratio": _gt(0.0),
     "optim.lr": _gt(0.0),
     "optim.warmup_updates": _ge(0),
     "optim.weight_decay": _ge(0.0),
@@ -198,7 +199,7 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
     m, lo = cfg.model, cfg.loss
     return [
         (m.d_model % m.heads == 0, f"--d-model {m.d_model} is not divisible by --heads {m.heads}"),
-        (m.max_seq_len >= 2, "--max-seq-len must be >= 2 (a TD transition needs two timesteps)"),
+        (m.context >= 2, "--max-seq-len must be >= 2 (a TD transition needs two timesteps)"),
         (m.goal_dim >= 1, "--goal-dim must be >= 1"),
         (len(lo.gammas) >= 1 and all(0 <= g < 1 for g in lo.gammas), "--gammas must lie in [0, 1)"),
         (
@@ -213,7 +214,10 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
 def _schedule_checks(cfg: ExperimentConfig) -> list[Check]:
     e, r, sc = cfg.env, cfg.replay, cfg.schedule
     return [
-        (cfg.optim.batch_size >= 1 and sc.updates_per_epoch >= 0, "--batch-size must be >= 1, --updates-per-epoch >= 0"),
+        (
+            cfg.optim.batch_size >= 1 and (sc.updates_per_epoch is None or sc.updates_per_epoch >= 0),
+            "--batch-size must be >= 1, --updates-per-epoch >= 0",
+        ),
         (
             sc.steps_per_epoch >= e.parallel_envs,
             f"--steps-per-epoch {sc.steps_per_epoch} is below --parallel-envs {e.parallel_envs}: "
@@ -241,7 +245,7 @@ def _replay_checks(cfg: ExperimentConfig) -> list[Check]:
             "--offline-updates and --offline-fraction need --offline-data PATH_OR_MINARI_ID",
         ),
         (
-            r.offline_updates == 0 or (sc.updates_per_epoch >= 1 and sc.start_updates_after == 0),
+            r.offline_updates == 0 or (cfg.epoch_updates >= 1 and sc.start_updates_after == 0),
             "--offline-updates trains before any env step: it needs --updates-per-epoch >= 1 and "
             "--start-updates-after 0",
         ),

@@ -30,6 +30,7 @@ from icrl.data.minari_io import (
     write_minari,
 )
 from icrl.data.storage import (
+    ROLLOUT_FILE_RE,
     CorruptRolloutError,
     list_rollout_files,
     load_rollout,
@@ -124,8 +125,9 @@ def _undo_interrupted(replay_root: Path) -> None:
     if manifest.is_file():
         record = json.loads(manifest.read_text(encoding="utf-8"))
         if record.get("status") != "done":
-            for name in record.get("files", []):
-                (replay_root / "protected" / name).unlink(missing_ok=True)
+            for name in record.get("files", []):  # only rollout names: a forged manifest names no other file
+                if isinstance(name, str) and ROLLOUT_FILE_RE.fullmatch(name):
+                    (replay_root / "protected" / name).unlink(missing_ok=True)
             manifest.unlink()
 
 
@@ -179,7 +181,7 @@ def import_offline_data(cfg: ExperimentConfig, replay_root: str | os.PathLike, s
 
 def offline_epochs(cfg: ExperimentConfig) -> int:
     """Epochs of `--updates-per-epoch` updates without env steps that `--offline-updates` asks for."""
-    return -(-cfg.replay.offline_updates // cfg.schedule.updates_per_epoch) if cfg.replay.offline_updates else 0
+    return -(-cfg.replay.offline_updates // cfg.epoch_updates) if cfg.replay.offline_updates else 0
 
 
 def prepare_offline(cfg: ExperimentConfig, replay_root: str | os.PathLike, log=print, import_data: bool = True) -> int:

@@ -92,7 +92,8 @@ class RolloutCache:
 class ReplayDataset(IterableDataset):
     """Infinite stream of `Batch`es of `batch_size` random windows from a `DiskReplay` folder.
 
-    Corrupt files are skipped with one warning per file. A file that disappears (evicted) is dropped
+    Corrupt files, and files that do not fit `obs_shapes` (key -> per-step shape, when given) or the action
+    width, are skipped with one warning per file. A file that disappears (evicted) is dropped
     silently and another one drawn. The file list is refreshed every `refresh_seconds` or `refresh_every`
     samples, whichever comes first, but never sooner than `last listing time / refresh_time_fraction`
     after the previous refresh: listing costs ~1 us per file, so with 80k files (~0.1 s) the list is
@@ -118,6 +119,7 @@ class ReplayDataset(IterableDataset):
         empty_timeout_s: float = 30.0,
         auto_refresh: bool = True,
         offline_fraction: float | None = None,
+        obs_shapes: dict[str, tuple[int, ...]] | None = None,
     ):
         if batch_size < 1 or max_seq_len < 1:
             raise ValueError(f"batch_size and max_seq_len must be positive, got {batch_size}, {max_seq_len}")
@@ -138,6 +140,7 @@ class ReplayDataset(IterableDataset):
         self.empty_timeout_s = empty_timeout_s
         self.auto_refresh = auto_refresh
         self.offline_fraction = offline_fraction
+        self.obs_shapes = obs_shapes
         # Per-worker state, (re)built lazily in the worker process by `_setup`. A file is a key
         # (folder number, name): 0 = fifo, 1 = protected.
         self._rng: np.random.Generator | None = None
@@ -247,7 +250,7 @@ class ReplayDataset(IterableDataset):
         if rollout is not None:
             return rollout
         try:
-            rollout = load_rollout(path)
+            rollout = self._check_fits(load_rollout(path), path)
         except FileNotFoundError:
             self._excluded.add(key)
             self._cache.discard(path)  # type: ignore[union-attr]
@@ -259,6 +262,17 @@ class ReplayDataset(IterableDataset):
             warnings.warn(f"skipping {e}", RuntimeWarning, stacklevel=2)
             return None
         self._cache.put(path, rollout)  # type: ignore[union-attr]
+        return rollout
+
+    def _check_fits(self, rollout: Rollout, path: str) -> Rollout:
+        """`rollout`, or CorruptRolloutError naming `path` when its observations (against `obs_shapes`) or its
+        action width do not fit: one misfit file would otherwise stop every batch it lands in."""
+        shapes = {k: v.shape[1:] for k, v in rollout.obs.items()}
+        if self.obs_shapes is not None and shapes != {k: tuple(s) for k, s in self.obs_shapes.items()}:
+            raise CorruptRolloutError(path, f"observations of shapes {shapes}, the env's are {self.obs_shapes}")
+        if rollout.prev_action.shape[1:] != (self.action_spec.dim,):
+            raise CorruptRolloutError(path, f"actions of width {rollout.prev_action.shape[1:]}, the env's are "
+                                            f"{self.action_spec.dim} wide")
         return rollout
 
     def sample_rollout(self) -> Rollout:

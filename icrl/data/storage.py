@@ -5,17 +5,21 @@ without locks. Every file is written under a temporary name, flushed (and fsynce
 then renamed into place, so a reader never sees a half-written rollout, even if the writer is killed.
 Files never change after the rename, so readers may cache them freely.
 
-File names carry everything the buffer's bookkeeping needs, so counting and eviction never open a file:
+File names carry the buffer's bookkeeping:
 
     {time_ns:020d}-{pid}-{uuid8}-T{num_timesteps}.npz
 
 They sort by creation time (oldest first), are unique across processes, and encode the number of
-timesteps. Temporary files end in `.tmp` and are invisible to the listing; stale ones (left by a killed
-writer) are removed after `stale_tmp_seconds`. Listing is the one cost that grows with the buffer (~1 us
+timesteps. A name can be copied or forged, though (one renamed `-T1000...0.npz` once made eviction delete
+every genuine rollout), so the buffer's eviction index reads each new file's length once from its contents
+(`stored_timesteps`: the array header only) and skips, with one warning, any entry whose contents disagree
+or that is not a regular file (a FIFO, folder or symlink named like a rollout). Temporary files end in
+`.tmp` and are invisible to the listing; stale ones (left by a killed writer) are removed after
+`stale_tmp_seconds`. Listing is the one cost that grows with the buffer (~1 us
 per file), so `FolderIndex` lists incrementally and skips unchanged folders, and `DiskReplay` lists only
 when eviction may be due.
 
-Loading uses `np.load(allow_pickle=False)` only: a replay folder is data, never code.
+Reading one file (safely, without pickle) is `icrl.data.rolloutfile`.
 """
 
 from __future__ import annotations
@@ -24,97 +28,30 @@ import os
 import re
 import time
 import uuid
-import zipfile
-from dataclasses import dataclass, fields
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
-from icrl.fileio import atomic_path
-from icrl.guards import nonfinite_keys
+from icrl.data.rolloutfile import (
+    TMP_SUFFIX,
+    CorruptRolloutError,
+    load_rollout,
+    save_rollout,
+    stored_timesteps,
+)
+from icrl.fileio import check_inside
 from icrl.types import Rollout
+
+__all__ = ["TMP_SUFFIX", "CorruptRolloutError", "DiskReplay", "FolderIndex", "RolloutFile", "clean_stale_tmp",
+           "list_rollout_files", "load_rollout", "rollout_file_name", "save_rollout", "stored_timesteps"]
 
 Folder = Literal["fifo", "protected", "all"]
 
 ROLLOUT_FILE_RE = re.compile(r"^(\d{20})-(\d+)-([0-9a-f]{8})-T(\d+)\.npz$")
 _NAME_RE = re.compile(r"[0-9]{20}-[0-9]+-[0-9a-f]{8}-T([0-9]+)\.npz")  # the same, faster (fullmatch)
-TMP_SUFFIX = ".tmp"
-_REQUIRED = tuple(f.name for f in fields(Rollout) if f.name not in ("obs", "achieved"))
-
-
-class CorruptRolloutError(Exception):
-    """A rollout file that exists but cannot be read as a valid Rollout (truncated, garbage, pickled,
-    missing fields, inconsistent lengths). Samplers skip such files; they never stop training."""
-
-    def __init__(self, path: str | os.PathLike, reason: str):
-        super().__init__(path, reason)
-        self.path = Path(path)
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"corrupt rollout file {self.path}: {self.reason}"
-
-
-# ----------------------------------------------------------------------------------------------------
-# One file
-# ----------------------------------------------------------------------------------------------------
-
-
-def save_rollout(path: str | os.PathLike, rollout: Rollout, *, fsync: bool = True) -> Path:
-    """Write `rollout` to `path` as an uncompressed `.npz`, atomically.
-
-    The data go to a unique `.tmp` file in the same folder (same file system, so the rename is atomic),
-    which is flushed and fsynced, then `os.replace`d onto `path`; the folder is fsynced so the rename
-    survives a power loss. `fsync=False` skips both fsyncs (crash-safe still, not power-loss-safe).
-    Object arrays are refused (TypeError): they would need pickle to load.
-    """
-    path = Path(path)
-    rollout.validate()
-    arrays = {k: np.asarray(v) for k, v in rollout.to_arrays().items()}
-    for key, arr in arrays.items():
-        if arr.dtype.hasobject:
-            raise TypeError(f"field {key!r} has dtype {arr.dtype}: object arrays need pickle, refused")
-    with atomic_path(path, fsync=fsync, tmp_name=f"{path.name}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}") as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, allow_pickle=False, **arrays)
-    return path
-
-
-def load_rollout(path: str | os.PathLike) -> Rollout:
-    """Read a file written by `save_rollout`, fully into memory.
-
-    Raises FileNotFoundError if the file does not exist (e.g. evicted by another process: not an error
-    for a sampler) and CorruptRolloutError for anything else that prevents a valid Rollout.
-    """
-    path = Path(path)
-    # We open the file ourselves so it is closed on every error path (np.load leaks it on a bad zip).
-    with open(path, "rb") as fh:  # FileNotFoundError propagates
-        try:
-            npz = np.load(fh, allow_pickle=False)
-        except ValueError as e:  # not a zip; numpy then refuses to unpickle it
-            raise CorruptRolloutError(path, f"not an npz archive ({e})") from e
-        except (OSError, EOFError, zipfile.BadZipFile) as e:
-            raise CorruptRolloutError(path, f"unreadable ({type(e).__name__}: {e})") from e
-        if not isinstance(npz, np.lib.npyio.NpzFile):
-            raise CorruptRolloutError(path, f"expected an npz archive, found a single {type(npz).__name__}")
-        try:
-            with npz:
-                arrays = {key: npz[key] for key in npz.files}
-        except ValueError as e:  # includes "Object arrays cannot be loaded when allow_pickle=False"
-            raise CorruptRolloutError(path, f"refused or malformed array ({e})") from e
-        except Exception as e:  # BadZipFile (CRC), EOFError, zlib.error, OSError on truncated members
-            raise CorruptRolloutError(path, f"truncated or damaged ({type(e).__name__}: {e})") from e
-    missing = [name for name in _REQUIRED if name not in arrays]
-    if missing:
-        raise CorruptRolloutError(path, f"missing fields {missing}")
-    nonfinite = nonfinite_keys(arrays)
-    if nonfinite:  # one NaN reward or observation would poison every weight it reaches (icrl.guards)
-        raise CorruptRolloutError(path, f"non-finite values (NaN or inf) in {nonfinite}")
-    try:
-        return Rollout.from_arrays(arrays)
-    except (ValueError, TypeError) as e:
-        raise CorruptRolloutError(path, f"inconsistent fields ({e})") from e
+_TMP_RE = re.compile(_NAME_RE.pattern + r"\.[0-9a-f]{8}" + re.escape(TMP_SUFFIX))  # save_rollout's temporary names
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -134,6 +71,10 @@ class RolloutFile:
 def rollout_file_name(num_timesteps: int) -> str:
     """A new unique, time-sortable file name that encodes the rollout's length."""
     return f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}-T{num_timesteps}.npz"
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 # The one call that reads a folder's names; a module attribute so tests can simulate a stale listing.
@@ -158,10 +99,20 @@ class FolderIndex:
     a network file system whose server clock or attribute cache cannot be relied on).
 
     `names` is replaced, never mutated, so a reader may hold on to it as a consistent snapshot.
+
+    `verify=True` (the buffer's eviction index) reads each new file's length from its contents once (~0.2 ms a
+    file, once per process: files never change; not the files this process wrote, see `wrote`) and rejects, with one `log` line each (default: a
+    RuntimeWarning), entries whose contents disagree with their names or that are not regular files, so a
+    forged name can never make eviction delete genuine rollouts. Samplers list without it: they load every file
+    they draw anyway, and skip bad ones then.
     """
 
-    def __init__(self, folder: str | os.PathLike, *, trust_after_s: float | None = 1.0):
+    def __init__(self, folder: str | os.PathLike, *, trust_after_s: float | None = 1.0, verify: bool = False,
+                 log: Callable[[str], None] | None = None):
         self.folder = os.fspath(folder)
+        self.verify, self.log = verify, log or _warn
+        self.rejected: set[str] = set()  # with `verify`: rollout-named entries that are not valid rollouts
+        self._written: set[str] = set()  # names this process wrote since the last scan: known good, not re-read
         self.trust_after_ns = None if trust_after_s is None else int(trust_after_s * 1e9)
         self.names: list[str] = []  # rollout file names, oldest first
         self.steps: dict[str, int] = {}  # name -> num_timesteps
@@ -198,13 +149,7 @@ class FolderIndex:
             for name in gone:
                 total -= steps.pop(name)
             names = [n for n in names if n not in gone]
-        match = _NAME_RE.fullmatch
-        added, lengths = [], []  # (no per-file tuples: creating ~1e5 containers triggers the cyclic GC)
-        for name in unknown:
-            m = match(name)
-            if m is not None:
-                added.append(name)
-                lengths.append(int(m[1]))
+        added, lengths = self._parse(unknown, listing)
         if added:
             steps = dict(steps) if steps is self.steps else steps
             steps.update(zip(added, lengths))
@@ -215,6 +160,38 @@ class FolderIndex:
         trusted = self.trust_after_ns is not None and st.st_mtime_ns < now_ns - self.trust_after_ns
         self._replace(names, steps, total, stamp if trusted else None, t0)
         return True
+
+    def _parse(self, unknown: list[str], listing: list[str]) -> tuple[list[str], list[int]]:
+        """The rollout names among `unknown` and their lengths; with `verify`, only the files whose contents
+        hold the length their name claims (the others are rejected once, with one warning naming them)."""
+        match = _NAME_RE.fullmatch
+        added, lengths = [], []  # (no per-file tuples: creating ~1e5 containers triggers the cyclic GC)
+        if self.rejected:
+            self.rejected.intersection_update(listing)  # forget rejected files that were removed
+        written, self._written = self._written, set()  # (in this listing now, unless deleted meanwhile)
+        for name in unknown:
+            m = match(name)
+            if m is None or name in self.rejected:
+                continue
+            if self.verify and name not in written:
+                try:
+                    stored = stored_timesteps(os.path.join(self.folder, name))
+                    if stored != int(m[1]):
+                        raise CorruptRolloutError(os.path.join(self.folder, name),
+                                                  f"its name says {m[1]} timesteps, its contents {stored}")
+                except FileNotFoundError:  # evicted by another process since the listing
+                    continue
+                except CorruptRolloutError as e:
+                    self.rejected.add(name)
+                    self.log(f"icrl: warning: skipping {e}")
+                    continue
+            added.append(name)
+            lengths.append(int(m[1]))
+        return added, lengths
+
+    def wrote(self, name: str) -> None:
+        """Note a file this process just wrote (its name states the length it holds): not re-read by `verify`."""
+        self._written.add(name)
 
     def _replace(self, names, steps, total, stamp, t0) -> None:
         self.names, self.steps, self.total, self._stamp = names, steps, total, stamp
@@ -259,20 +236,21 @@ def list_rollout_files(folder: str | os.PathLike) -> list[RolloutFile]:
 
 
 def clean_stale_tmp(folder: str | os.PathLike, older_than_s: float) -> int:
-    """Delete `.tmp` files older than `older_than_s` (left by killed writers). Returns how many."""
+    """Delete the temporary files `save_rollout` names (`<rollout name>.<8 hex>.tmp`) older than `older_than_s`
+    (left by killed writers). Returns how many. Anything else, or anything not a regular file, is left alone."""
     removed = 0
     now = time.time()
     try:
         with os.scandir(folder) as it:
-            entries = [e for e in it if e.name.endswith(TMP_SUFFIX)]
+            entries = [e for e in it if e.name.endswith(TMP_SUFFIX) and _TMP_RE.fullmatch(e.name)]
     except FileNotFoundError:
         return 0
     for entry in entries:
         try:
-            if now - entry.stat().st_mtime > older_than_s:
+            if entry.is_file(follow_symlinks=False) and now - entry.stat(follow_symlinks=False).st_mtime > older_than_s:
                 os.unlink(entry.path)
                 removed += 1
-        except FileNotFoundError:  # another process cleaned it or its writer finished
+        except OSError:  # another process cleaned it, its writer finished, or it is a folder or symlink loop
             pass
     return removed
 
@@ -310,6 +288,11 @@ class DiskReplay:
     or kernel crash; it costs milliseconds per write on a real disk. Collected rollouts are cheap to
     lose (`fsync=False` is a sensible choice for the fifo); demonstrations in `protected` are not
     (`fsync_protected` defaults to True and is independent of `fsync`).
+
+    Untrusted folders. A replay may be shared or downloaded: only files whose contents hold the length their
+    name says are counted and evicted (the fifo's index verifies them, see `FolderIndex`; bad ones are reported
+    through `log` and left alone), and `root/fifo` or `root/protected` as a symlink leading out of `root` is
+    refused (OutsideRunDirError), since eviction deletes there.
     """
 
     def __init__(
@@ -323,6 +306,7 @@ class DiskReplay:
         recount_seconds: float = 5.0,
         stale_tmp_seconds: float = 600.0,
         trust_mtime_after_s: float | None = 1.0,
+        log: Callable[[str], None] | None = None,
     ):
         if capacity_timesteps < 1:
             raise ValueError(f"capacity_timesteps must be positive, got {capacity_timesteps}")
@@ -337,11 +321,11 @@ class DiskReplay:
         self.stale_tmp_seconds = stale_tmp_seconds
         self.fifo_dir = self.root / "fifo"
         self.protected_dir = self.root / "protected"
-        self.fifo_dir.mkdir(parents=True, exist_ok=True)
-        self.protected_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (self.fifo_dir, self.protected_dir):
+            check_inside(self.root, folder).mkdir(parents=True, exist_ok=True)  # a symlink out is refused
         self._clock = time.monotonic  # replaceable in tests
-        self._index = {
-            "fifo": FolderIndex(self.fifo_dir, trust_after_s=trust_mtime_after_s),
+        self._index = {  # eviction deletes by the fifo's lengths: they are read from the files, not the names
+            "fifo": FolderIndex(self.fifo_dir, trust_after_s=trust_mtime_after_s, verify=True, log=log),
             "protected": FolderIndex(self.protected_dir, trust_after_s=trust_mtime_after_s),
         }
         self._memo: dict[str, dict[str, RolloutFile]] = {"fifo": {}, "protected": {}}
@@ -366,6 +350,7 @@ class DiskReplay:
         path = save_rollout(folder / rollout_file_name(rollout.num_timesteps), rollout, fsync=fsync)
         now = self._clock()
         if not protected:
+            self._index["fifo"].wrote(path.name)
             self._fifo_estimate += rollout.num_timesteps
             due = now - self._last_count >= self.recount_seconds
             if due or self._fifo_estimate > self.capacity_timesteps:
@@ -390,7 +375,7 @@ class DiskReplay:
         return out
 
     def num_timesteps(self, folder: Folder = "all") -> int:
-        """Total timesteps stored, from the file names alone."""
+        """Total timesteps stored, from the file names (checked against the contents in the fifo)."""
         return sum(index.total for index in self._scan(folder))
 
     def num_rollouts(self, folder: Folder = "all") -> int:

@@ -251,13 +251,16 @@ def make_vector_env(
     return cls(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
-def task_exploration(name: str, env_kwargs: dict[str, Any] | None = None, factory: Any = None) -> dict[str, Any]:
-    """The exploration a task recommends for itself (`ExploreConfig` field -> value), or {}.
+def task_recommendation(
+    hook: str, name: str, env_kwargs: dict[str, Any] | None = None, factory: Any = None
+) -> Any:
+    """What a task recommends for itself through the attribute `hook` of its factory, or None.
 
-    A task opts in with a `recommended_exploration(**env_kwargs) -> dict` attribute on its factory (for a
-    class: a staticmethod or classmethod), read without building the env. `factory` (an env class or factory
-    the user passed) is asked first; then built-in names and 'module:factory' forms are looked up. Gymnasium
-    ids have none.
+    Hooks (each called with the env kwargs, read without building the env; for a class a staticmethod or
+    classmethod): `recommended_exploration(**kw) -> dict` (`ExploreConfig` field -> value) and
+    `recommended_context(**kw) -> int` (the timesteps of memory the task needs: T-Maze's whole rollout).
+    `factory` (an env class or factory the user passed) is asked first; then built-in names and
+    'module:factory' forms are looked up. Gymnasium ids have none.
     """
     factory = factory if factory is not None else BUILTIN_ENVS.get(name)
     if factory is None and ":" in name and not any(name.startswith(p) for p in ENV_FAMILIES):
@@ -265,10 +268,21 @@ def task_exploration(name: str, env_kwargs: dict[str, Any] | None = None, factor
             factory = _resolve_factory(name)
         except ValueError:
             factory = None
-    hook = getattr(factory, "recommended_exploration", None)
-    if not callable(hook):
-        return {}
+    fn = getattr(factory, hook, None)
+    if not callable(fn):
+        return None
     try:
-        return dict(hook(**dict(env_kwargs or {})))
+        return fn(**dict(env_kwargs or {}))
     except Exception:  # noqa: BLE001 - advisory only: building the env reports a bad kwarg in one clear line
-        return {}
+        return None
+
+
+def task_exploration(name: str, env_kwargs: dict[str, Any] | None = None, factory: Any = None) -> dict[str, Any]:
+    """The exploration a task recommends for itself (`ExploreConfig` field -> value), or {}."""
+    return dict(task_recommendation("recommended_exploration", name, env_kwargs, factory) or {})
+
+
+def task_context(name: str, env_kwargs: dict[str, Any] | None = None, factory: Any = None) -> int | None:
+    """The context (`ModelConfig.max_seq_len`) a task recommends for itself, or None."""
+    rec = task_recommendation("recommended_context", name, env_kwargs, factory)
+    return rec if type(rec) is int and rec >= 2 else None

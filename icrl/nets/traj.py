@@ -154,7 +154,7 @@ def traj_encoder_kwargs(model: ModelConfig) -> dict[str, Any]:
     if model.traj_encoder == "transformer":
         kwargs.update(
             heads=model.heads,
-            context_len=model.max_seq_len,
+            context_len=model.context,
             max_time=model.max_time,
             pos_emb=model.pos_emb,
             dropout=model.dropout,

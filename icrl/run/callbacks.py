@@ -136,10 +136,8 @@ class CheckpointCallback(Callback):
 class Callbacks:
     """The run's callbacks as one: each hook calls every callback that has it; `--stop-at-return` adds one."""
 
-    def __init__(self, callbacks: Sequence[Any] | Any = (), cfg: ExperimentConfig | None = None) -> None:
+    def __init__(self, callbacks: Sequence[Any] | Any = ()) -> None:
         items = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []
-        if cfg is not None and cfg.eval.stop_at_return is not None:
-            items.append(StopTrainingOnRewardThreshold(cfg.eval.stop_at_return, cfg.eval.stop_patience))
         for cb in items:
             if not any(callable(getattr(cb, h, None)) for h in HOOKS):
                 raise TypeError(f"callback {cb!r} has none of the hooks {', '.join(HOOKS)} (see icrl.run.callbacks)")
@@ -154,6 +152,10 @@ class Callbacks:
         return stop
 
     def start(self, run: TrainingRun) -> None:
+        """on_train_start, after adding the stop `--stop-at-return` asks for (from the run's resolved config)."""
+        e = run.cfg.eval
+        if e.stop_at_return is not None:
+            self.items.append(StopTrainingOnRewardThreshold(e.stop_at_return, e.stop_patience))
         self._call("on_train_start", run)
 
     def epoch_end(self, row: dict[str, Any], new_eval: dict[str, Any] | None) -> bool:

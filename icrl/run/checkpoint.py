@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
-from icrl.fileio import atomic_path, fsync_file, write_text_atomic
+from icrl.fileio import atomic_path, check_inside, fsync_file, write_text_atomic
 from icrl.guards import assert_finite_weights
 from icrl.nets.transformer import refresh_acting_weights
 from icrl.run.ckpt_checks import CheckpointMismatch, check_checkpoint
@@ -43,7 +43,9 @@ class CheckpointError(RuntimeError):
 
 
 def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / "checkpoints"
+    """RUN_DIR/checkpoints; OutsideRunDirError when it is a symlink leading out (saving and pruning would write
+    and delete there)."""
+    return check_inside(run_dir, Path(run_dir) / "checkpoints")
 
 
 # ------------------------------------------------------------------------------------------ RNG states
@@ -101,7 +103,7 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    found = [(checkpoint_epoch(p), p) for p in root.iterdir() if p.is_dir()]
+    found = [(checkpoint_epoch(p), p) for p in root.iterdir() if p.is_dir() and not p.is_symlink()]
     return [p for e, p in sorted((e, p) for e, p in found if e is not None)]
 
 
@@ -135,6 +137,8 @@ def save_checkpoint(
     assert_finite_weights(agent, f"checkpoint {name}")  # no checkpoint ever holds a NaN (icrl.guards)
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
+    if final.is_symlink():  # never listed as a checkpoint: replaced like any file, what it leads to is untouched
+        final.unlink()
     lstate = learner.state_dict()
     state = {
         "format_version": FORMAT_VERSION,

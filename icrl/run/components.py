@@ -22,14 +22,16 @@ from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
+from icrl.config.model import DEFAULT_CONTEXT
 from icrl.data import DiskReplay
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
-from icrl.envs.make import task_exploration
+from icrl.envs.make import task_context, task_exploration
 from icrl.envs.user import apply_env
+from icrl.fileio import check_inside
 from icrl.run.distributed import Replicas, init_replicas
-from icrl.run.loggers import say
+from icrl.run.loggers import say, say_literally
 from icrl.run.rundir import check_run_dir_free, take_run_dir, with_run_dir
 from icrl.run.runlock import RunLock
 from icrl.seeding import derive_seed, seed_everything
@@ -50,18 +52,35 @@ def make_env(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
                            episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
 
 
-def open_replay(cfg: ExperimentConfig, root: Path) -> DiskReplay:
-    """The run's disk replay. The FIFO part skips fsync: the atomic rename already keeps readers from torn
-    files after a crash; fsync would only add power-loss durability for data that is cheap to collect again."""
-    return DiskReplay(root, capacity_timesteps=cfg.replay.replay_capacity, fsync=False)
+def open_replay(cfg: ExperimentConfig, run_dir: Path) -> DiskReplay:
+    """The run's disk replay, RUN_DIR/replay (a symlink there that leads out is refused: eviction deletes files).
+    The FIFO part skips fsync: the atomic rename already keeps readers from torn files after a crash; fsync would
+    only add power-loss durability for data that is cheap to collect again. Bad files are reported on screen."""
+    root = check_inside(run_dir, Path(run_dir) / "replay")
+    return DiskReplay(root, capacity_timesteps=cfg.replay.replay_capacity, fsync=False, log=say_literally)
 
 
 def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
-    """`cfg` with its unset exploration fields filled from the task's recommendation (asked of `factory`, the
-    user's env class or factory, when given), else the library defaults (`ExploreConfig.resolve`), so
-    config.json records exactly what ran."""
-    rec = task_exploration(cfg.env.env, cfg.env.kwargs, factory) if cfg.explore.task_recommendation else {}
-    return dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
+    """`cfg` with its unset fields resolved, so config.json records exactly what ran: exploration and the
+    context from the task's recommendations (asked of `factory`, the user's env class or factory, when given),
+    else the library defaults (`ExploreConfig.resolve`, `DEFAULT_CONTEXT`); then whether the learner compiles
+    (`ExperimentConfig.compiles`, which depends on the context)."""
+    e = cfg.env
+    rec = task_exploration(e.env, e.kwargs, factory) if cfg.explore.task_recommendation else {}
+    cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
+    if cfg.model.max_seq_len is None:
+        cfg = cfg.replace(max_seq_len=rollout_context(task_context(e.env, e.kwargs, factory), e))
+    return cfg.replace(compile=cfg.compiles)
+
+
+def rollout_context(episode: int | None, e: EnvConfig) -> int:
+    """The context that holds a whole rollout of the task's recommended `episode` context: K episodes of a
+    meta-RL rollout, each with its final timestep (DESIGN §2), or the first `--rollout-horizon` steps."""
+    if episode is None:
+        return DEFAULT_CONTEXT
+    if e.rollout_horizon is not None:
+        return e.rollout_horizon
+    return episode if e.episodes_per_rollout == 1 else e.episodes_per_rollout * (episode + 1)
 
 
 def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRelabeler | None:
@@ -193,7 +212,7 @@ def _build_learning(cfg: ExperimentConfig, replicas: Replicas, seed: int, steps_
     eval_collector = Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs")) if main else None
     agent = build_agent(cfg, venv.single_observation_space["obs"], spec, device)
     learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
-    replay = open_replay(cfg, Path(cfg.run.run_dir) / "replay")
+    replay = open_replay(cfg, Path(cfg.run.run_dir))
     # --offline-data: loaded once into replay/protected (rank 0); --offline-updates: epochs without env steps
     offline_epochs = prepare_offline(cfg, replay.root, log=say, import_data=main)
     replicas.barrier()  # the offline data is on disk before any rank samples

@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from rich.console import Console
 
+from icrl.fileio import check_inside, open_regular
+
 
 def _clean(value: Any) -> Any:
     if hasattr(value, "item"):
@@ -32,7 +34,12 @@ class MetricsLog:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+        try:  # appending through a symlink (or into a FIFO) would write outside the run directory, or block
+            fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except OSError as e:
+            raise OSError(f"{self.path} is not a regular file ({e.strerror or e}): icrl appends metrics only to "
+                          "its own file; remove it, or choose another --run-dir") from e
+        self._file = open(fd, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
 
     def write(self, row: dict[str, Any]) -> None:
         self._file.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
@@ -174,8 +181,9 @@ def make_loggers(
             if name == "jsonl":
                 loggers.append(JsonlLogger(run_dir / "metrics.jsonl"))
             elif name == "tensorboard":
-                loggers.append(TensorBoardLogger(run_dir / "tensorboard", config_dict))
+                loggers.append(TensorBoardLogger(check_inside(run_dir, run_dir / "tensorboard"), config_dict))
             else:
+                check_inside(run_dir, run_dir / "wandb")  # where wandb writes: a symlink there may not lead out
                 loggers.append(WandbLogger(run_dir, config_dict))
     except BaseException:
         for logger in loggers:
@@ -200,6 +208,12 @@ console = Console(highlight=False, soft_wrap=True)
 def say(text: str) -> None:
     """Print a progress line now, also when stdout is a file or a CI log (block-buffered otherwise)."""
     console.print(text)
+    console.file.flush()
+
+
+def say_literally(text: str) -> None:
+    """`say` without rich markup: for lines that quote file names, which may hold brackets."""
+    console.print(text, markup=False, highlight=False)
     console.file.flush()
 
 

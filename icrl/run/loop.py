@@ -23,7 +23,7 @@ from icrl.run.reporting import due, open_log, report_epoch, row_head
 from icrl.run.results import finish_run
 from icrl.run.rundir import resume_training, write_run_files
 from icrl.run.timer import Timer
-from icrl.run.updates import LazyLoader, make_train_loader, run_updates
+from icrl.run.updates import LazyLoader, UpdateBudget, make_train_loader, run_updates
 from icrl.seeding import derive_seed
 from icrl.spaces_json import read_spaces_record
 from icrl.types import EpisodeStats, Rollout
@@ -39,35 +39,35 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Seque
     env's spaces, so `icrl.load(RUN_DIR)` needs no env. `callbacks`: objects with hooks (icrl.run.callbacks);
     one returning True stops the run after that epoch, as `cfg.eval.stop_at_return` does.
 
-    Started N times by a launcher (`torchrun --nproc_per_node N -m icrl train ...`), the processes train one
-    agent data-parallel (icrl.run.distributed): per epoch each collects steps_per_epoch / N env steps with its own
-    envs into the shared replay, and each update averages the gradients of N batches of batch_size windows.
-    Rank 0 alone writes the run directory, evaluates and calls the callbacks; the other ranks return {}.
+    Started N times by a launcher (`torchrun --nproc_per_node N -m icrl train ...`), the processes train one agent
+    data-parallel (icrl.run.distributed): each collects steps_per_epoch / N env steps per epoch into the shared
+    replay, each update averages N batches' gradients; rank 0 alone writes the run dir, evaluates and calls the
+    callbacks, the other ranks return {}.
     """
     hooks = Callbacks(callbacks)  # a callback without any hook is refused before anything is built
     c = build_components(cfg, env)  # every refusal, the seeds, envs, agent, learner, replay; the run dir locked
     cfg, main = c.cfg, c.replicas.is_main
-    hooks = Callbacks(hooks.items, cfg)  # with --stop-at-return's
     start_epoch, wall_offset = resume(c) if cfg.run.resume else (0, 0.0)
     log = start_log(c, hooks)
     batches = LazyLoader(lambda: make_train_loader(
-        cfg, c.replay.root, c.spec, c.device, transform=c.relabeler,
+        cfg, c.replay.root, c.spec, c.device, obs_space=c.venv.single_observation_space["obs"], transform=c.relabeler,
         # a resumed run draws a fresh sample stream rather than replaying the first one's
         seed=derive_seed(c.seed, "loader", *(("resume", start_epoch) if start_epoch else ()))))
+    budget = UpdateBudget(cfg, c.replicas.world_size)
     bar, bar_task = progress_bar(cfg.schedule.total_env_steps)
     bar.disable = bar.disable or not main
     bar.start()
     try:
         num_epochs = max(1, c.offline_epochs + cfg.schedule.total_env_steps // cfg.schedule.steps_per_epoch)
-        start, last_eval, hinted, stop, epoch = time.perf_counter() - wall_offset, None, False, False, start_epoch
+        start, last_eval, said, stop, epoch = time.perf_counter() - wall_offset, None, frozenset(), False, start_epoch
         for epoch in range(start_epoch + 1, num_epochs + 1):
             timer, steps0, policy_s0 = Timer(), c.env_steps(), c.policy.seconds
             with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
                 rollouts, episodes = collect(c, epoch)
             with timer("replay_write"):
                 store(c, rollouts, batches)
-            hinted = hinted or hint_nothing_stored(c, epoch, rollouts)
-            metrics, n_updates = update(c, batches, timer)
+            said = hint_once(c, epoch, rollouts, said)
+            metrics, n_updates = update(c, batches, timer, budget, epoch)
             row = train_row(c, epoch, start, episodes, metrics, timer, steps0, policy_s0, n_updates)
             new_eval = report(c, log, row, epoch, num_epochs, start, lambda r, ev: bar.update(  # noqa: B023
                 bar_task, completed=c.env_steps(), description=progress_line(r, ev, live=True))) if main else None
@@ -139,6 +139,15 @@ def store(c: Components, rollouts: list[Rollout], batches: LazyLoader) -> None:
     batches.refresh()  # new files become visible now, not at a timing-dependent moment
 
 
+def hint_once(c: Components, epoch: int, rollouts: list[Rollout], said: frozenset) -> frozenset:
+    """The hints said so far (`said`), plus those that apply now and were not said before: each only once."""
+    if "stored" not in said and hint_nothing_stored(c, epoch, rollouts):
+        said |= {"stored"}
+    if "context" not in said and hint_short_context(c, rollouts):
+        said |= {"context"}
+    return said
+
+
 def hint_nothing_stored(c: Components, epoch: int, rollouts: list[Rollout]) -> bool:
     """Say once why no update runs when an online epoch stored nothing; True once said."""
     if not c.replicas.is_main or rollouts or epoch <= c.offline_epochs or c.replay.num_rollouts() > 0:
@@ -150,17 +159,34 @@ def hint_nothing_stored(c: Components, epoch: int, rollouts: list[Rollout]) -> b
     return True
 
 
-def update(c: Components, batches: LazyLoader, timer: Timer) -> tuple[dict[str, float], int]:
-    """The epoch's updates once the run has enough data; returns the last update's metrics (averaged over the
-    ranks) and the number of updates made."""
+def hint_short_context(c: Components, rollouts: list[Rollout]) -> bool:
+    """Say once when a rollout had more action steps than the context: its late steps cannot attend to its
+    first ones (a T-Maze cue), which no loss curve shows. True once said."""
+    steps = max((int(r.time[-1]) for r in rollouts if len(r.time)), default=0)
+    context = c.cfg.model.context
+    if not c.replicas.is_main or steps <= context:
+        return False
+    say(f"icrl: rollouts last {steps} steps but the context is {context} (--max-seq-len): late steps see only "
+        f"the last {context}; pass --max-seq-len {steps} if the task needs memory of the whole rollout")
+    return True
+
+
+def update(c: Components, batches: LazyLoader, timer: Timer, budget: UpdateBudget,
+           epoch: int) -> tuple[dict[str, float], int]:
+    """The epoch's updates once the run has enough data (an offline epoch: a fixed count; else `budget`'s);
+    returns the last update's metrics (averaged over the ranks) and the number of updates made."""
     cfg = c.cfg
     ready = c.env_steps() >= cfg.schedule.start_updates_after and c.replay.num_rollouts() > 0
     if not c.replicas.all_ready(ready):
         return {}, 0
+    if epoch <= c.offline_epochs:
+        n = cfg.epoch_updates
+    else:
+        n = budget.updates(cfg.schedule.steps_per_epoch, [f.num_timesteps for f in c.replay.files()])
     with timer("sample"):  # opening the loader counts as sampling
         loader = batches.get()
-    metrics = run_updates(c.learner, loader, cfg.schedule.updates_per_epoch, timer)
-    return c.replicas.average(metrics), cfg.schedule.updates_per_epoch
+    metrics = run_updates(c.learner, loader, n, timer)
+    return c.replicas.average(metrics), n
 
 
 def train_row(c: Components, epoch: int, start: float, episodes: list[EpisodeStats], metrics: dict[str, float],

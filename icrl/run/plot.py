@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from icrl.dicts import flatten  # noqa: E402
+from icrl.fileio import atomic_path  # noqa: E402
 from icrl.run.loggers import read_metrics  # noqa: E402
 from icrl.run.rundir import RESUMABLE_CHANGES  # noqa: E402
 
@@ -167,8 +168,10 @@ def plot_adaptation(run_dirs: list[str | Path], out: str | Path, title: str | No
 
 
 def _save(fig, out: str | Path) -> Path:
+    """Save atomically: a symlink at `out` (say, in a downloaded run dir) is replaced, never written through."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    with atomic_path(out, fsync=False, suffix=out.suffix) as tmp:  # matplotlib picks the format by the extension
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return out

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from icrl.config import ConfigError
+from icrl.fileio import open_regular
 
 try:
     import fcntl
@@ -65,6 +66,16 @@ def _refusal(run_dir: Path, lock_path: Path) -> RunDirLockedError:
     )
 
 
+def _open_lock(lock_path: Path, flags: int) -> int:
+    """The lock file's descriptor; a symlink, FIFO or folder named `.lock` is refused in one line, since writing
+    the holder's line through it would truncate a file outside the run directory (or block on the FIFO)."""
+    try:
+        return open_regular(lock_path, flags)
+    except OSError as e:
+        raise ConfigError(f"{lock_path} is not a regular file ({e.strerror or e}): icrl writes its lock only to its "
+                          "own file; remove it, then run again") from e
+
+
 def _try_lock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -93,7 +104,7 @@ class RunLock:
         if fcntl is None:  # pragma: no cover
             return cls(run_dir, None)
         lock_path = run_dir / LOCK_NAME
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(lock_path, os.O_RDWR | os.O_CREAT)
         if not _try_lock(fd):
             os.close(fd)
             raise _refusal(run_dir, lock_path)
@@ -130,12 +141,9 @@ def check_not_locked(run_dir: str | os.PathLike) -> None:
     a folder without a lock file is free, and an existing lock file is only opened and tested."""
     run_dir = Path(run_dir)
     lock_path = run_dir / LOCK_NAME
-    if fcntl is None or not lock_path.is_file() or os.path.realpath(run_dir) in _HELD:
+    if fcntl is None or not os.path.lexists(lock_path) or os.path.realpath(run_dir) in _HELD:
         return
-    try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except OSError:
-        return
+    fd = _open_lock(lock_path, os.O_RDONLY)
     try:
         if not _try_lock(fd):
             raise _refusal(run_dir, lock_path)

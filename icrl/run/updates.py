@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import gymnasium as gym
 import torch
 
 from icrl.agent.learner import Learner
@@ -25,14 +26,18 @@ def training_window(cfg: ExperimentConfig) -> int:
     junction's value can never be learned from memory. The Transformer's banded mask keeps each
     position's receptive field at `max_seq_len`, exactly what acting sees.
     """
-    return cfg.model.max_seq_len + 1
+    return cfg.model.context + 1
 
 
 def make_train_loader(
-    cfg: ExperimentConfig, replay_root: Path, spec: ActionSpec, device: torch.device, seed: int, **kwargs
+    cfg: ExperimentConfig, replay_root: Path, spec: ActionSpec, device: torch.device, seed: int,
+    obs_space: gym.spaces.Dict | None = None, **kwargs
 ) -> ReplayLoader:
     """The learner's endless batches from the replay (`train` and the asynchronous learner share it);
-    `kwargs` go to `make_loader` (e.g. `auto_refresh`)."""
+    files whose observations do not fit `obs_space` (the agent's) are skipped with a warning; `kwargs` go to
+    `make_loader` (e.g. `auto_refresh`)."""
+    if obs_space is not None:
+        kwargs["obs_shapes"] = {key: tuple(space.shape) for key, space in obs_space.spaces.items()}
     return make_loader(
         replay_root,
         batch_size=cfg.optim.batch_size,
@@ -44,6 +49,34 @@ def make_train_loader(
         offline_fraction=cfg.replay.offline_fraction,
         **kwargs,
     )
+
+
+class UpdateBudget:
+    """How many updates an epoch of `icrl train` makes: --updates-per-epoch when set, else as many as train
+    `replay_ratio` timesteps per timestep collected. Each update trains batch_size x world windows, and a
+    window of a rollout of T timesteps holds min(T, training window) of them, so the count follows the
+    replay's real rollout lengths (short episodes: more updates, each cheaper), not the context. The budget
+    accrues from the first epoch that may update; the remainder carries over (a resumed run starts with none:
+    at most one update's difference). Every rank computes the same count from the shared replay."""
+
+    def __init__(self, cfg: ExperimentConfig, world_size: int = 1) -> None:
+        self.fixed = cfg.schedule.updates_per_epoch
+        self.ratio, self.window = cfg.schedule.replay_ratio, training_window(cfg)
+        self.windows_per_update = cfg.optim.batch_size * world_size
+        self.carry = 0.0  # timesteps still to train on
+
+    def updates(self, env_steps: int, rollout_lengths: list[int]) -> int:
+        """The updates for an epoch that collected `env_steps` (all ranks), given the timesteps of every
+        rollout the sampler draws from."""
+        if self.fixed is not None:
+            return self.fixed
+        if not rollout_lengths:
+            return 0
+        self.carry += self.ratio * env_steps
+        per_update = self.windows_per_update * sum(min(t, self.window) for t in rollout_lengths) / len(rollout_lengths)
+        n = int(self.carry // per_update)
+        self.carry -= n * per_update
+        return n
 
 
 class LazyLoader:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors import SafetensorError, safe_open
 
 from icrl.data import list_rollout_files, load_rollout
 from icrl.run.checkpoint import find_latest_checkpoint, read_checkpoint
@@ -52,6 +53,15 @@ def _wait(condition, timeout: float, what: str, procs=()) -> None:
         time.sleep(0.2)
 
 
+def _published_updates(run: Path) -> int:
+    """The update count in the learner's published weights' metadata (-1 before the first)."""
+    try:
+        with safe_open(str(run / "async" / "weights.safetensors"), framework="pt", device="cpu") as f:
+            return int((f.metadata() or {}).get("updates", -1))
+    except (OSError, SafetensorError):
+        return -1
+
+
 def _stop(proc: subprocess.Popen, sig: int) -> str:
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
@@ -81,7 +91,9 @@ def test_learn_and_collect_exchange_data_and_weights_under_the_utd_throttle(tmp_
         for c in collectors:  # they stop by themselves after --max-env-steps
             _, err = c.communicate(timeout=60)
             assert c.returncode == 0 and "Traceback" not in err, err
-        time.sleep(1.0)  # the learner is now starved: no update beyond the cap
+        # the learner publishes its weights before each wait for data: once they carry the cap it is starved
+        # there, with every stored step counted, and the final checkpoint below shows it made no update beyond
+        _wait(lambda: _published_updates(run) == cap, 60, "the capped weights to be published", [learner])
         counters = _counters(run)
         stored = sum(c["stored_env_steps"] for c in counters.values())
         assert stored == 2 * steps_each and all(c["state"] == "finished" for c in counters.values())

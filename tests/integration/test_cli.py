@@ -11,9 +11,9 @@ from icrl.config.presets import PRESETS
 
 
 def test_preset_arg_forms():
-    assert _preset_arg(["--a", "1", "--preset", "tmaze", "--b"]) == "tmaze"
-    assert _preset_arg(["--preset=cue_recall"]) == "cue_recall"
-    assert _preset_arg(["RUN_DIR", "--seed", "3", "--help"]) is None
+    assert _preset_arg(["--a", "1", "--preset", "tmaze", "--b"]) == ("tmaze", {})
+    assert _preset_arg(["--preset=cue_recall"]) == ("cue_recall", {})
+    assert _preset_arg(["RUN_DIR", "--seed", "3", "--help"]) == (None, {})
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

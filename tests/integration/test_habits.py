@@ -76,6 +76,14 @@ def test_a_named_run_dir_that_holds_a_run_is_refused_in_the_readers_words(in_tmp
     assert code == 2 and "pass --resume" in err and "resume=True" not in err
 
 
+def test_a_presets_folder_gives_way_when_it_holds_a_run(in_tmp):
+    """`icrl train --preset tmaze` twice: runs/tmaze20, then runs/tmaze20-2; naming it is still refused."""
+    assert cli("train", "--preset", "tmaze", *TINY) == 0
+    assert cli("train", "--preset", "tmaze", *TINY) == 0
+    assert (in_tmp / "runs/tmaze20/agent.safetensors").is_file() and (in_tmp / "runs/tmaze20-2/agent.safetensors").is_file()
+    assert cli("train", "--preset", "tmaze", "--run-dir", "runs/tmaze20", *TINY) == 2
+
+
 # -------------------------------------------------------------------------------- 10: the public names
 def test_dir_and_version():
     names = dir(icrl)
@@ -415,6 +423,6 @@ def test_readme_daily_use_runs_one_after_another_in_a_fresh_folder(in_tmp, capsy
         sys.modules.pop("my_package.envs", None)
         sys.modules.pop("my_package", None)
     runs = sorted(p.name for p in (in_tmp / "runs").iterdir())
-    assert "demo" in runs and "tmaze20" in runs and "tmaze20-2" in runs  # the preset's folder, then a fresh one
+    assert {"demo", "tmaze20", "tmaze50"} <= set(runs)  # presets name their own folders
     assert any(r.startswith("CartPole-v1-0-") for r in runs) and any(r.startswith("tmaze-2-") for r in runs)
     assert (in_tmp / "demo.zip").is_file() and (in_tmp / "runs/demo/eval_video.gif").is_file()

@@ -7,6 +7,7 @@ Batches come from real rollouts (RandomPolicy -> Collector -> DiskReplay -> make
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import re
@@ -232,13 +233,18 @@ def test_full_loss_gradients_are_the_sum_of_the_terms(kind_batch):
     """Default weights: critic and actor terms add up; the critic's gradient equals critic-only."""
     kind, batch, obs_space, spec = kind_batch
     agent = build_agent(obs_space, spec)
+    start = copy.deepcopy(agent.state_dict())
     backprop_alone(agent, batch, loss_cfg())
     full = {n: p.grad.clone() for n, p in agent.critic.named_parameters()}
+    # A training forward refines σReparam's u, v (and the observation statistics): without restoring them the
+    # second pass ran another encoder, and whether the difference stayed inside a tolerance depended on the CPU.
+    assert any(not torch.equal(t, start[n]) for n, t in agent.state_dict().items())
+    agent.load_state_dict(start)
     backprop_alone(agent, batch, loss_cfg(online_coeff=0.0, offline_coeff=0.0))
     for n, p in agent.critic.named_parameters():
-        # the REDQ subset and the TD targets are the same (same generator seed); only sampling in the
-        # actor term differs, and it must not touch the critic
-        torch.testing.assert_close(p.grad, full[n], atol=1e-6, rtol=1e-5)
+        # the same weights and buffers, REDQ subset and TD targets (same generator seed): the same computation,
+        # so only float rounding may differ; only sampling in the actor term differs, and it must not touch the critic
+        torch.testing.assert_close(p.grad, full[n], atol=1e-7, rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ 2. Learner.update

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from icrl.fileio import atomic_path, write_text_atomic
+from icrl.fileio import OutsideRunDirError, atomic_path, check_inside, open_regular, write_text_atomic
 
 
 def test_success_replaces_the_target_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -48,3 +48,31 @@ def test_folders_and_fsync_switch(tmp_path: Path, monkeypatch) -> None:
     with atomic_path(tmp_path / "b", fsync=False) as tmp:
         tmp.write_text("b")
     assert synced == [] and (tmp_path / "b").read_text() == "b"
+
+
+def test_check_inside_follows_the_root_but_refuses_links_that_lead_out(tmp_path: Path) -> None:
+    real, outside = tmp_path / "real", tmp_path / "outside"
+    (real / "sub").mkdir(parents=True)
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.symlink_to(real)  # a run dir the user names through a symlink is fine
+    assert check_inside(root, root / "sub" / "f") == root / "sub" / "f"
+    (real / "out").symlink_to(outside)
+    (real / "dangling").symlink_to(outside / "missing")
+    for name in ("out", "dangling", "../x"):
+        with pytest.raises(OutsideRunDirError, match="leads outside"):
+            check_inside(root, root / name)
+
+
+def test_open_regular_refuses_symlinks_fifos_and_folders_without_blocking(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    os.close(open_regular(tmp_path / "file"))
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    (tmp_path / "loop").symlink_to("loop")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for name in ("link", "loop", "fifo", "dir"):
+        with pytest.raises(OSError):
+            open_regular(tmp_path / name)
+    with pytest.raises(OSError, match="a FIFO"):
+        open_regular(tmp_path / "fifo", os.O_RDWR)

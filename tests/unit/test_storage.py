@@ -466,3 +466,65 @@ def test_two_writer_processes_share_one_buffer(tmp_path: Path) -> None:
     assert 0 < lazy_replay.num_timesteps() <= cap
     for f in lazy_replay.files():
         assert load_rollout(f.path).num_timesteps == f.num_timesteps
+
+
+def test_eviction_reads_lengths_from_the_files_not_their_names(tmp_path: Path) -> None:
+    """A copied rollout renamed `-T<huge>` once made eviction delete every genuine rollout (issue 20)."""
+    from icrl.data.storage import stored_timesteps
+
+    replay = DiskReplay(tmp_path, capacity_timesteps=100, fsync=False)
+    genuine = [replay.write(make_rollout(9, SPECS[0], seed=i, image=False)) for i in range(5)]  # 50 timesteps
+    assert stored_timesteps(genuine[0]) == 10
+    forged = replay.fifo_dir / f"{time.time_ns():020d}-1-deadbeef-T{10**30}.npz"
+    forged.write_bytes(genuine[-1].read_bytes())
+    warned: list[str] = []
+    again = DiskReplay(tmp_path, capacity_timesteps=100, fsync=False, log=warned.append)
+    assert again.num_timesteps("fifo") == 50 and again.evict() == []
+    again.write(make_rollout(9, SPECS[0], image=False))
+    assert all(p.exists() for p in [*genuine, forged])
+    assert len(warned) == 1 and str(forged) in warned[0] and "contents 10" in warned[0]
+
+
+def test_non_regular_entries_named_like_rollouts_are_corrupt_not_blocking(tmp_path: Path) -> None:
+    from icrl.data.storage import rollout_file_name
+
+    replay = DiskReplay(tmp_path, capacity_timesteps=5, fsync=False, log=lambda line: None)
+    fifo = replay.fifo_dir / rollout_file_name(3)
+    os.mkfifo(fifo)
+    with pytest.raises(CorruptRolloutError, match="a FIFO"):
+        load_rollout(fifo)
+    for _ in range(3):
+        replay.write(make_rollout(3, SPECS[0], image=False))  # over capacity: evicts, never the FIFO
+    assert fifo.exists() and replay.num_rollouts("fifo") == 1
+
+
+def test_stale_temp_cleanup_removes_only_the_writers_own_temporary_files(tmp_path: Path) -> None:
+    from icrl.data.storage import clean_stale_tmp, rollout_file_name
+
+    ours = tmp_path / f"{rollout_file_name(3)}.1234abcd.tmp"
+    others = [tmp_path / "notes.tmp", tmp_path / f"{rollout_file_name(3)}.folder0.tmp"]
+    ours.write_bytes(b"partial")
+    others[0].write_text("a user's file")
+    (tmp_path / f"{rollout_file_name(4)}.abcdef01.tmp").mkdir()  # named like ours, but a folder
+    others[1].write_bytes(b"")
+    old = time.time() - 3600
+    for p in tmp_path.iterdir():
+        os.utime(p, (old, old))
+    assert clean_stale_tmp(tmp_path, older_than_s=60) == 1
+    assert not ours.exists() and all(p.exists() for p in others) and len(list(tmp_path.iterdir())) == 3
+
+
+def test_the_eviction_index_reads_each_file_once_and_never_its_own_writes(tmp_path: Path, monkeypatch) -> None:
+    import icrl.data.storage as storage
+
+    reads: list[str] = []
+    real = storage.stored_timesteps
+    monkeypatch.setattr(storage, "stored_timesteps", lambda path: reads.append(path) or real(path))
+    replay = DiskReplay(tmp_path, capacity_timesteps=30, fsync=False)
+    for i in range(6):
+        replay.write(make_rollout(9, SPECS[0], seed=i, image=False))  # 10 timesteps each: evicts as it goes
+    assert reads == [] and replay.num_timesteps("fifo") <= 30
+    other = DiskReplay(tmp_path, capacity_timesteps=30, fsync=False)  # another process: reads each file once
+    listed = other.num_rollouts("fifo")
+    other.evict(), other.num_timesteps("fifo")
+    assert len(reads) == listed

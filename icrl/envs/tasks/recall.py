@@ -9,6 +9,8 @@ reward 1 - |a - c| / 2) is a quick check of the continuous-action actor-critic; 
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 
@@ -29,6 +31,11 @@ class CueRecall(gym.Env):
         else:
             self.action_space = gym.spaces.Discrete(2)
         self._cue, self._t = 1.0, 0
+
+    @staticmethod
+    def recommended_context(delay: int = 5, **_: Any) -> int:
+        """The whole episode: the answer (step `delay`) must still see the cue of step 0."""
+        return int(delay) + 1
 
     def _obs(self) -> np.ndarray:
         first = self._t == 0

@@ -147,6 +147,11 @@ class TMaze(RenderModes, gym.Env):
             "eps_anneal_steps": 100_000,
         }
 
+    @classmethod
+    def recommended_context(cls, length: int = 10, horizon: int | None = None, **_: Any) -> int:
+        """The whole rollout: the last decision (at step horizon - 1) must still see the cue of step 0."""
+        return cls(length=length, horizon=horizon).horizon
+
     def _ansi(self) -> str:
         row = ["."] * self.length + ["+"]
         if self.start_pos > 0:
