@@ -426,3 +426,13 @@ def test_readme_daily_use_runs_one_after_another_in_a_fresh_folder(in_tmp, capsy
     assert {"demo", "tmaze20", "tmaze50"} <= set(runs)  # presets name their own folders
     assert any(r.startswith("CartPole-v1-0-") for r in runs) and any(r.startswith("tmaze-2-") for r in runs)
     assert (in_tmp / "demo.zip").is_file() and (in_tmp / "runs/demo/eval_video.gif").is_file()
+
+
+# -------------------------------------------------------------------------------- 9: what resume restores
+def test_the_docs_say_resume_is_not_a_bit_exact_continuation():
+    readme, runs = (ROOT / "README.md").read_text(), (ROOT / "docs/runs.md").read_text()
+    for text in (readme, runs):
+        assert "not a bit-exact continuation" in text and "counters, ε, RNG, replay" not in text
+    section = runs.split("## Checkpoints and resume", 1)[1].split("\n## ", 1)[0]
+    for what in ("optimiser", "RNG states", "reseeded", "rollouts written after the checkpoint"):
+        assert what in section, what
