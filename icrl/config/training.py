@@ -78,12 +78,14 @@ class ScheduleConfig:
     updates_per_epoch: int | None = None
     """Gradient updates per epoch, fixed (updates per env step = this / steps_per_epoch). Unset: as many as
     `replay_ratio` asks, which adapts to how long the task's rollouts are."""
-    replay_ratio: float = 256.0
+    replay_ratio: float = 64.0
     """Timesteps trained on per timestep collected, on average, when --updates-per-epoch is unset: an epoch
     makes replay_ratio x steps_per_epoch / (batch_size x the mean window length in the replay) updates
     (the remainder carries over). Counting timesteps rather than updates keeps the learner's share of the
     work the same whether an episode lasts 20 steps or 1,000 (one update of 24 x 502-step T-Maze-500
-    windows trains 25x the timesteps of one of 24 x 20). 256 is SAC's ratio (one update of 256 transitions
-    per env step); the official AMAGO's T-Maze and POPGym examples train ~60 and ~190."""
+    windows trains 25x the timesteps of one of 24 x 20). 64 is the official AMAGO T-Maze example's ratio
+    (100 updates of 24 windows per 5 rollouts of each of 8 envs: ~60), which solves T-Maze 20 and 100 here
+    (benchmarks/parity.py); its POPGym example trains ~190, SAC 256. Each trained timestep costs a
+    Transformer forward and backward, so on a CPU this ratio sets the wall time per env step."""
     start_updates_after: int = 0
     """Collect at least this many env steps before the first update."""

@@ -57,7 +57,7 @@ def test_hindsight_relabeling_learns_a_sparse_multi_goal_task(tmp_path):
     assert without["success_rate"] <= 0.15, without
 
 
-def repeat_previous_config(run_dir) -> ExperimentConfig:
+def repeat_previous_config(run_dir, dtype: str = "fp32") -> ExperimentConfig:
     """POPGym RepeatPreviousEasy at a CI size: recall the card shown 4 steps ago, with the library's own
     value normalisation, reward scale and exploration (nothing task-specific set), and the presets' short-run
     optimiser settings (lr 3e-4, 200 warm-up updates: the library's 1e-4 and 500 need ~3x the budget here)."""
@@ -70,15 +70,17 @@ def repeat_previous_config(run_dir) -> ExperimentConfig:
     ).replace(
         eval_rollouts=16, run_dir=str(run_dir), total_env_steps=4896, steps_per_epoch=816,
         updates_per_epoch=100, batch_size=24, lr=3e-4, warmup_updates=200, eval_every=6, log_every=6, seed=0,
-        device="cpu",
+        device="cpu", dtype=dtype,
     )
 
 
-def test_value_normalisation_and_exploration_learn_repeat_previous(tmp_path):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_value_normalisation_and_exploration_learn_repeat_previous(tmp_path, dtype):
     """The regression test of issue 11: with PopArt's statistics left uncorrected (σ stuck near 1 for
     thousands of updates, short-discount targets shrunk ~30x) or the old exploration schedule, this task
     stayed at chance (return ≈ -0.5) for 10,000 env steps. Random play scores about -0.5, a memoryless
-    policy cannot do better, and the solution scores 1."""
+    policy cannot do better, and the solution scores 1. In bf16 too (`--dtype bf16`: matmuls in bf16, the
+    heads' outputs, losses, PopArt and the optimiser in fp32), which must learn as fp32 does."""
     pytest.importorskip("popgym")
-    result = train(repeat_previous_config(tmp_path / "rp"))
+    result = train(repeat_previous_config(tmp_path / "rp", dtype))
     assert result["return_mean"] >= 0.9, result

@@ -1,0 +1,26 @@
+"""The context a run resolves, through the command line: presets built for the env kwargs given, and the one-line
+notice when rollouts outlast the context."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import run_icrl
+
+
+def test_the_cli_preset_with_env_kwargs_trains_with_a_context_that_holds_the_cue(tmp_path):
+    out = run_icrl("train", "--preset", "tmaze", "--env-kwargs", '{"length": 6}', "--total-env-steps", "200",
+                   "--eval-rollouts", "2", "--run-dir", tmp_path / "r")
+    assert out.returncode == 0, out.stderr
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert cfg["model"]["max_seq_len"] == 7 and cfg["optim"]["compile"] is False
+
+
+def test_a_run_says_once_when_rollouts_outlast_the_context(tmp_path):
+    out = run_icrl("train", "--env", "tmaze", "--env-kwargs", '{"length": 12}', "--max-seq-len", "5",
+                   "--d-model", "8", "--heads", "1", "--layers", "1", "--head-hidden", "8", "--total-env-steps", "256",
+                   "--steps-per-epoch", "64", "--updates-per-epoch", "1", "--batch-size", "2", "--eval-rollouts", "1",
+                   "--run-dir", tmp_path / "r")
+    assert out.returncode == 0, out.stderr
+    said = [line for line in (out.stdout + out.stderr).splitlines() if "the context is 5" in line]
+    assert len(said) == 1 and "rollouts last 13 steps" in said[0] and "--max-seq-len 13" in said[0]

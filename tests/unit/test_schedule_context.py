@@ -1,0 +1,121 @@
+"""What a run resolves from its task and config before it starts, and how many updates an epoch makes: the context a
+task recommends, presets built for the env kwargs given, the replay-ratio update budget, the compile rule and
+its eager fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from icrl.agent.learner import Learner
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ModelConfig
+from icrl.config.model import DEFAULT_CONTEXT
+from icrl.config.presets import preset_config
+from icrl.envs.make import task_context
+from icrl.run.components import rollout_context, with_task_defaults
+from icrl.run.updates import UpdateBudget
+
+
+def test_tasks_recommend_the_context_of_their_whole_rollout():
+    assert task_context("tmaze", {"length": 500}) == 501
+    assert task_context("tmaze", {"length": 50, "horizon": 80}) == 80  # the last decision can come at step 79
+    assert task_context("tmaze_active", {"length": 10}) == 12  # left to the cue first
+    assert task_context("cue_recall", {"delay": 7}) == 8
+    assert task_context("CartPole-v1", {}) is None and task_context("tmaze", {"length": "x"}) is None
+
+
+def test_an_unset_context_resolves_from_the_task_and_meta_rl_rollouts_hold_every_episode():
+    cfg = ExperimentConfig(env=EnvConfig(env="tmaze", env_kwargs='{"length": 500}'))
+    assert cfg.model.max_seq_len is None and cfg.model.context == DEFAULT_CONTEXT
+    assert with_task_defaults(cfg).model.max_seq_len == 501
+    assert with_task_defaults(cfg.replace(max_seq_len=64)).model.max_seq_len == 64  # a set value is kept
+    assert with_task_defaults(cfg.replace(env="CartPole-v1", env_kwargs="{}")).model.max_seq_len == DEFAULT_CONTEXT
+    meta = EnvConfig(env="tmaze", episodes_per_rollout=3)
+    assert rollout_context(11, meta) == 3 * 12  # each episode's final timestep stays in the rollout
+    assert rollout_context(11, EnvConfig(env="tmaze", rollout_horizon=40)) == 40
+    assert rollout_context(None, meta) == DEFAULT_CONTEXT
+
+
+def test_presets_follow_the_env_kwargs_they_are_given():
+    cfg = preset_config("tmaze", {"length": 50})
+    assert cfg.env.kwargs == {"length": 50} and cfg.run.run_dir == "runs/tmaze50"
+    assert cfg.schedule.total_env_steps == 25_000  # 500 x length, not the length-20 budget
+    assert with_task_defaults(cfg).model.max_seq_len == 51  # was the preset's fixed 21: the cue out of reach
+    kept = preset_config("tmaze", {"length": 30, "horizon": 40})  # a kwarg the preset does not take passes through
+    assert kept.env.kwargs == {"length": 30, "horizon": 40}
+    assert preset_config("tmaze") == preset_config("tmaze", {})
+    with pytest.raises(ConfigError, match="--preset tmaze cannot take"):
+        preset_config("tmaze", {"length": "long"})
+    with pytest.raises(ConfigError, match="unknown preset"):
+        preset_config("nope")
+
+
+def _budget(**kw) -> UpdateBudget:
+    base = dict(batch_size=4, max_seq_len=9, replay_ratio=8.0, steps_per_epoch=100)
+    return UpdateBudget(ExperimentConfig().replace(**{**base, **kw}))
+
+
+def test_the_update_budget_trains_replay_ratio_timesteps_per_collected_one():
+    b = _budget()  # training window 10; 4 windows per update
+    # rollouts of 5 and 15 timesteps: windows hold 5 and 10 -> 4 * 7.5 = 30 timesteps per update
+    assert b.updates(100, [5, 15]) == 26  # 8 * 100 = 800 timesteps: 26 updates, 20 carried
+    assert b.carry == pytest.approx(20.0)
+    assert b.updates(100, [5, 15]) == 27  # 820 -> 27 updates, 10 carried: the long-run ratio is exact
+    assert b.updates(100, []) == 0 and b.carry == pytest.approx(10.0)  # nothing to sample: nothing accrues
+    short = _budget()
+    assert short.updates(100, [3] * 4) == 800 // 12  # short episodes: more, cheaper updates
+    assert _budget(updates_per_epoch=7).updates(100, [5]) == 7  # a fixed count wins
+    assert UpdateBudget(ExperimentConfig().replace(batch_size=4, max_seq_len=9, replay_ratio=8.0), world_size=2
+                        ).updates(100, [10]) == 800 // 80  # every rank's batch counts
+
+
+def test_fixed_update_counts_where_one_is_needed_come_from_the_ratio():
+    cfg = ExperimentConfig().replace(batch_size=24, max_seq_len=255, replay_ratio=64.0, steps_per_epoch=1000)
+    assert cfg.epoch_updates == round(64 * 1000 / (24 * 256))
+    assert cfg.replace(updates_per_epoch=3).epoch_updates == 3
+
+
+def test_compiling_is_decided_by_the_size_and_length_of_the_run():
+    big = ExperimentConfig(model=ModelConfig(max_seq_len=501)).replace(total_env_steps=400_000, updates_per_epoch=100)
+    assert big.compiles  # 24 x 502 timesteps per batch, 40,000 updates
+    assert not big.replace(total_env_steps=5_000).compiles  # 500 updates: the compile would not pay back
+    assert not big.replace(max_seq_len=21).compiles  # 528 timesteps per batch
+    assert not big.replace(traj_encoder="gru").compiles
+    assert big.replace(total_env_steps=5_000, compile=True).compiles and not big.replace(compile=False).compiles
+
+
+def test_a_failed_compile_falls_back_to_eager_with_one_warning(tmp_path, monkeypatch):
+    from test_agent import _experiment, build_agent, real_batch
+
+    batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
+    agent = build_agent(obs_space, spec)
+    calls = []
+
+    def broken_compile(fn):
+        def compiled(*args, **kwargs):
+            calls.append(1)
+            raise RuntimeError("inductor: no C++ compiler\nlong details")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    learner = Learner(agent, _experiment().replace(compile=True), torch.device("cpu"))
+    with pytest.warns(UserWarning, match="torch.compile of the learner failed .*RuntimeError: inductor: no C"):
+        m1 = learner.update(batch)
+    m2 = learner.update(batch)  # eager from now on: no second attempt, no second warning
+    assert len(calls) == 1 and np.isfinite(float(m1["loss"])) and np.isfinite(float(m2["loss"]))
+
+
+@pytest.mark.slow
+def test_the_compiled_learner_computes_what_the_eager_one_does(tmp_path):
+    from test_agent import _experiment, build_agent, real_batch
+
+    batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
+    losses = {}
+    for compile in (False, True):
+        agent = build_agent(obs_space, spec)
+        learner = Learner(agent, _experiment().replace(compile=compile), torch.device("cpu"))
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            losses[compile] = [float(learner.update(batch)["loss"]) for _ in range(3)]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
