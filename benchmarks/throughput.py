@@ -620,14 +620,14 @@ def run_single(args, device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------------ sweeps
 class Calibration:
     """What the cells measured so far tell the estimates of the next ones: the measured / analytic ratio of
-    peak memory (the largest seen; 1 before any), the analytic-FLOP rate of the last cell of each (dtype,
+    steady-state peak memory (the largest seen of the dtype, else of any; 1 before any), the analytic-FLOP rate of the last cell of each (dtype,
     compile) (else the slowest seen, else `prior_eff` of the fp32 mm peak), the compile time of the last
     compiled cell, and the measured / prior ratio of acting's vector-step time."""
 
     def __init__(self, peaks: dict[str, float], net: plan.Net, sdpa: str, prior_eff: float = 0.25,
                  compile_s: float = 60.0) -> None:  # fmt: skip
         self.net, self.sdpa, self.prior = net, sdpa, prior_eff * peaks["fp32"]
-        self.mem_ratio: float | None = None
+        self.mem_ratio: dict[str, float] = {}
         self.rate: dict[tuple[str, bool], float] = {}
         self.compile_s = compile_s
         self.act_ratio: float | None = None
@@ -638,17 +638,16 @@ class Calibration:
 
     def mib(self, cell: dict) -> float:
         est = plan.update_mib(cell["d_model"], cell["seq_len"], self.net, cell["dtype"], self.sdpa)
-        return est * (self.mem_ratio or 1.0)
+        return est * self.mem_ratio.get(cell["dtype"], max(self.mem_ratio.values(), default=1.0))
 
     def learn(self, cell: dict, out: dict) -> None:
         if out.get("status") != "ok":
             return
         self.rate[(cell["dtype"], cell["compile"])] = (
             plan.update_flops(cell["d_model"], cell["seq_len"], self.net) / out["s_per_update_median"])
-        measured = max(out.get("peak_mib") or 0.0, 0.0 if cell["compile"] else out.get("first_call_peak_mib") or 0.0)
-        if measured > 0:
-            ratio = measured / plan.update_mib(cell["d_model"], cell["seq_len"], self.net, cell["dtype"], self.sdpa)
-            self.mem_ratio = max(self.mem_ratio or 0.0, ratio)
+        if (out.get("peak_mib") or 0.0) > 0:  # steady state: the first call holds one-off allocations too
+            est = plan.update_mib(cell["d_model"], cell["seq_len"], self.net, cell["dtype"], self.sdpa)
+            self.mem_ratio[cell["dtype"]] = max(self.mem_ratio.get(cell["dtype"], 0.0), out["peak_mib"] / est)
         if cell["compile"] and out.get("compiled"):
             self.compile_s = max(0.0, out["first_call_s"] - out["s_per_update_median"])
 
@@ -831,6 +830,21 @@ def sweep_plan(args) -> tuple[plan.Net, list[dict], list[dict]]:
     return net, cells, acting
 
 
+def print_plan(args, cells: list[dict], acting: list[dict], calib: Calibration) -> None:
+    """--dry-run: each cell's prior estimates (seconds per update, MiB) and planned updates; nothing timed."""
+    for c in cells:
+        est_s, upd = calib.seconds_per_update(c), plan.plan_updates(
+            calib.seconds_per_update(c), args.updates, args.warmup, args.breakdown_updates, args.max_cell_seconds,
+            calib.compile_s if c["compile"] else 0.0)  # fmt: skip
+        print(f"  learner d{c['d_model']} x {c['seq_len']} {c['dtype']} compile {'on' if c['compile'] else 'off'}: "
+              f"~{est_s:.2f} s/update, ~{calib.mib(c):.0f} MiB, "
+              + (f"{upd[0]} timed after {upd[1]} warm-up" if upd else "skipped (time)"))  # fmt: skip
+    for a in acting:
+        steps = plan.acting_steps(a["envs"], a["seq_len"], args.act_steps)
+        est = (steps + 4 * a["envs"]) / a["envs"] * plan.vector_step_s(a["envs"], a["seq_len"], a["d_model"])
+        print(f"  acting d{a['d_model']} x {a['seq_len']}, {a['envs']} envs: {steps} env steps, ~{est:.0f} s")
+
+
 def run_sweep(args, device: torch.device) -> None:
     """Every learner cell (d_model x context x dtype x compile) and acting cell (x envs) in one invocation:
     one JSON, a markdown table and a plot in benchmarks/results/throughput/."""
@@ -848,6 +862,9 @@ def run_sweep(args, device: torch.device) -> None:
     print(f"sweep {tag}: {len(cells)} learner cells, {len(acting)} acting cells; mm peak fp32 "
           f"{peaks['fp32'] / 1e9:.0f} / bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s; estimated {est / 60:.1f} min "
           f"(per cell at most {args.max_cell_seconds:.0f} s)", flush=True)  # fmt: skip
+    if args.dry_run:
+        print_plan(args, cells, acting, calib)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         result["learner_cells"] = run_learner_cells(args, cells, calib, peaks, device, Path(tmp))
     torch.set_num_threads(args.act_threads or args.threads)
@@ -913,6 +930,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shape_args(p)
     add_sweep_args(p)
+    p.add_argument("--dry-run", action="store_true", help="a sweep's cells and estimates only, nothing timed")
     p.add_argument("--skip-learner", action="store_true")
     p.add_argument("--skip-acting", action="store_true")
     p.add_argument("--profile", action="store_true", help="print cProfile (acting) and torch.profiler (update) tops")
