@@ -170,7 +170,7 @@ def _fmt(x, spec: str = ".3g") -> str:
 def learner_row(c: dict) -> str:
     name = f"{c['d_model']} | {c['seq_len']} | {c['dtype']} | {'on' if c['compile'] else 'off'}"
     if c.get("status", "ok") != "ok":
-        return f"| {name} | {c['status']} |" + " |" * 9
+        return f"| {name} | {c['status']} |" + " |" * 8
     b = c.get("breakdown_s") or {}
     split = "/".join(_fmt(b.get(k), ".2f") for k in ("forward_s", "backward_s", "optim_s")) if b else "—"
     pct = lambda k: _fmt(None if c.get(k) is None else 100 * c[k], ".1f")  # noqa: E731
