@@ -3,22 +3,44 @@
 (a) Learner: `Learner.update` on real `Batch`es sampled (make_loader) from a DiskReplay filled with
     synthetic T-Maze-like rollouts longer than the window. Agent for the T-Maze spaces with the library's
     heads (4 critics, 7 discounts, 2-layer MLPs of --head-hidden 256 units). `--dtype bf16` sets
-    `OptimConfig.dtype="bf16"` (the library's autocast of the forward and losses), `--compile` sets
-    `OptimConfig.compile`. Reports updates/s,
-    a forward / backward / optimiser split and the peak memory of the timed updates (CPU: peak RSS above
-    the RSS before them, VmHWM reset via /proc/self/clear_refs; CUDA: max_memory_allocated).
+    `OptimConfig.dtype="bf16"` (the library's autocast of the forward and losses); `OptimConfig.compile` is
+    always set explicitly (`--compile`: True, else False; never the library's automatic None). Reports
+    updates/s, a forward / backward / optimiser split and the peak memory of the timed updates (CPU: peak RSS
+    above the RSS before them, VmHWM reset via /proc/self/clear_refs after malloc_trim; CUDA:
+    max_memory_allocated).
 (b) Acting: env steps/s of the whole collection loop, `Collector.collect` with `AgentPolicy(greedy=False)`
     + `Exploration` on parallel Passive T-Mazes of corridor length = seq-len (so rollouts are long and the
     KV cache fills), split into policy / env / collector-bookkeeping time. For contrast, a policy that
     recomputes the whole context each step (`RecomputePolicy`, below: keeps every env's last seq-len
     timesteps and calls `agent(ts)` on them).
 (c) MFU: FLOPs of one update counted with `torch.utils.flop_counter.FlopCounterMode` (matmuls, convs and
-    SDPA; causal SDPA is counted as full) against the measured peak of a big `torch.mm` loop, fp32 and bf16.
+    SDPA; causal SDPA is counted as full) against the measured peak of a big `torch.mm` loop, fp32 and bf16
+    (both measured at the run's thread count).
 
-    python benchmarks/throughput.py                         # the reference settings, fp32
+One shape (the reference settings cited in docs/results.md):
+
+    python benchmarks/throughput.py                         # d128 x 256, batch 24, fp32, 2 threads
     python benchmarks/throughput.py --dtype bf16 --threads 1 --profile
 
-The LAST line printed is one JSON object (also written to benchmarks/results/throughput/throughput_<tag>.json).
+Sweeps: any of --preset / --shapes / --seq-lens / --d-models / --dtypes / --compile-modes / --envs runs every
+combination in one invocation. Learner cells are d_model x context x dtype x compile (first-call seconds,
+i.e. compiling where on, reported apart from the median of the later calls; GFLOP/s and MFU against both
+measured peaks), acting cells are d_model x context x envs (one whole rollout per env by default). A cell
+whose memory estimate exceeds --mem-fraction of MemAvailable or whose time estimate exceeds
+--max-cell-seconds (after trimming its timed updates) is skipped and recorded as such, as are the longer
+contexts of its line. `--dry-run` prints the cells and estimates only.
+
+    python benchmarks/throughput.py --preset issue18                     # issue 18's reference shapes
+    python benchmarks/throughput.py --preset issue18 --dry-run           # its plan and runtime estimate
+    python benchmarks/throughput.py --seq-lens 256 512 1024 2048 4096 --dtypes fp32 bf16 --compile-modes off on \
+        --envs 8 32 128 --updates 5 --breakdown-updates 1                # context sweep at d128, batch 24
+
+`--preset issue18` = `--shapes 128x256 64x501 64x1001 --dtypes fp32 bf16 --compile-modes off on --envs 8 32 128
+--batch-size 24 --layers 2 --heads 4 --head-hidden 256 --threads 2 --updates 5 --warmup 2 --breakdown-updates 1
+--max-cell-seconds 150` (explicit flags override it).
+
+The LAST line printed is one JSON object (also written to benchmarks/results/throughput/throughput_<tag>.json;
+a sweep also writes throughput_<tag>.md, the table it prints, and throughput_<tag>.png).
 """
 
 from __future__ import annotations
@@ -750,6 +772,8 @@ def shape_setup(args, cell: dict, device, tmp: Path) -> dict:
 
 def print_cell(c: dict) -> None:
     name = f"d{c['d_model']} x {c['seq_len']} {c['dtype']} compile {'on' if c['compile'] else 'off'}"
+    if c["compile"] and c.get("compiled") is False:
+        name += " (compile failed: ran eager)"
     if c["status"] != "ok":
         print(f"learner {name}: {c['status']}", flush=True)
         return

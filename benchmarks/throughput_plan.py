@@ -168,7 +168,8 @@ def _fmt(x, spec: str = ".3g") -> str:
 
 
 def learner_row(c: dict) -> str:
-    name = f"{c['d_model']} | {c['seq_len']} | {c['dtype']} | {'on' if c['compile'] else 'off'}"
+    mode = "off" if not c["compile"] else "on" if c.get("compiled", True) else "on (failed: ran eager)"
+    name = f"{c['d_model']} | {c['seq_len']} | {c['dtype']} | {mode}"
     if c.get("status", "ok") != "ok":
         return f"| {name} | {c['status']} |" + " |" * 8
     b = c.get("breakdown_s") or {}
