@@ -687,13 +687,13 @@ def cell_plan(args, cell: dict, calib: Calibration, device, stopped: dict) -> tu
         return None, f"skipped: context {stopped[key]} of this line was skipped"
     est_mib, avail = calib.mib(cell), mem_available_mib(device)
     if est_mib > args.mem_fraction * avail:
-        return None, (f"skipped: over {est_mib / 1024:.1f} GiB estimate "
-                      f"({100 * args.mem_fraction:.0f}% of {avail / 1024:.1f} GiB available)")  # fmt: skip
+        return None, (f"skipped: over {est_mib / 1024:.3g} GiB estimate "
+                      f"({100 * args.mem_fraction:.3g}% of {avail / 1024:.1f} GiB available)")  # fmt: skip
     est_s = calib.seconds_per_update(cell)
     extra = calib.compile_s if cell["compile"] else 0.0
     p = plan.plan_updates(est_s, args.updates, args.warmup, args.breakdown_updates, args.max_cell_seconds, extra)
     if p is None:
-        return None, f"skipped: over {args.max_cell_seconds:.0f} s estimate ({est_s:.1f} s per update)"
+        return None, f"skipped: over {args.max_cell_seconds:.3g} s estimate ({est_s:.3g} s per update)"
     return p, "ok"
 
 
@@ -817,7 +817,7 @@ def acting_cell(args, a_cell: dict, calib: Calibration, device) -> dict:
     est = (steps + 4 * e) / e * plan.vector_step_s(e, n, a_cell["d_model"]) * (calib.act_ratio or 1.0)
     out = dict(a_cell, env_steps_planned=steps, est_s=est)
     if est > args.max_cell_seconds:
-        return dict(out, status=f"skipped: over {args.max_cell_seconds:.0f} s estimate ({est:.0f} s)")
+        return dict(out, status=f"skipped: over {args.max_cell_seconds:.3g} s estimate ({est:.3g} s)")
     a = cell_args(args, d_model=a_cell["d_model"], seq_len=n, parallel_envs=e, dtype="fp32", compile=False)
     try:
         cfg, spec, agent, _ = build(a, device)
