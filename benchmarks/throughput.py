@@ -37,7 +37,7 @@ contexts of its line. `--dry-run` prints the cells and estimates only.
 
 `--preset issue18` = `--shapes 128x256 64x501 64x1001 --dtypes fp32 bf16 --compile-modes off on --envs 8 32 128
 --batch-size 24 --layers 2 --heads 4 --head-hidden 256 --threads 2 --updates 5 --warmup 2 --breakdown-updates 1
---max-cell-seconds 150` (explicit flags override it).
+--max-cell-seconds 150 --max-seconds 1200` (explicit flags override it).
 
 The LAST line printed is one JSON object (also written to benchmarks/results/throughput/throughput_<tag>.json;
 a sweep also writes throughput_<tag>.md, the table it prints, and throughput_<tag>.png).
@@ -678,10 +678,12 @@ def cell_args(args, **over) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **over})
 
 
-def cell_plan(args, cell: dict, calib: Calibration, device, stopped: dict) -> tuple[tuple[int, int] | None, str]:
+def cell_plan(args, cell: dict, calib: Calibration, device, stopped: dict, left_s: float = math.inf
+              ) -> tuple[tuple[int, int] | None, str]:  # fmt: skip
     """(timed updates, warm-up) for a learner cell, or None and why it is skipped: a shorter context of the
     same d_model x dtype x compile was skipped, its memory estimate is over --mem-fraction of what is
-    available, or its time estimate is over --max-cell-seconds even with fewer updates."""
+    available, or its time estimate is over --max-cell-seconds (or the left_s seconds left of --max-seconds)
+    even with fewer updates."""
     key = (cell["d_model"], cell["dtype"], cell["compile"])
     if key in stopped and stopped[key] <= cell["seq_len"]:
         return None, f"skipped: context {stopped[key]} of this line was skipped"
@@ -691,9 +693,12 @@ def cell_plan(args, cell: dict, calib: Calibration, device, stopped: dict) -> tu
                       f"({100 * args.mem_fraction:.3g}% of {avail / 1024:.1f} GiB available)")  # fmt: skip
     est_s = calib.seconds_per_update(cell)
     extra = calib.compile_s if cell["compile"] else 0.0
-    p = plan.plan_updates(est_s, args.updates, args.warmup, args.breakdown_updates, args.max_cell_seconds, extra)
+    budget = min(args.max_cell_seconds, left_s)
+    p = plan.plan_updates(est_s, args.updates, args.warmup, args.breakdown_updates, budget, extra)
     if p is None:
-        return None, f"skipped: over {args.max_cell_seconds:.3g} s estimate ({est_s:.3g} s per update)"
+        if budget < args.max_cell_seconds:
+            return None, f"skipped: {max(budget, 0):.3g} s left of --max-seconds ({est_s:.3g} s per update)"
+        return None, f"skipped: over {budget:.3g} s estimate ({est_s:.3g} s per update)"
     return p, "ok"
 
 
@@ -712,7 +717,7 @@ def timed_updates(learner, it, n: int, device, budget_s: float) -> tuple[list[fl
     return times, m
 
 
-def learner_cell(args, cell: dict, updates_warmup: tuple[int, int], batches: list, device) -> dict:
+def learner_cell(args, cell: dict, updates_warmup: tuple[int, int], batches: list, device, budget_s: float) -> dict:
     """One cell: a fresh agent and learner; the first call (compiling, where on) timed alone, warm-up, then
     the timed updates under the peak-memory probe, then the forward / backward / optimiser split."""
     updates, warmup = updates_warmup
@@ -738,7 +743,7 @@ def learner_cell(args, cell: dict, updates_warmup: tuple[int, int], batches: lis
         trim_heap()
         mem: dict = {}
         with peak_memory(device, mem):
-            left = args.max_cell_seconds - (time.perf_counter() - t_cell)
+            left = budget_s - (time.perf_counter() - t_cell)
             times, m = timed_updates(learner, it, updates, device, left)
         parts = [update_with_breakdown(learner, next(it), device) for _ in range(args.breakdown_updates)]
     med = statistics.median(times)
@@ -783,10 +788,12 @@ def print_cell(c: dict) -> None:
           f"{100 * c.get('mfu_vs_bf16_peak', float('nan')):.1f}% bf16 peak", flush=True)  # fmt: skip
 
 
-def run_learner_cells(args, cells: list[dict], calib: Calibration, peaks, device, tmp: Path) -> list[dict]:
+def run_learner_cells(args, cells: list[dict], calib: Calibration, peaks, device, tmp: Path,
+                      deadline: float = math.inf) -> list[dict]:  # fmt: skip
     done, stopped, shape, setup = [], {}, None, None
     for cell in cells:
-        updates_warmup, status = cell_plan(args, cell, calib, device, stopped)
+        left = deadline - time.perf_counter()
+        updates_warmup, status = cell_plan(args, cell, calib, device, stopped, left)
         out = dict(cell, est_s_per_update=calib.seconds_per_update(cell), est_mib=calib.mib(cell))
         if updates_warmup is not None:
             try:
@@ -794,7 +801,8 @@ def run_learner_cells(args, cells: list[dict], calib: Calibration, peaks, device
                     shape, setup = (cell["d_model"], cell["seq_len"]), None
                     trim_heap()
                     setup = shape_setup(args, cell, device, tmp)
-                out.update(learner_cell(args, cell, updates_warmup, setup["batches"], device))
+                budget = min(args.max_cell_seconds, deadline - time.perf_counter())
+                out.update(learner_cell(args, cell, updates_warmup, setup["batches"], device, budget))
                 add_mfu(out, setup["flops_per_update"], peaks)
                 out["sample_ms_per_batch"] = setup["sample_ms_per_batch"]
             except Exception as e:  # noqa: BLE001 - a cell that fails (OOM, compile) is a result, not a crash
@@ -811,13 +819,17 @@ def run_learner_cells(args, cells: list[dict], calib: Calibration, peaks, device
     return done
 
 
-def acting_cell(args, a_cell: dict, calib: Calibration, device) -> dict:
+def acting_cell(args, a_cell: dict, calib: Calibration, device, deadline: float = math.inf) -> dict:
     e, n = a_cell["envs"], a_cell["seq_len"]
     steps = plan.acting_steps(e, n, args.act_steps)
     est = (steps + 4 * e) / e * plan.vector_step_s(e, n, a_cell["d_model"]) * (calib.act_ratio or 1.0)
     out = dict(a_cell, env_steps_planned=steps, est_s=est)
-    if est > args.max_cell_seconds:
-        return dict(out, status=f"skipped: over {args.max_cell_seconds:.3g} s estimate ({est:.3g} s)")
+    left = deadline - time.perf_counter()
+    if est > min(args.max_cell_seconds, left):
+        why = f"over {args.max_cell_seconds:.3g} s" if args.max_cell_seconds <= left else \
+            f"{max(left, 0):.3g} s left of --max-seconds,"
+        print(f"acting d{a_cell['d_model']} x {n}, {e} envs: skipped ({why} estimate {est:.3g} s)", flush=True)
+        return dict(out, status=f"skipped: {why} estimate {est:.3g} s")
     a = cell_args(args, d_model=a_cell["d_model"], seq_len=n, parallel_envs=e, dtype="fp32", compile=False)
     try:
         cfg, spec, agent, _ = build(a, device)
@@ -885,15 +897,19 @@ def run_sweep(args, device: torch.device) -> None:
     result["estimate_s"] = est
     print(f"sweep {tag}: {len(cells)} learner cells, {len(acting)} acting cells; mm peak fp32 "
           f"{peaks['fp32'] / 1e9:.0f} / bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s; estimated {est / 60:.1f} min "
-          f"(per cell at most {args.max_cell_seconds:.0f} s)", flush=True)  # fmt: skip
+          f"(per cell at most {args.max_cell_seconds:.0f} s"
+          + (f", the sweep at most {args.max_seconds / 60:.3g} min)" if args.max_seconds else ")"), flush=True)  # fmt: skip
     if args.dry_run:
         print_plan(args, cells, acting, calib)
         return
+    deadline = t0 + (args.max_seconds or math.inf)
+    reserve = 2 * sum(plan.acting_steps(a["envs"], a["seq_len"], args.act_steps) / a["envs"]
+                  * plan.vector_step_s(a["envs"], a["seq_len"], a["d_model"]) + 1 for a in acting)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        result["learner_cells"] = run_learner_cells(args, cells, calib, peaks, device, Path(tmp))
+        result["learner_cells"] = run_learner_cells(args, cells, calib, peaks, device, Path(tmp), deadline - reserve)
     torch.set_num_threads(args.act_threads or args.threads)
     result["act_threads"] = torch.get_num_threads()
-    result["acting_cells"] = [acting_cell(args, a, calib, device) for a in acting]
+    result["acting_cells"] = [acting_cell(args, a, calib, device, deadline) for a in acting]
     torch.set_num_threads(args.threads)
     result.update(load_avg_end=load_avg(), wall_s=time.perf_counter() - t0)
     md = write_report(result, tag)
@@ -946,6 +962,8 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--envs", nargs="+", type=int, default=None, help="parallel envs of the acting cells")
     g.add_argument("--max-cell-seconds", type=float, default=300.0, help="skip (record) a cell estimated longer; "
                    "fewer timed updates first")  # fmt: skip
+    g.add_argument("--max-seconds", type=float, default=None, help="the whole sweep's budget: cells that would "
+                   "end past it are skipped (recorded), acting's estimate kept in reserve")  # fmt: skip
     g.add_argument("--mem-fraction", type=float, default=0.6, help="skip a cell whose memory estimate exceeds this "
                    "fraction of MemAvailable")  # fmt: skip
 

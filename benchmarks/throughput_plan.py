@@ -31,6 +31,7 @@ PRESETS: dict[str, dict] = {
         "warmup": 2,
         "breakdown_updates": 1,
         "max_cell_seconds": 150.0,
+        "max_seconds": 1200.0,
     },
 }
 
