@@ -33,7 +33,7 @@ contexts of its line. `--dry-run` prints the cells and estimates only.
     python benchmarks/throughput.py --preset issue18                     # issue 18's reference shapes
     python benchmarks/throughput.py --preset issue18 --dry-run           # its plan and runtime estimate
     python benchmarks/throughput.py --seq-lens 256 512 1024 2048 4096 --dtypes fp32 bf16 --compile-modes off on \
-        --envs 8 32 128 --updates 5 --breakdown-updates 1                # context sweep at d128, batch 24
+        --envs 8 32 128 --updates 5 --breakdown-updates 1 --max-seconds 2400   # context sweep at d128, batch 24
 
 `--preset issue18` = `--shapes 128x256 64x501 64x1001 --dtypes fp32 bf16 --compile-modes off on --envs 8 32 128
 --batch-size 24 --layers 2 --heads 4 --head-hidden 256 --threads 2 --updates 5 --warmup 2 --breakdown-updates 1
