@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import ctypes
+import functools
 import gc
 import io
 import itertools
@@ -642,9 +643,9 @@ def run_single(args, device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------------ sweeps
 class Calibration:
     """What the cells measured so far tell the estimates of the next ones: the measured / analytic ratio of
-    steady-state peak memory (the largest seen of the dtype, else of any; 1 before any), the analytic-FLOP rate of the last cell of each (dtype,
-    compile) (else the slowest seen, else `prior_eff` of the fp32 mm peak), the compile time of the last
-    compiled cell, and the measured / prior ratio of acting's vector-step time."""
+    steady-state peak memory (the largest seen of the dtype, else of any; 1 before any), the analytic-FLOP
+    rate of the last cell of each (dtype, compile) (else the slowest seen, else `prior_eff` of the fp32 mm
+    peak), the compile time of the last compiled cell, and the measured / prior ratio of acting's time."""
 
     def __init__(self, peaks: dict[str, float], net: plan.Net, sdpa: str, prior_eff: float = 0.25,
                  compile_s: float = 60.0) -> None:  # fmt: skip
@@ -789,8 +790,11 @@ def print_cell(c: dict) -> None:
 
 
 def run_learner_cells(args, cells: list[dict], calib: Calibration, peaks, device, tmp: Path,
-                      deadline: float = math.inf) -> list[dict]:  # fmt: skip
-    done, stopped, shape, setup = [], {}, None, None
+                      deadline: float = math.inf, done: list | None = None, save=None) -> list[dict]:  # fmt: skip
+    """Every learner cell in turn, appended to `done` as it ends (and `save()` called: a sweep cut short
+    keeps its JSON up to the last cell)."""
+    done = [] if done is None else done
+    stopped, shape, setup = {}, None, None
     for cell in cells:
         left = deadline - time.perf_counter()
         updates_warmup, status = cell_plan(args, cell, calib, device, stopped, left)
@@ -798,9 +802,10 @@ def run_learner_cells(args, cells: list[dict], calib: Calibration, peaks, device
         if updates_warmup is not None:
             try:
                 if shape != (cell["d_model"], cell["seq_len"]):
-                    shape, setup = (cell["d_model"], cell["seq_len"]), None
+                    shape, setup = None, None
                     trim_heap()
                     setup = shape_setup(args, cell, device, tmp)
+                    shape = (cell["d_model"], cell["seq_len"])
                 budget = min(args.max_cell_seconds, deadline - time.perf_counter())
                 out.update(learner_cell(args, cell, updates_warmup, setup["batches"], device, budget))
                 add_mfu(out, setup["flops_per_update"], peaks)
@@ -815,6 +820,8 @@ def run_learner_cells(args, cells: list[dict], calib: Calibration, peaks, device
         calib.learn(cell, out)
         print_cell(out)
         done.append(out)
+        if save is not None:
+            save()
     torch._dynamo.reset()
     return done
 
@@ -845,9 +852,13 @@ def acting_cell(args, a_cell: dict, calib: Calibration, device, deadline: float 
     return out
 
 
-def write_report(result: dict, tag: str) -> str:
+def save_json(result: dict, tag: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"throughput_{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def write_report(result: dict, tag: str) -> str:
+    save_json(result, tag)
     md = plan.markdown_tables(result)
     (RESULTS / f"throughput_{tag}.md").write_text(md)
     try:
@@ -905,11 +916,15 @@ def run_sweep(args, device: torch.device) -> None:
     deadline = t0 + (args.max_seconds or math.inf)
     reserve = 2 * sum(plan.acting_steps(a["envs"], a["seq_len"], args.act_steps) / a["envs"]
                   * plan.vector_step_s(a["envs"], a["seq_len"], a["d_model"]) + 1 for a in acting)  # fmt: skip
+    save = functools.partial(save_json, result, tag)
+    result["learner_cells"], result["acting_cells"] = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        result["learner_cells"] = run_learner_cells(args, cells, calib, peaks, device, Path(tmp), deadline - reserve)
+        run_learner_cells(args, cells, calib, peaks, device, Path(tmp), deadline - reserve, result["learner_cells"], save)
     torch.set_num_threads(args.act_threads or args.threads)
     result["act_threads"] = torch.get_num_threads()
-    result["acting_cells"] = [acting_cell(args, a, calib, device, deadline) for a in acting]
+    for a in acting:
+        result["acting_cells"].append(acting_cell(args, a, calib, device, deadline))
+        save()
     torch.set_num_threads(args.threads)
     result.update(load_avg_end=load_avg(), wall_s=time.perf_counter() - t0)
     md = write_report(result, tag)
