@@ -14,6 +14,7 @@ import throughput_plan as plan  # noqa: E402
 def test_preset_issue18_expands_to_the_reference_shapes():
     args = throughput.parse_args(["--preset", "issue18"])
     assert throughput.is_sweep(args) and args.threads == 2 and args.batch_size == 24 and args.head_hidden == 256
+    assert args.updates == 5 and args.warmup == 2 and args.max_seconds == 1200  # the ~20-minute budget
     net, cells, acting = throughput.sweep_plan(args)
     shapes = [(c["d_model"], c["seq_len"]) for c in cells]
     assert list(dict.fromkeys(shapes)) == [(128, 256), (64, 501), (64, 1001)]
@@ -72,3 +73,19 @@ def test_runtime_estimate_and_markdown_table():
     assert "skipped: over 150 s" in rows[1] and "1,234" in rows[2]
     assert rows[0].count("|") == rows[1].count("|") == 14  # a skipped row keeps the table's 13 columns
     assert rows[2].count("|") == rows[3].count("|") == 9
+
+
+def test_calibration_scales_the_estimates_by_what_the_cells_measured():
+    net = plan.Net(batch=2, head_hidden=8)
+    calib = throughput.Calibration({"fp32": 1e10, "bf16": 4e10}, net, "default")
+    cell = {"d_model": 8, "seq_len": 16, "dtype": "fp32", "compile": False}
+    prior_s, prior_mib = calib.seconds_per_update(cell), calib.mib(cell)
+    calib.learn(cell, {"status": "ok", "s_per_update_median": 2 * prior_s, "peak_mib": 3 * prior_mib,
+                       "first_call_s": 1.0})  # fmt: skip
+    longer = dict(cell, seq_len=32)
+    assert calib.seconds_per_update(cell) == pytest.approx(2 * prior_s)
+    assert calib.mib(longer) == pytest.approx(3 * plan.update_mib(8, 32, net))
+    assert calib.mib(dict(longer, dtype="bf16")) == pytest.approx(3 * plan.update_mib(8, 32, net, "bf16"))
+    calib.learn(dict(cell, compile=True), {"status": "ok", "s_per_update_median": 1.0, "first_call_s": 31.0,
+                                           "compiled": True})  # fmt: skip
+    assert calib.compile_s == pytest.approx(30.0)
