@@ -12,7 +12,7 @@ A (width of the action vector: the number of actions for discrete spaces).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Literal, TypeVar
 
 import gymnasium as gym
@@ -43,8 +43,8 @@ class ActionSpec:
             return cls("discrete", int(space.n))
         if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
             return cls("continuous", int(space.shape[0]))
-        if isinstance(space, gym.spaces.MultiBinary) and np.ndim(space.n) == 0:
-            return cls("multibinary", int(space.n))
+        if isinstance(space, gym.spaces.MultiBinary) and isinstance(space.n, int):  # n: an int or a shape tuple
+            return cls("multibinary", space.n)
         raise ValueError(
             f"Unsupported action space {space!r}. icrl supports Discrete(n), a 1-D Box and a 1-D MultiBinary; "
             "flatten other spaces with a gymnasium wrapper first."
@@ -119,8 +119,8 @@ def agent_action_space(env_space: gym.Space) -> gym.Space:
                 "RescaleAction wrapper)."
             )
         return gym.spaces.Box(-1.0, 1.0, env_space.shape, np.float32)
-    if isinstance(env_space, gym.spaces.MultiBinary) and np.ndim(env_space.n) == 0:
-        return gym.spaces.MultiBinary(int(env_space.n))
+    if isinstance(env_space, gym.spaces.MultiBinary) and isinstance(env_space.n, int):  # an int or a shape tuple
+        return gym.spaces.MultiBinary(env_space.n)
     raise ValueError(
         f"Unsupported action space {env_space!r}. icrl supports {SUPPORTED_ACTION_SPACES}; "
         "flatten other spaces (Tuple, MultiDiscrete, multi-dimensional Box, ...) with a gymnasium wrapper "
@@ -205,7 +205,10 @@ class Rollout:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Rollout:
         obs = {k[len("obs/") :]: v for k, v in arrays.items() if k.startswith("obs/")}
-        kwargs = {f.name: arrays.get(f.name) for f in fields(cls) if f.name != "obs"}
+        missing = [f.name for f in fields(cls) if f.name != "obs" and f.default is MISSING and f.name not in arrays]
+        if missing:
+            raise ValueError(f"missing fields {missing}")
+        kwargs: dict[str, Any] = {f.name: arrays.get(f.name) for f in fields(cls) if f.name != "obs"}
         rollout = cls(obs=obs, **kwargs)
         rollout.validate()
         return rollout
