@@ -125,7 +125,7 @@ def venv_spaces_record(venv: gym.vector.VectorEnv, name: str, kwargs: dict[str, 
     so subprocess envs work too). `rebuild` defaults to what the name says (`icrl.envs.user.rebuild_kind`)."""
     from icrl.envs.user import rebuild_kind
 
-    # get_attr: defined by SyncVectorEnv and AsyncVectorEnv (what icrl builds), not by the VectorEnv base class
+    # get_attr: SyncVectorEnv and AsyncVectorEnv (what icrl builds) have it; the VectorEnv base class does not
     obs_space = venv.get_attr("env_observation_space")[0]  # type: ignore[attr-defined]
     act_space = venv.get_attr("env_action_space")[0]  # type: ignore[attr-defined]
     env = {"name": name, "kwargs": kwargs, "rebuild": rebuild or rebuild_kind(name)}

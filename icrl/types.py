@@ -43,7 +43,7 @@ class ActionSpec:
             return cls("discrete", int(space.n))
         if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
             return cls("continuous", int(space.shape[0]))
-        if isinstance(space, gym.spaces.MultiBinary) and isinstance(space.n, int):  # n: an int or a shape tuple
+        if isinstance(space, gym.spaces.MultiBinary) and isinstance(space.n, int):  # n: int or shape tuple
             return cls("multibinary", space.n)
         raise ValueError(
             f"Unsupported action space {space!r}. icrl supports Discrete(n), a 1-D Box and a 1-D MultiBinary; "
@@ -119,7 +119,7 @@ def agent_action_space(env_space: gym.Space) -> gym.Space:
                 "RescaleAction wrapper)."
             )
         return gym.spaces.Box(-1.0, 1.0, env_space.shape, np.float32)
-    if isinstance(env_space, gym.spaces.MultiBinary) and isinstance(env_space.n, int):  # an int or a shape tuple
+    if isinstance(env_space, gym.spaces.MultiBinary) and isinstance(env_space.n, int):  # int or shape tuple
         return gym.spaces.MultiBinary(env_space.n)
     raise ValueError(
         f"Unsupported action space {env_space!r}. icrl supports {SUPPORTED_ACTION_SPACES}; "
@@ -205,7 +205,8 @@ class Rollout:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Rollout:
         obs = {k[len("obs/") :]: v for k, v in arrays.items() if k.startswith("obs/")}
-        missing = [f.name for f in fields(cls) if f.name != "obs" and f.default is MISSING and f.name not in arrays]
+        required = [f.name for f in fields(cls) if f.name != "obs" and f.default is MISSING]
+        missing = [name for name in required if name not in arrays]
         if missing:
             raise ValueError(f"missing fields {missing}")
         kwargs: dict[str, Any] = {f.name: arrays.get(f.name) for f in fields(cls) if f.name != "obs"}

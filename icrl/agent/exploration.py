@@ -43,7 +43,7 @@ def linear_schedule(start: float | np.ndarray, end: float | np.ndarray, steps: i
 def _resolved(value: _T | None, name: str) -> _T:
     """A field of a resolved `ExploreConfig` that the schedule needs; a clear error where it is unset."""
     if value is None:
-        raise ValueError(f"exploration needs ExploreConfig.{name}, which is unset (see ExploreConfig.resolve)")
+        raise ValueError(f"exploration needs ExploreConfig.{name}, which is unset: pass a resolved config")
     return value
 
 
@@ -81,7 +81,8 @@ class Exploration:
         n = self.steps_per_env(env_steps)
         steps = _resolved(c.eps_anneal_steps, "eps_anneal_steps")
         if self.spec.kind == "continuous":
-            return linear_schedule(_resolved(c.noise_start, "noise_start"), _resolved(c.noise_end, "noise_end"), steps, n)
+            start, end = _resolved(c.noise_start, "noise_start"), _resolved(c.noise_end, "noise_end")
+            return linear_schedule(start, end, steps, n)
         return linear_schedule(_resolved(c.eps_start, "eps_start"), _resolved(c.eps_end, "eps_end"), steps, n)
 
     def per_env_level(self, env_steps: int, time: np.ndarray) -> np.ndarray:
@@ -92,14 +93,15 @@ class Exploration:
         if c.eps_shape == "bilevel":
             end = linear_schedule(_resolved(c.bilevel_end_start, "bilevel_end_start"),
                                   _resolved(c.bilevel_end_end, "bilevel_end_end"),
-                                  _resolved(c.eps_anneal_steps, "eps_anneal_steps"), self.steps_per_env(env_steps))
+                                  _resolved(c.eps_anneal_steps, "eps_anneal_steps"),
+                                  self.steps_per_env(env_steps))
             frac = np.clip(t / _resolved(c.shape_horizon, "shape_horizon"), 0.0, 1.0)
             return self.scale * (start + frac * (end - start))
         level = self.scale * start
         if c.eps_shape == "window":
             horizon = _resolved(c.shape_horizon, "shape_horizon")
-            window_start, window_end = _resolved(c.window_start, "window_start"), _resolved(c.window_end, "window_end")
-            ends = (t < window_start) | ((t > horizon - window_end) & (t <= horizon))
+            first, last = _resolved(c.window_start, "window_start"), _resolved(c.window_end, "window_end")
+            ends = (t < first) | ((t > horizon - last) & (t <= horizon))
             level = np.where(ends, level, _resolved(c.window_eps, "window_eps"))
         return level
 

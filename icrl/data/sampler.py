@@ -346,7 +346,7 @@ class ReplayLoader:
         if self.loader.num_workers == 0:
             dataset = self.loader.dataset
             if not isinstance(dataset, ReplayDataset):
-                raise TypeError(f"ReplayLoader needs a DataLoader over a ReplayDataset, got {type(dataset).__name__}")
+                raise TypeError(f"ReplayLoader reads a ReplayDataset, not a {type(dataset).__name__}")
             dataset.refresh()
 
     def __iter__(self) -> ReplayLoader:

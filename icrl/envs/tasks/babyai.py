@@ -166,7 +166,7 @@ class BabyAI(gym.Env):
         level_space = self.level_env.observation_space
         level_image = level_space["image"] if isinstance(level_space, gym.spaces.Dict) else None
         if not isinstance(level_image, gym.spaces.Box):
-            raise ValueError(f"BabyAI level {env_id} must observe a Dict with an 'image' Box, got {level_space!r}")
+            raise ValueError(f"BabyAI level {env_id}: expected a Dict with an image Box, got {level_space!r}")
         h, w, _ = level_image.shape
         image = (
             gym.spaces.Box(0, 255, (h, w, _CHANNELS), np.uint8)

@@ -90,7 +90,7 @@ def get_benchmark(benchmark: str, task: str | None, seed: int) -> Any:
 
 
 def _is_scalar(value: Any) -> bool:
-    """np.isscalar without its type narrowing (which would include complex, str and bytes, no floats to mypy)."""
+    """`np.isscalar` as a plain bool: its TypeGuard admits complex, which `float()` rejects in the stubs."""
     return bool(np.isscalar(value))
 
 
