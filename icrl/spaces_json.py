@@ -125,8 +125,9 @@ def venv_spaces_record(venv: gym.vector.VectorEnv, name: str, kwargs: dict[str, 
     so subprocess envs work too). `rebuild` defaults to what the name says (`icrl.envs.user.rebuild_kind`)."""
     from icrl.envs.user import rebuild_kind
 
-    obs_space = venv.get_attr("env_observation_space")[0]
-    act_space = venv.get_attr("env_action_space")[0]
+    # get_attr: SyncVectorEnv and AsyncVectorEnv (what icrl builds) have it; the VectorEnv base class does not
+    obs_space = venv.get_attr("env_observation_space")[0]  # type: ignore[attr-defined]
+    act_space = venv.get_attr("env_action_space")[0]  # type: ignore[attr-defined]
     env = {"name": name, "kwargs": kwargs, "rebuild": rebuild or rebuild_kind(name)}
     return spaces_record(obs_space, act_space, env)
 

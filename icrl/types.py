@@ -12,7 +12,7 @@ A (width of the action vector: the number of actions for discrete spaces).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Literal, TypeVar
 
 import gymnasium as gym
@@ -43,8 +43,8 @@ class ActionSpec:
             return cls("discrete", int(space.n))
         if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
             return cls("continuous", int(space.shape[0]))
-        if isinstance(space, gym.spaces.MultiBinary) and np.ndim(space.n) == 0:
-            return cls("multibinary", int(space.n))
+        if isinstance(space, gym.spaces.MultiBinary) and isinstance(space.n, int):  # n: int or shape tuple
+            return cls("multibinary", space.n)
         raise ValueError(
             f"Unsupported agent action space {space!r}: the agent acts in Discrete(n), a 1-D Box or a 1-D "
             "MultiBinary (agent_action_space maps an env's action space onto one of them)"
@@ -124,7 +124,7 @@ def agent_action_space(env_space: gym.Space) -> gym.Space:
             )
         return gym.spaces.Box(-1.0, 1.0, env_space.shape, np.float32)
     if isinstance(env_space, gym.spaces.MultiBinary) and np.ndim(env_space.n) == 0:
-        return gym.spaces.MultiBinary(int(env_space.n))
+        return gym.spaces.MultiBinary(int(env_space.n))  # type: ignore[arg-type]  # n is 0-d here (np.ndim)
     if isinstance(env_space, gym.spaces.MultiDiscrete) and np.ndim(env_space.nvec) == 1:
         joint = int(np.prod(env_space.nvec, dtype=np.int64))
         if joint <= MAX_JOINT_ACTIONS:
@@ -225,7 +225,11 @@ class Rollout:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Rollout:
         obs = {k[len("obs/") :]: v for k, v in arrays.items() if k.startswith("obs/")}
-        kwargs = {f.name: arrays.get(f.name) for f in fields(cls) if f.name != "obs"}
+        required = [f.name for f in fields(cls) if f.name != "obs" and f.default is MISSING]
+        missing = [name for name in required if name not in arrays]
+        if missing:
+            raise ValueError(f"missing fields {missing}")
+        kwargs: dict[str, Any] = {f.name: arrays.get(f.name) for f in fields(cls) if f.name != "obs"}
         rollout = cls(obs=obs, **kwargs)
         rollout.validate()
         return rollout

@@ -21,15 +21,30 @@ env-step counter alone, so restoring the counter on resume restores it exactly.
 
 from __future__ import annotations
 
+from typing import TypeVar, overload
+
 import numpy as np
 
 from icrl.config import ExploreConfig
 from icrl.types import ActionSpec
 
+_T = TypeVar("_T")
 
+
+@overload
+def linear_schedule(start: float, end: float, steps: int, t: int) -> float: ...
+@overload
+def linear_schedule(start: np.ndarray, end: np.ndarray, steps: int, t: int) -> np.ndarray: ...
 def linear_schedule(start: float | np.ndarray, end: float | np.ndarray, steps: int, t: int) -> float | np.ndarray:
     frac = min(max(t, 0) / max(steps, 1), 1.0)
     return start + frac * (end - start)
+
+
+def _resolved(value: _T | None, name: str) -> _T:
+    """A field of a resolved `ExploreConfig` that the schedule needs; a clear error where it is unset."""
+    if value is None:
+        raise ValueError(f"exploration needs ExploreConfig.{name}, which is unset: pass a resolved config")
+    return value
 
 
 class Exploration:
@@ -64,9 +79,11 @@ class Exploration:
         scale, after `env_steps` steps of this collector (all its env copies together)."""
         c = self.cfg
         n = self.steps_per_env(env_steps)
+        steps = _resolved(c.eps_anneal_steps, "eps_anneal_steps")
         if self.spec.kind == "continuous":
-            return linear_schedule(c.noise_start, c.noise_end, c.eps_anneal_steps, n)
-        return linear_schedule(c.eps_start, c.eps_end, c.eps_anneal_steps, n)
+            start, end = _resolved(c.noise_start, "noise_start"), _resolved(c.noise_end, "noise_end")
+            return linear_schedule(start, end, steps, n)
+        return linear_schedule(_resolved(c.eps_start, "eps_start"), _resolved(c.eps_end, "eps_end"), steps, n)
 
     def per_env_level(self, env_steps: int, time: np.ndarray) -> np.ndarray:
         """[N] exploration level of every env at its current rollout step `time` [N]."""
@@ -74,14 +91,18 @@ class Exploration:
         start = self.level(env_steps)
         t = np.asarray(time, dtype=np.float64)
         if c.eps_shape == "bilevel":
-            end = linear_schedule(c.bilevel_end_start, c.bilevel_end_end, c.eps_anneal_steps,
+            end = linear_schedule(_resolved(c.bilevel_end_start, "bilevel_end_start"),
+                                  _resolved(c.bilevel_end_end, "bilevel_end_end"),
+                                  _resolved(c.eps_anneal_steps, "eps_anneal_steps"),
                                   self.steps_per_env(env_steps))
-            frac = np.clip(t / c.shape_horizon, 0.0, 1.0)
+            frac = np.clip(t / _resolved(c.shape_horizon, "shape_horizon"), 0.0, 1.0)
             return self.scale * (start + frac * (end - start))
         level = self.scale * start
         if c.eps_shape == "window":
-            ends = (t < c.window_start) | ((t > c.shape_horizon - c.window_end) & (t <= c.shape_horizon))
-            level = np.where(ends, level, c.window_eps)
+            horizon = _resolved(c.shape_horizon, "shape_horizon")
+            first, last = _resolved(c.window_start, "window_start"), _resolved(c.window_end, "window_end")
+            ends = (t < first) | ((t > horizon - last) & (t <= horizon))
+            level = np.where(ends, level, _resolved(c.window_eps, "window_eps"))
         return level
 
     def new_rollouts(self, mask: np.ndarray) -> None:

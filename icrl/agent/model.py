@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +25,9 @@ from icrl.nets.traj import make_traj_encoder, traj_encoder_kwargs
 from icrl.nets.transformer import refresh_acting_weights
 from icrl.nets.tstep import GOAL_KEY, TimestepEncoder
 from icrl.types import ActionSpec, Timesteps
+
+if TYPE_CHECKING:
+    from icrl.agent.exploration import Exploration
 
 
 def goal_embedder(obs_space: gym.spaces.Dict, model: ModelConfig) -> GoalEmbedder | None:
@@ -40,6 +45,8 @@ def goal_embedder(obs_space: gym.spaces.Dict, model: ModelConfig) -> GoalEmbedde
 
 
 class Agent(nn.Module):
+    gammas: torch.Tensor  # buffer [G], registered in __init__
+
     def __init__(self, obs_space: gym.spaces.Dict, spec: ActionSpec, model: ModelConfig, loss: LossConfig) -> None:
         super().__init__()
         self.spec = spec
@@ -97,14 +104,15 @@ class AgentPolicy:
         num_envs: int,
         *,
         greedy: bool,
-        exploration=None,
-        env_steps: callable = lambda: 0,
+        exploration: Exploration | None = None,
+        env_steps: Callable[[], int] = lambda: 0,
         device: torch.device | str = "cpu",
         sample: bool = True,
     ) -> None:
         self.agent, self.greedy, self.exploration, self.sample = agent, greedy, exploration, sample
         self.env_steps, self.device = env_steps, torch.device(device)
-        self.state = agent.traj_encoder.init_state(num_envs, self.device)
+        # the encoder's acting state: a KV cache, an RNN hidden state or None (`TrajEncoder` types it Any)
+        self.state: Any = agent.traj_encoder.init_state(num_envs, self.device)
         self.seconds = 0.0
 
     @torch.inference_mode()

@@ -111,7 +111,7 @@ def _subcommands(preset: str | None, config_file: str | None = None, env_kwargs:
     import tyro
 
     cfg = _start_config(preset, config_file, env_kwargs)
-    defaults = {cls: with_config(cls, cfg, preset, config_file) for cls in (Train, Learn)}
+    defaults: dict[type, Any] = {cls: with_config(cls, cfg, preset, config_file) for cls in (Train, Learn)}
     members = [
         Annotated[cls, tyro.conf.subcommand(name, default=defaults.get(cls, tyro.MISSING_NONPROP))]
         for name, cls in COMMANDS.items()

@@ -132,6 +132,8 @@ def _convert_observations(space: gym.Space, observations: Any, n: int) -> dict[s
     for key, path, box, fn in _flatten_obs_space(space):
         value, sub = observations, space
         for p in path:
+            if not isinstance(sub, gym.spaces.Dict):  # paths name Dict keys only (_flatten_obs_space)
+                raise TypeError(f"observation {key!r}: {sub!r} is not a Dict space, cannot take its {p!r}")
             value, sub = value[p], sub[p]
         if len(value) != n:
             raise ValueError(f"observation {key!r} has {len(value)} rows, expected T+1={n}")

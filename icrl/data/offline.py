@@ -110,11 +110,11 @@ def iter_offline_rollouts(cfg: ExperimentConfig, source: str) -> Iterator[Rollou
         obs_space, act_space, slots = env.observation_space, env.action_space, achieved_slots(env)
     finally:
         env.close()
-    kind, where = resolve_source(source)
-    if kind == "minari":
+    _, where = resolve_source(source)
+    if isinstance(where, str):  # resolve_source's "minari": a dataset folder or id
         return read_minari(where, obs_space, act_space, achieved_slots=slots)
     spec = ActionSpec.from_space(agent_action_space(act_space))
-    return read_rollout_folders(where, obs_space, spec)  # type: ignore[arg-type]
+    return read_rollout_folders(where, obs_space, spec)
 
 
 def _undo_interrupted(replay_root: Path) -> None:
@@ -153,7 +153,7 @@ def import_offline_data(cfg: ExperimentConfig, replay_root: str | os.PathLike, s
         return record
     kind, where = resolve_source(str(source))
     own = {p.resolve() for p in (root, root / "fifo", root / "protected")}
-    if kind == "rollouts" and any(Path(f).resolve() in own for f in where):  # type: ignore[union-attr]
+    if kind == "rollouts" and any(Path(f).resolve() in own for f in where):
         raise ConfigError(f"--offline-data {source} is this run's own replay; pass another run's folder")
     staging = root / f"{_STAGING}{uuid.uuid4().hex[:8]}"
     staging.mkdir()

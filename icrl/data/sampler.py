@@ -344,7 +344,10 @@ class ReplayLoader:
         """Make files written since the last refresh visible to in-process loading (num_workers=0).
         Worker processes refresh on their own, time-based schedule instead."""
         if self.loader.num_workers == 0:
-            self.loader.dataset.refresh()
+            dataset = self.loader.dataset
+            if not isinstance(dataset, ReplayDataset):
+                raise TypeError(f"ReplayLoader reads a ReplayDataset, not a {type(dataset).__name__}")
+            dataset.refresh()
 
     def __iter__(self) -> ReplayLoader:
         return self

@@ -235,7 +235,7 @@ def list_rollout_files(folder: str | os.PathLike) -> list[RolloutFile]:
     return index.rollout_files()
 
 
-def clean_stale_tmp(folder: str | os.PathLike, older_than_s: float) -> int:
+def clean_stale_tmp(folder: str | os.PathLike[str], older_than_s: float) -> int:
     """Delete the temporary files `save_rollout` names (`<rollout name>.<8 hex>.tmp`) older than `older_than_s`
     (left by killed writers). Returns how many. Anything else, or anything not a regular file, is left alone."""
     removed = 0

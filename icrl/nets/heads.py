@@ -12,6 +12,7 @@ weights, so rescaling it per discount is exact).
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -58,8 +59,15 @@ class Actor(nn.Module):
         self.net = mlp(d_in, num_gammas * per_gamma, hidden, layers)
         # A small last layer starts every head near a uniform / centred policy.
         with torch.no_grad():
-            self.net[-1].weight.mul_(0.1)
-            self.net[-1].bias.zero_()
+            self._out_layer().weight.mul_(0.1)
+            self._out_layer().bias.zero_()
+
+    def _out_layer(self) -> nn.Linear:
+        """The output Linear (`mlp` ends on one)."""
+        last = self.net[-1]
+        if not isinstance(last, nn.Linear):
+            raise TypeError(f"Actor.net must end on an nn.Linear, got {type(last).__name__}")
+        return last
 
     def forward(self, s: torch.Tensor) -> Distribution:
         return self._dist(self.net(s).unflatten(-1, (self.num_gammas, -1)))  # [..., G, A] or [..., G, 2A]
@@ -71,9 +79,9 @@ class Actor(nn.Module):
         rows, and submodules are called without nn.Module overhead (the per-step acting path).
         """
         h = s
-        for layer in self.net[:-1]:
+        for layer in list(self.net)[:-1]:
             h = layer.forward(h)
-        last = self.net[-1]
+        last = self._out_layer()
         k = last.out_features // self.num_gammas
         return self._dist(F.linear(h, last.weight[-k:], last.bias[-k:]))
 
@@ -89,6 +97,20 @@ class Actor(nn.Module):
         lo, hi = self.min_log_std, self.max_log_std
         log_std = lo + 0.5 * (hi - lo) * (torch.tanh(raw_log_std) + 1.0)
         return TanhGaussian(mean, log_std, lo, hi)
+
+
+class _Weights(TypedDict):
+    """`Critic._weights`: the member-indexed parameters, [C, ...] each."""
+
+    w_state: torch.Tensor
+    w_action: torch.Tensor | None  # None for the discrete critic
+    b_in: torch.Tensor
+    ln_w: list[torch.Tensor]
+    ln_b: list[torch.Tensor]
+    w_hidden: list[torch.Tensor]
+    b_hidden: list[torch.Tensor]
+    w_out: torch.Tensor
+    b_out: torch.Tensor
 
 
 class Critic(nn.Module):
@@ -135,7 +157,7 @@ class Critic(nn.Module):
         self.w_out = nn.Parameter(_uniform((C, H, *out_shape), H))  # [C, H, G, A] | [C, H, G]
         self.b_out = nn.Parameter(_uniform((C, *out_shape), H))  # [C, G, A] | [C, G]
 
-    def _weights(self, members: torch.Tensor | None) -> dict[str, torch.Tensor | list[torch.Tensor] | None]:
+    def _weights(self, members: torch.Tensor | None) -> _Weights:
         """Every member-indexed parameter ([C, ...]), restricted to `members` when given."""
         if members is None:
             def pick(p):
@@ -159,7 +181,7 @@ class Critic(nn.Module):
         }
 
     @staticmethod
-    def _hidden(x: torch.Tensor, w: dict) -> torch.Tensor:
+    def _hidden(x: torch.Tensor, w: _Weights) -> torch.Tensor:
         """Shared hidden stack on pre-activations x [C, N, H] of the first layer -> features [C, N, H]."""
         for i in range(len(w["ln_w"])):
             if i > 0:
@@ -192,11 +214,14 @@ class Critic(nn.Module):
 
         if a is None:
             raise ValueError("this critic needs actions a [..., G, A]")
+        w_action = w["w_action"]
+        if w_action is None:
+            raise RuntimeError("a continuous or multi-binary critic must have action weights (w_action)")
         s_batch, a_batch = s.shape[:-1], a.shape[:-2]
         batch = torch.broadcast_shapes(s_batch, a_batch)
         hs = self._state_in(s.reshape(-1, s.shape[-1]), w["w_state"])
         hs = hs.view(*s_batch, 1, C, H)  # [..s, 1, C, H]
-        ha = a.reshape(-1, a.shape[-1]) @ w["w_action"].permute(1, 0, 2).flatten(1)
+        ha = a.reshape(-1, a.shape[-1]) @ w_action.permute(1, 0, 2).flatten(1)
         ha = ha.view(*a_batch, G, C, H)
         x = (hs + ha + w["b_in"]).reshape(-1, G, C, H).permute(2, 1, 0, 3)  # [C, G, N, H]
         x = self._hidden(x.reshape(C, -1, H), w).view(C, G, -1, H)  # [C, G, N, H]

@@ -17,9 +17,13 @@ critic shrunk by 1/σ_true — 30-45x on T-Maze and POPGym, where that alone kep
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from icrl.nets.heads import Critic
 
 
 @torch.no_grad()
@@ -58,6 +62,10 @@ class PopArt(nn.Module):
     Updating after the optimiser step keeps the forward pass, the loss and the stats consistent;
     the new statistics take effect from the next batch.
     """
+
+    mu: torch.Tensor  # buffers, registered in __init__
+    nu: torch.Tensor
+    count: torch.Tensor
 
     def __init__(
         self,
@@ -98,7 +106,7 @@ class PopArt(nn.Module):
         self,
         targets: torch.Tensor,
         mask: torch.Tensor,
-        critics: nn.Module | Iterable[nn.Module] | None = None,
+        critics: Critic | Iterable[Critic] | None = None,
     ) -> None:
         """Move μ, ν toward the masked batch moments of `targets` [B, L, G]; rescale `critics` to match.
 

@@ -133,7 +133,11 @@ class FFTrajEncoder(nn.Module):
         return self.net(x), state
 
 
-def make_traj_encoder(kind: TrajKind, d_in: int, **kwargs: Any) -> nn.Module:
+# Every trajectory encoder class: what `make_traj_encoder` returns (each satisfies `TrajEncoder`).
+AnyTrajEncoder = TransformerTrajEncoder | RNNTrajEncoder | FFTrajEncoder
+
+
+def make_traj_encoder(kind: TrajKind, d_in: int, **kwargs: Any) -> AnyTrajEncoder:
     """Build a trajectory encoder by kind; `kwargs` go to its constructor (e.g. d_model, layers)."""
     if kind == "transformer":
         return TransformerTrajEncoder(d_in, **kwargs)
@@ -168,6 +172,7 @@ def traj_encoder_kwargs(model: ModelConfig) -> dict[str, Any]:
 __all__ = [
     "TrajEncoder",
     "TrajKind",
+    "AnyTrajEncoder",
     "RNNTrajEncoder",
     "GRUTrajEncoder",
     "LSTMTrajEncoder",

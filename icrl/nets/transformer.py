@@ -49,6 +49,9 @@ class SigmaReparamLinear(nn.Module):
     Moving the layer (`.to()`, `.double()`) drops the snapshot, as it replaces the tensors behind it.
     """
 
+    u: torch.Tensor  # buffers, registered in __init__
+    v: torch.Tensor
+
     def __init__(self, d_in: int, d_out: int, bias: bool = True):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(d_out, d_in))
@@ -249,6 +252,8 @@ class Block(nn.Module):
 
 class TimeEmbedding(nn.Module):
     """Position embedding of the rollout time index: learned table (time clamped), sinusoidal, or none."""
+
+    freqs: torch.Tensor  # buffer, registered in __init__ for kind="sinusoidal"
 
     def __init__(self, kind: PosEmb, d_model: int, max_time: int):
         super().__init__()

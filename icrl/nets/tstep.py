@@ -31,6 +31,12 @@ def is_image_space(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
 
+def _image_shape(space: gym.spaces.Box) -> tuple[int, int, int]:
+    """(H, W, C) of an image Box (`is_image_space`: three dims)."""
+    h, w, c = space.shape
+    return h, w, c
+
+
 class NatureCNN(nn.Module):
     """The DQN Nature CNN (Mnih et al. 2015) for [N, C, H, W] float images in [0, 1]; needs H, W >= 36."""
 
@@ -97,6 +103,10 @@ class RunningNorm(nn.Module):
     so acting and the training forward never move the statistics.
     """
 
+    mean: torch.Tensor  # buffers, registered in __init__
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-8):
         super().__init__()
         self.clip, self.eps = clip, eps
@@ -145,6 +155,8 @@ class TimestepEncoder(nn.Module):
             Without it, a "goal" key is ignored.
     """
 
+    time_freqs: torch.Tensor  # buffer, registered in __init__
+
     def __init__(
         self,
         obs_space: gym.spaces.Dict,
@@ -162,6 +174,7 @@ class TimestepEncoder(nn.Module):
         self.d_out, self.max_time = d_out, max_time
         self.vector_keys: list[str] = []
         self.image_keys: list[str] = []
+        boxes: dict[str, gym.spaces.Box] = {}
         for key, space in obs_space.spaces.items():
             if key == GOAL_KEY:
                 continue
@@ -169,19 +182,21 @@ class TimestepEncoder(nn.Module):
                 raise ValueError(
                     f"obs[{key!r}] is {space!r}; TimestepEncoder expects Box spaces (see TimestepWrapper)"
                 )
+            boxes[key] = space
             (self.image_keys if is_image_space(space) else self.vector_keys).append(key)
-        self.vector_dim = sum(int(np.prod(obs_space[k].shape)) for k in self.vector_keys)
+        self.vector_dim = sum(int(np.prod(boxes[k].shape)) for k in self.vector_keys)
         self.obs_norm = RunningNorm(self.vector_dim, clip_obs) if normalize_obs and self.vector_dim else None
 
         if cnn not in ("impala", "nature"):
             raise ValueError(f"cnn must be 'impala' or 'nature', got {cnn!r}")
         cnn_cls = ImpalaCNN if cnn == "impala" else NatureCNN
-        self.cnns = nn.ModuleList(cnn_cls(obs_space[k].shape, hidden) for k in self.image_keys)
+        self.cnns = nn.ModuleList(cnn_cls(_image_shape(boxes[k]), hidden) for k in self.image_keys)
 
         if goal_embedder is not None and GOAL_KEY not in obs_space.spaces:
             raise ValueError("goal_embedder given but the observation space has no 'goal' key")
         self.goal_embedder = goal_embedder
-        goal_dim = int(goal_embedder.d_out) if goal_embedder is not None else 0
+        # d_out is a plain attribute of the embedder, which nn.Module.__getattr__ types as Tensor | Module
+        goal_dim = int(goal_embedder.d_out) if goal_embedder is not None else 0  # type: ignore[arg-type]
 
         # periods spaced geometrically from 4 steps to max_time: both fine and coarse phase information
         periods = torch.logspace(math.log10(4.0), math.log10(max(max_time, 5)), n_time_freqs)

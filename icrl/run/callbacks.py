@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig
 from icrl.run.loggers import say
 
@@ -35,7 +36,7 @@ class TrainingRun:
 
     cfg: ExperimentConfig
     run_dir: Path
-    agent: torch.nn.Module  # the learning agent: act with it (icrl.run.evaluate), save it (icrl.run.results)
+    agent: Agent  # the learning agent: act with it (icrl.run.evaluate), save it (icrl.run.results)
     spaces: tuple  # the env's (observation space, action space)
     device: torch.device
     env_steps: Callable[[], int]
@@ -97,7 +98,8 @@ class EvalCallback(Callback):
                  best_path: str | Path | None = None, verbose: bool = True) -> None:
         self.eval_env, self.n_episodes, self.every, self.deterministic = eval_env, n_episodes, every, deterministic
         self.best_path, self.verbose = best_path, verbose
-        self.best, self.results, self.calls = float("-inf"), [], 0
+        self.best, self.calls = float("-inf"), 0
+        self.results: list[tuple[int, float | None, float | None]] = []
 
     def on_eval(self, row: dict[str, Any]) -> None:
         self.calls += 1

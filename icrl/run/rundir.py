@@ -68,9 +68,16 @@ def with_run_dir(cfg: ExperimentConfig, stamp: float | None = None) -> Experimen
     return cfg.replace(run_dir=str(default_run_dir(cfg.env.env, cfg.run.seed, stamp)))
 
 
+def run_path(cfg: ExperimentConfig) -> Path:
+    """The run's directory; `icrl.train` names one (`with_run_dir`) before anything reads it."""
+    if cfg.run.run_dir is None:
+        raise ValueError("the run dir is not resolved yet (icrl.run.rundir.with_run_dir names one)")
+    return Path(cfg.run.run_dir)
+
+
 def check_run_dir(cfg: ExperimentConfig) -> None:
     """Refuse to overwrite an existing run without --resume, and to resume one with a different config."""
-    run_dir = Path(cfg.run.run_dir)
+    run_dir = run_path(cfg)
     if not cfg.run.resume:
         if holds_run(run_dir):
             raise ConfigError(
@@ -99,8 +106,8 @@ def check_run_dir(cfg: ExperimentConfig) -> None:
 def check_run_dir_free(cfg: ExperimentConfig) -> None:
     """Every refusal that needs no env: a run dir that is a file or unwritable, one another live process
     trains in, one that holds another run (`check_run_dir`). Called before anything is built or written."""
-    check_run_dir_usable(cfg.run.run_dir)
-    check_not_locked(cfg.run.run_dir)
+    check_run_dir_usable(run_path(cfg))
+    check_not_locked(run_path(cfg))
     check_run_dir(cfg)
 
 
@@ -108,7 +115,7 @@ def take_run_dir(cfg: ExperimentConfig, main: bool = True) -> RunLock | None:
     """Lock the run dir (rank 0; the OS releases the lock if this process dies), check it again under the
     lock (a run may have started meanwhile) and create it. Called once the envs exist, so a bad env name
     leaves nothing behind; the lock is taken before the first write."""
-    run_dir = Path(cfg.run.run_dir)
+    run_dir = run_path(cfg)
     lock = RunLock.acquire(run_dir) if main else None
     try:
         if main:
@@ -163,7 +170,7 @@ def resume_training(cfg: ExperimentConfig, replicas: Replicas, *, seed: int, age
     The checkpoint holds rank 0's exploration and RNG states; the other ranks keep their own. `seed` is this
     rank's seed: the collector is reseeded from it, since the rollouts in progress at the checkpoint are lost.
     """
-    run_dir, main, world = Path(cfg.run.run_dir), replicas.is_main, replicas.world_size
+    run_dir, main, world = run_path(cfg), replicas.is_main, replicas.world_size
     found = load_latest_checkpoint(run_dir, agent=agent, log=say if main else None, learner=learner,
                                    collector=collector, exploration=exploration if main else None,
                                    restore_rng=main)

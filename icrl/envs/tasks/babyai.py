@@ -163,7 +163,11 @@ class BabyAI(gym.Env):
         self.image_encoding = image_encoding
         # disable_env_checker: the checker cannot sample minigrid's MissionSpace and only warns
         self.level_env = gym.make(env_id, disable_env_checker=True, **level_kwargs)
-        h, w, _ = self.level_env.observation_space["image"].shape
+        level_space = self.level_env.observation_space
+        level_image = level_space["image"] if isinstance(level_space, gym.spaces.Dict) else None
+        if not isinstance(level_image, gym.spaces.Box):
+            raise ValueError(f"BabyAI level {env_id}: expected a Dict with an image Box, got {level_space!r}")
+        h, w, _ = level_image.shape
         image = (
             gym.spaces.Box(0, 255, (h, w, _CHANNELS), np.uint8)
             if image_encoding == "onehot"
@@ -209,7 +213,7 @@ class BabyAI(gym.Env):
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         raw, reward, terminated, truncated, _ = self.level_env.step(int(np.asarray(action).reshape(())))
-        info = {"success": float(reward > 0)}
+        info = {"success": float(float(reward) > 0)}
         return self._obs(raw), float(reward), bool(terminated), bool(truncated), info
 
     def render(self) -> Any:

@@ -32,7 +32,7 @@ Crafter is slow on CPU: ~180 steps/s, and generating a world takes ~0.8 s (every
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -172,7 +172,8 @@ class CrafterEnv(gym.Env):
     with the same instruction, so a multi-episode rollout can retry a known world.
     """
 
-    metadata: ClassVar[dict] = {"render_modes": ["rgb_array"], "render_fps": 10}
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 10}
+    action_space: gym.spaces.Discrete  # set in __init__
 
     def __init__(
         self,

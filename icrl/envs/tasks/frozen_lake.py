@@ -15,7 +15,7 @@ leaves the agent where it is. No slipping.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -75,7 +75,7 @@ class MetaFrozenLake(RenderModes, gym.Env):
     `icrl train --env meta_frozen_lake --episodes-per-rollout k` so one rollout sees k episodes of one lake.
     """
 
-    metadata: ClassVar[dict] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     def __init__(
         self,

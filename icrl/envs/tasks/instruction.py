@@ -7,7 +7,8 @@ gets exactly the rewards, goal observations and terminals the env would have pro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from typing import SupportsInt
 
 import numpy as np
 
@@ -21,7 +22,7 @@ class InstructionProgress:
     k >= len(tokens) (the unused tail is padded with 0).
     """
 
-    def __init__(self, tokens: Sequence[int], slots: int):
+    def __init__(self, tokens: Iterable[SupportsInt], slots: int):
         self.tokens = tuple(int(t) for t in tokens)
         if not self.tokens or min(self.tokens) < 1:
             raise ValueError(f"an instruction needs at least one goal token >= 1, got {self.tokens}")

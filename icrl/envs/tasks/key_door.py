@@ -10,7 +10,7 @@ door are. The best return of an episode is 2.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -50,7 +50,7 @@ class DarkKeyToDoor(RenderModes, gym.Env):
     rollouts, i.e. about ten 50-step episodes of the same room, the policy adapting across them).
     """
 
-    metadata: ClassVar[dict] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 8}
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 8}
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ and the time limit truncates (bootstrapped) instead of terminating.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -102,7 +102,7 @@ class MazeRunner(RenderModes, gym.Env):
     `{"new_task": True}` (or a seed) samples a new one, `{"new_task": False}` keeps it.
     """
 
-    metadata: ClassVar[dict] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 8}
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 8}
 
     def __init__(
         self,
@@ -161,7 +161,7 @@ class MazeRunner(RenderModes, gym.Env):
     def _sample_task(self) -> None:
         rng = self.np_random
         self.walls = carve_maze(self.size, rng)
-        candidates = [tuple(int(x) for x in rc) for rc in np.argwhere(~self.walls) if tuple(rc) != self.start]
+        candidates = [(int(r), int(c)) for r, c in np.argwhere(~self.walls) if (r, c) != self.start]
         picks = rng.choice(len(candidates), size=self.num_goals, replace=False)
         self.goals = [candidates[int(i)] for i in picks]
         self.action_map = rng.permutation(5) if self.randomized_actions else np.arange(5)

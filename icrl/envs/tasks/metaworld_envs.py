@@ -89,6 +89,11 @@ def get_benchmark(benchmark: str, task: str | None, seed: int) -> Any:
     return metaworld.ML10(seed=seed)
 
 
+def _is_scalar(value: Any) -> bool:
+    """`np.isscalar` as a plain bool: its TypeGuard admits complex, which `float()` rejects in the stubs."""
+    return bool(np.isscalar(value))
+
+
 class MetaWorldML(gym.Env):
     """Meta-World ML1 / ML10 with a hidden task per rollout (module doc).
 
@@ -195,7 +200,7 @@ class MetaWorldML(gym.Env):
         self._t += 1
         step_success = float(inner.get("success", 0.0)) > 0.0
         self._succeeded = self._succeeded or step_success
-        info = {k: float(v) for k, v in inner.items() if k != "success" and np.isscalar(v)}
+        info = {k: float(v) for k, v in inner.items() if k != "success" and _is_scalar(v)}
         info.update(self._info(), success=float(self._succeeded), step_success=float(step_success))
         terminated = self.terminate_on_success and step_success
         truncated = not terminated and self._t >= self.max_episode_steps

@@ -24,7 +24,7 @@ is scaled to [0, 1], and the task (road, addresses, drop action) persists across
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -63,7 +63,7 @@ class PackageDelivery(RenderModes, gym.Env):
     `{"new_task": False}` keeps it.
     """
 
-    metadata: ClassVar[dict] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 8}
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 8}
 
     def __init__(
         self,

@@ -145,12 +145,13 @@ class FlatDiscreteAction(gym.ActionWrapper):
             raise ValueError(f"FlatDiscreteAction needs a MultiDiscrete action space, got {space!r}")
         self._nvec = np.asarray(space.nvec, dtype=np.int64)
         self._start = np.asarray(space.start, dtype=np.int64)
-        self.action_space = gym.spaces.Discrete(int(np.prod(self._nvec)))
+        self._num_actions = int(np.prod(self._nvec))
+        self.action_space = gym.spaces.Discrete(self._num_actions)
 
     def action(self, action: Any) -> np.ndarray:
         k = int(np.asarray(action).reshape(()))
-        if not 0 <= k < self.action_space.n:
-            raise ValueError(f"action {k} outside [0, {self.action_space.n})")
+        if not 0 <= k < self._num_actions:
+            raise ValueError(f"action {k} outside [0, {self._num_actions})")
         idx = np.asarray(np.unravel_index(k, self._nvec), dtype=np.int64).reshape(self._nvec.shape)
         return (idx + self._start).astype(self.env.action_space.dtype)
 
@@ -220,6 +221,7 @@ class PopGymMulti(gym.Env):
     """
 
     metadata = {"render_modes": []}
+    action_space: gym.spaces.Discrete  # set in __init__
 
     def __init__(
         self,
