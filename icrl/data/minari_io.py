@@ -132,9 +132,12 @@ def _convert_observations(space: gym.Space, observations: Any, n: int) -> dict[s
     for key, path, box, fn in _flatten_obs_space(space):
         value, sub = observations, space
         for p in path:
-            if not isinstance(sub, gym.spaces.Dict):  # paths name Dict keys only (_flatten_obs_space)
-                raise TypeError(f"observation {key!r}: {sub!r} is not a Dict space, cannot take its {p!r}")
-            value, sub = value[p], sub[p]
+            if isinstance(sub, gym.spaces.Dict):  # paths name Dict keys and Tuple indices (_flatten_obs_space)
+                value, sub = value[p], sub[p]
+            elif isinstance(sub, gym.spaces.Tuple):
+                value, sub = value[int(p)], sub[int(p)]
+            else:
+                raise TypeError(f"observation {key!r}: {sub!r} is not a Dict or Tuple space, cannot take its {p!r}")
         if len(value) != n:
             raise ValueError(f"observation {key!r} has {len(value)} rows, expected T+1={n}")
         if isinstance(sub, gym.spaces.Box):
