@@ -220,8 +220,8 @@ def _checkpoint_extra(folder: Path) -> tuple[ExperimentConfig, tuple[gym.Space, 
     state_file = folder / "state.json"
     try:
         extra = json.loads(state_file.read_text(encoding="utf-8")).get("extra", {})
-        cfg = ExperimentConfig.from_json(json.dumps(extra["config"]))
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        cfg = ExperimentConfig.from_json(json.dumps(extra["config"])).validate(check_device=False)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise RunDirError(f"{state_file} holds no readable run config ({e})") from e
     return cfg, read_spaces_record(extra["spaces"], str(state_file)) if "spaces" in extra else None
 
@@ -234,11 +234,12 @@ def _find_run(path: Path) -> tuple[ExperimentConfig, Path, tuple[gym.Space, gym.
     else:
         folder, weights = path, None
     if (folder / "config.json").is_file():  # a run directory
+        cfg = load_config(folder)  # first: a config that cannot work is the error to report, not missing weights
         weights = weights or resolve_weights(folder)
         spaces = read_spaces(folder)
         if spaces is None and (weights.parent / "state.json").is_file():  # its checkpoint has them too
             spaces = _checkpoint_extra(weights.parent)[1]
-        return load_config(folder), weights, spaces
+        return cfg, weights, spaces
     if (folder / "state.json").is_file():  # a checkpoint folder: RUN_DIR/checkpoints/ckpt-N
         cfg, spaces = _checkpoint_extra(folder)
         if spaces is None:

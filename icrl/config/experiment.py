@@ -31,15 +31,17 @@ class ExperimentConfig:
 
     def validate(self, check_device: bool = True) -> ExperimentConfig:
         """Raise ConfigError naming the fields of the first impossible value or combination.
-        `check_device=False` skips whether --device exists here (a run's config read to evaluate elsewhere)."""
-        from icrl.config.validation import combination_error, device_error, field_errors
+        `check_device=False` skips whether --device exists here (a run's config read to evaluate elsewhere),
+        and checks the memory of acting only, not of an update (`memory_error`)."""
+        from icrl.config.validation import combination_error, device_error, field_errors, memory_error
 
         errors = field_errors(self)  # every field's type and range first: the combination checks assume them
         if errors:
             raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
         self.env.kwargs  # noqa: B018 - parses the JSON, raising a clear error
         self.explore.validate()
-        error = combination_error(self) or (device_error(self.run.device) if check_device else None)
+        error = (combination_error(self) or memory_error(self, update=check_device)
+                 or (device_error(self.run.device) if check_device else None))
         if error is not None:
             raise ConfigError(error)
         return self

@@ -1,0 +1,58 @@
+"""Bounded work (issue 20): every size and count of a config has an upper bound, or a one-line refusal
+before anything is allocated (an estimate of the memory one update needs, against the machine's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from icrl.cli import main
+from icrl.config import ConfigError, ExperimentConfig
+from icrl.config.validation import memory_error
+
+HUGE = 10**12
+
+
+def refused(argv: list[str], capsys) -> str:
+    """Run the CLI in-process; it must exit 2 with one line on stderr, which is returned."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("icrl: error: "), err
+    return err
+
+
+@pytest.mark.parametrize("name", ["batch_size", "d_model", "d_ff", "head_hidden", "max_seq_len", "num_critics",
+                                  "tstep_hidden"])
+def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(name):
+    cfg = ExperimentConfig().replace(**{name: HUGE})
+    with pytest.raises(ConfigError, match="GiB of memory.*more than this machine's"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize("flag", ["--batch-size", "--eval-rollouts", "--layers", "--head-layers", "--n-step",
+                                  "--num-workers", "--eval-max-steps", "--d-model", "--d-ff", "--head-hidden",
+                                  "--max-seq-len", "--num-critics"])
+def test_the_cli_refuses_every_unbounded_size_in_one_line(flag, capsys, tmp_path):
+    err = refused(["train", flag, str(HUGE), "--run-dir", str(tmp_path / "r")], capsys)
+    assert flag in err or "GiB" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_memory_error_compares_against_the_memory_given():
+    cfg = ExperimentConfig()
+    assert memory_error(cfg, available=2**40) is None
+    assert "lower --batch-size" in memory_error(cfg.replace(batch_size=10**6), available=2**30)
+
+
+def test_loading_a_run_whose_config_json_is_too_wide_is_refused(tmp_path):
+    import icrl
+    from icrl.run.evaluate import RunDirError
+
+    raw = json.loads(ExperimentConfig().to_json())
+    raw["model"]["d_model"] = 10**7
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(RunDirError, match="config.json.*GiB of memory"):
+        icrl.load(tmp_path)
