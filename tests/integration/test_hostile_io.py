@@ -57,3 +57,84 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_exit_2_and_keeps_the_previo
         run_stoppable(lambda: save_checkpoint(run, epoch=3, **parts))
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "No space left on device" in err
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    return objects(tiny_cfg(tmp_path_factory.mktemp("a")))["agent"]
+
+
+def _published(agent, tmp_path, tensors=None):
+    from safetensors.torch import save_file, save_model
+
+    path = tmp_path / "weights.safetensors"
+    if tensors is None:
+        save_model(agent, str(path), metadata={"updates": "3", "utd": "1.0"})
+    else:
+        save_file(tensors, str(path))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "truncated", "foreign", "nan", "missing"])
+def test_the_collector_refuses_a_broken_published_weights_file_before_loading_it(agent, tmp_path, kind):
+    from icrl.asynchronous.protocol import WeightsFileError, load_weights
+
+    path = _published(agent, tmp_path)
+    good = {k: v.clone() for k, v in agent.state_dict().items()}
+    if kind == "corrupt":
+        path.write_bytes(b"\xff" * 64)
+    elif kind == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    elif kind == "foreign":
+        _published(agent, tmp_path, {"some.other.model": torch.zeros(3)})
+    elif kind == "nan":
+        from safetensors.torch import load_file
+        tensors = load_file(str(path))
+        first = next(k for k, t in tensors.items() if t.is_floating_point())
+        tensors[first] = torch.full_like(tensors[first], float("nan"))
+        _published(agent, tmp_path, tensors)
+    else:
+        from safetensors.torch import load_file
+        tensors = load_file(str(path))
+        tensors.pop(next(k for k in tensors if "critic" in k))
+        _published(agent, tmp_path, tensors)
+    with pytest.raises(WeightsFileError, match=str(path)) as e:
+        load_weights(agent, path)
+    assert len(str(e.value).splitlines()) == 1
+    for k, v in agent.state_dict().items():
+        assert torch.equal(v, good[k]), f"{k} changed by a refused file"
+
+
+def test_a_good_published_file_loads_and_a_later_broken_one_only_warns(agent, tmp_path, capsys):
+    import os
+
+    from icrl.asynchronous.protocol import AsyncPaths, WeightsWatcher
+
+    paths = AsyncPaths(tmp_path)
+    paths.root.mkdir(parents=True)
+    _published(agent, paths.root)
+    watcher = WeightsWatcher(agent, paths)
+    assert watcher.meta["updates"] == "3"
+    paths.weights.write_bytes(b"junk")
+    os.utime(paths.weights, ns=(watcher.stamp + 10**9, watcher.stamp + 10**9))
+    assert watcher.poll()["updates"] == "3" and watcher.reloads == 0
+    assert "warning" in capsys.readouterr().out
+
+
+def test_icrl_load_refuses_nan_weights(tmp_path):
+    import icrl
+    from icrl.run.evaluate import RunDirError
+
+    cfg = tiny_cfg(tmp_path / "run").replace(total_env_steps=8, updates_per_epoch=1, eval_every=100,
+                                             eval_rollouts=1, threads=1)
+    icrl.train(cfg)
+    from safetensors.torch import load_file, save_file
+
+    weights = tmp_path / "run" / "agent.safetensors"
+    tensors = {k: torch.full_like(t, float("nan")) if t.is_floating_point() else t
+               for k, t in load_file(str(weights)).items()}
+    save_file(tensors, str(weights))
+    import shutil
+    shutil.rmtree(tmp_path / "run" / "checkpoints", ignore_errors=True)
+    with pytest.raises(RunDirError, match="NaN or inf"):
+        icrl.load(tmp_path / "run")
