@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 import tyro
 
-from icrl.cli.errors import INPUT_ERRORS, check_ranges, fail, one_line, run_stoppable
+from icrl.cli.errors import INPUT_ERRORS, check_ranges, fail, fail_input, one_line, run_stoppable
 from icrl.config import ConfigError, ExperimentConfig
 
 RunDir = Annotated[str, tyro.conf.arg(metavar="RUN_DIR")]
@@ -52,7 +52,7 @@ class Train:
         cfg = _validated(self.config)
         import icrl  # the public entry point, as a Python user calls it
 
-        run_stoppable(icrl.train, cfg)
+        run_stoppable(icrl.train, cfg, log_dir=cfg.run.run_dir)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Learn:
         try:
             learn(cfg, stop=StopFlag())
         except (*INPUT_ERRORS, CheckpointError) as e:
-            fail(one_line(e))
+            fail_input(e, self.run_dir)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class Collect:
                     max_env_steps=self.max_env_steps, max_lead=self.max_lead, stop=StopFlag(),
                     override=self.run_env.override())
         except INPUT_ERRORS as e:
-            fail(one_line(e))
+            fail_input(e)
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ class Eval:
             result = evaluate_run(self.run_dir, self.checkpoint, self.rollouts, self.seed, self.parallel_envs,
                                   self.device, override)
         except (*INPUT_ERRORS, RuntimeError) as e:  # RunDirError, RunEnvError, env errors, a bad device
-            fail(one_line(e))
+            fail_input(e)
         for table in eval_table(result):
             console.print(table)
         print(write_eval(self.run_dir, result))

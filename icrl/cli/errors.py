@@ -25,6 +25,27 @@ def one_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def fail_input(error: BaseException, log_dir: str | None = None) -> NoReturn:
+    """`fail` with an input error's first line. When the error wraps the user's own exception (an env that
+    raised: its `__cause__`), that traceback is theirs to debug, so the whole chain is written to a file
+    (`log_dir`/env_error.txt when that folder exists, else the temp folder) and the line names the file."""
+    message = one_line(error)
+    if error.__cause__ is not None and type(error).__name__ == "EnvError":
+        import os
+        import tempfile
+        import traceback
+
+        folder = log_dir if log_dir is not None and os.path.isdir(log_dir) else tempfile.gettempdir()
+        path = os.path.join(folder, "env_error.txt" if folder == log_dir else f"icrl-env-error-{os.getpid()}.txt")
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("".join(traceback.format_exception(error)))
+            message += f" [traceback: {path}]"
+        except OSError:
+            pass
+    fail(message)
+
+
 def tyro_error_line(text: str, prog: str) -> str:
     """tyro's usage error (a titled box with help text) as one line: the error itself, the flag it suggests,
     and where the flags are listed."""
@@ -61,10 +82,11 @@ def _raise_stopped(signum: int, frame: object) -> None:
     raise _Stopped(signal.Signals(signum).name)
 
 
-def run_stoppable(fn: Callable[..., Any], *args: Any) -> None:
+def run_stoppable(fn: Callable[..., Any], *args: Any, log_dir: str | None = None) -> None:
     """Run `fn`, turning SIGINT / SIGTERM into a one-line stop with the resume hint (exit 130 / 143) and the
     errors bad input causes (configs, env names and kwargs, run dirs, checkpoints, files) into one line, exit 2.
-    Checkpoints and rollouts on disk are written atomically, so a stop at any moment loses nothing."""
+    Checkpoints and rollouts on disk are written atomically, so a stop at any moment loses nothing.
+    `log_dir`: where an env's own traceback goes (`fail_input`)."""
     from icrl.run.checkpoint import CheckpointError
 
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
@@ -76,6 +98,6 @@ def run_stoppable(fn: Callable[..., Any], *args: Any) -> None:
               "and --resume", file=sys.stderr)
         raise SystemExit(143 if name == "SIGTERM" else 130) from None
     except (*INPUT_ERRORS, CheckpointError) as e:  # ConfigError is a ValueError
-        fail(one_line(e))
+        fail_input(e, log_dir)
     finally:
         signal.signal(signal.SIGTERM, previous)

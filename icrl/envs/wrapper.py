@@ -77,6 +77,29 @@ def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[ObsLeaf]:
     return [(prefix or "obs", (), box, fn)]
 
 
+# ---------------------------------------------------------------------------------------- the user's env
+class EnvError(ValueError):
+    """An env that raised, or returned something that is not a Gymnasium step, in `reset` or `step`. Its
+    own exception (the user's bug, with their traceback) is chained as `__cause__`."""
+
+
+def _reward(value: Any) -> float:
+    """A step's reward as a float; ValueError for anything that is not one number (None, a string, an array
+    of several values: float() would accept some of them and train on something else)."""
+    if isinstance(value, (str, bytes)) or value is None or isinstance(value, bool):
+        raise ValueError(f"returned {value!r} as the reward; a reward is one number")
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf" or arr.size != 1:
+        raise ValueError(f"returned a reward of type {type(value).__name__} (shape {arr.shape}); a reward is one number")
+    return float(arr.reshape(()))
+
+
+def env_name(env: gym.Env) -> str:
+    """How errors name a user's env: its Gymnasium id, else its class."""
+    spec = getattr(env, "spec", None)
+    return repr(spec.id) if spec is not None else type(env.unwrapped).__name__
+
+
 # -------------------------------------------------------------------------------------------------- wrapper
 def achieved_slots(env: gym.Env) -> int:
     """K of a goal-conditioned env (`metadata["achieved_slots"]`, docs/CONTRACTS.md), 0 for other envs."""
@@ -138,20 +161,40 @@ class TimestepWrapper(gym.Wrapper):
 
     def _convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
         out = {}
-        for key, path, _, fn in self._leaves:
+        for key, path, box, fn in self._leaves:
             value = obs
-            for p in path:
-                value = value[p]
-            out[key] = fn(value)
+            try:
+                for p in path:
+                    value = value[p]
+                out[key] = fn(value)
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+                raise ValueError(f"observation {_short(value)} (key {key!r}) is not a value of the observation "
+                                 f"space (the agent sees it as {box}): {e}") from e
         return out
+
+    def _call_env(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call the user's env (`reset` / `step`); EnvError (one line: which env, which step, what was wrong,
+        the env's own exception chained) when it raises."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any exception of the user's code is reported the same way
+            raise self._env_error(what, f"raised {type(e).__name__}: {_first_line(e)}") from e
+
+    def _env_error(self, what: str, problem: str) -> EnvError:
+        return EnvError(f"env {env_name(self.env)} {problem} in {what} (step {self._t} of its rollout); fix the env "
+                        "(its own traceback is chained to this error)")
 
     def _timestep(
         self, obs: Any, prev_action: np.ndarray, prev_reward: float, reset: bool, info: dict | None = None
     ) -> dict:
+        try:
+            converted = self._convert_obs(obs)
+        except ValueError as e:
+            raise self._env_error("step" if self._t else "reset", f"returned an {e}") from e
         ts = {
-            "obs": self._convert_obs(obs),
+            "obs": converted,
             "prev_action": prev_action,  # [A] float32
-            "prev_reward": np.asarray(prev_reward, dtype=np.float32),  # []
+            "prev_reward": _float32(prev_reward),  # []
             "time": np.asarray(self._t, dtype=np.int64),  # []
             "reset": np.asarray(int(reset), dtype=np.int8),  # []
         }
@@ -178,15 +221,33 @@ class TimestepWrapper(gym.Wrapper):
         """Hard reset: a new task (the inner env sees `new_task=True` in multi-episode mode)."""
         if self.multi_episode:
             options = {**(options or {}), "new_task": True}
-        obs, info = self.env.reset(seed=seed, options=options)
-        self._t, self._episode, self._pending_reset = 0, 0, False
-        return self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True, info=info), dict(info)
+        self._t = 0
+        obs, info = self._checked_reset(seed=seed, options=options)
+        self._episode, self._pending_reset = 0, False
+        return self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True, info=info), info
+
+    def _checked_reset(self, **kwargs: Any) -> tuple[Any, dict]:
+        out = self._call_env("reset", self.env.reset, **kwargs)
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+            raise self._env_error("reset", f"returned {_short(out)}, not (observation, info dict)")
+        return out[0], dict(out[1])
+
+    def _checked_step(self, env_action: Any) -> tuple[Any, float, bool, bool, dict]:
+        out = self._call_env("step", self.env.step, env_action)
+        if not (isinstance(out, tuple) and len(out) == 5 and isinstance(out[4], dict)):
+            raise self._env_error("step", f"returned {_short(out)}, not (obs, reward, terminated, truncated, info)")
+        obs, reward, terminated, truncated, info = out
+        try:
+            reward = _reward(reward)
+        except ValueError as e:
+            raise self._env_error("step", str(e)) from e
+        return obs, reward, bool(terminated), bool(truncated), dict(info)
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         if self._pending_reset:
             # Bridge step: the action taken on an inner episode's final obs is ignored; the next episode of
             # the same task starts with reset=1 and zero previous action and reward.
-            obs, info = self.env.reset(options={"new_task": False})
+            obs, info = self._checked_reset(options={"new_task": False})
             self._t += 1
             self._episode += 1
             self._pending_reset = False
@@ -196,9 +257,8 @@ class TimestepWrapper(gym.Wrapper):
             return ts, 0.0, False, truncated, dict(info)
 
         env_action = agent_to_env_action(self._env_action_space, action)
-        obs, reward, terminated, truncated, info = self.env.step(env_action)
-        reward, terminated, truncated, info = float(reward), bool(terminated), bool(truncated), dict(info)
         self._t += 1
+        obs, reward, terminated, truncated, info = self._checked_step(env_action)
         ts = self._timestep(obs, action_to_vector(self.action_spec, action), reward, reset=False, info=info)
         if "success" in info:
             info["success"] = float(info["success"])
@@ -218,3 +278,20 @@ class TimestepWrapper(gym.Wrapper):
             return ts, reward, terminated, truncated, info
         self._pending_reset = episode_done
         return ts, reward, False, False, info
+
+
+def _float32(value: float) -> np.ndarray:
+    """A reward as a float32 scalar; one beyond float32's range becomes inf without a warning, for the
+    collector's guard (icrl.guards) to refuse with the env, step and value."""
+    with np.errstate(over="ignore"):
+        return np.asarray(value, dtype=np.float32)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else "(no message)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors import SafetensorError
@@ -138,3 +140,45 @@ def test_icrl_load_refuses_nan_weights(tmp_path):
     shutil.rmtree(tmp_path / "run" / "checkpoints", ignore_errors=True)
     with pytest.raises(RunDirError, match="NaN or inf"):
         icrl.load(tmp_path / "run")
+
+
+@pytest.mark.parametrize(("kind", "words"), [
+    ("raise_reset", "raised RuntimeError: the user's reset is broken in reset"),
+    ("raise_step", "raised KeyError.*in step \\(step 2 "),
+    ("none_reward", "returned None as the reward"),
+    ("array_reward", "shape \\(3,\\)"),
+    ("str_reward", "returned '1' as the reward"),
+    ("object_obs", "returned an observation <object"),
+    ("bad_tuple", "not \\(obs, reward, terminated, truncated, info\\)"),
+    ("huge_reward", "non-finite reward \\(1e\\+300\\)"),
+])
+def test_a_broken_user_env_is_one_line_naming_the_env_the_step_and_the_problem(tmp_path, kind, words):
+    from hostile_envs import HostileEnv
+
+    import icrl
+    from icrl.envs.wrapper import EnvError
+    from icrl.guards import NonFiniteError
+
+    cfg = tiny_cfg(tmp_path / "run").replace(env_kwargs=json.dumps({"kind": kind}), total_env_steps=16,
+                                             updates_per_epoch=1, eval_every=100, eval_rollouts=1, threads=1)
+    with pytest.raises((EnvError, NonFiniteError), match=f"HostileEnv.*{words}") as e:
+        icrl.train(cfg, env=HostileEnv)
+    assert len(str(e.value).splitlines()) == 1
+    if isinstance(e.value, EnvError) and kind.startswith("raise"):
+        assert "the user's" in str(e.value.__cause__)  # their own exception, traceback and all, is kept
+
+
+def test_the_cli_reports_a_raising_env_in_one_line_and_keeps_its_traceback_in_a_file(tmp_path, capsys):
+    from icrl.cli import main
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--env", "hostile_envs:HostileEnv", "--env-kwargs", '{"kind": "raise_step"}',
+              "--run-dir", str(run), "--parallel-envs", "2", "--d-model", "16", "--layers", "1", "--heads", "2",
+              "--max-seq-len", "8", "--head-hidden", "16", "--batch-size", "4", "--steps-per-epoch", "8",
+              "--total-env-steps", "16", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "HostileEnv raised KeyError" in err and "traceback:" in err
+    log = err.rsplit("traceback: ", 1)[1].rstrip("]")
+    assert "the user's step is broken" in open(log).read() and "hostile_envs.py" in open(log).read()

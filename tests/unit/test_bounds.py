@@ -9,7 +9,6 @@ import pytest
 
 from icrl.cli import main
 from icrl.config import ConfigError, ExperimentConfig
-from icrl.config.validation import memory_error
 
 HUGE = 10**12
 
@@ -42,6 +41,8 @@ def test_the_cli_refuses_every_unbounded_size_in_one_line(flag, capsys, tmp_path
 
 
 def test_memory_error_compares_against_the_memory_given():
+    from icrl.config.validation import memory_error
+
     cfg = ExperimentConfig()
     assert memory_error(cfg, available=2**40) is None
     assert "lower --batch-size" in memory_error(cfg.replace(batch_size=10**6), available=2**30)
