@@ -30,6 +30,7 @@ import torch
 
 from icrl.agent.model import AgentPolicy
 from icrl.config import ExperimentConfig
+from icrl.guards import nonfinite_keys
 from icrl.run.evaluate import RunDirError, load_config, load_weights, resolve_weights
 from icrl.spaces_json import SPACES_FILE, read_spaces, read_spaces_record, spaces_wrapper
 from icrl.types import Timesteps, agent_to_env_action
@@ -119,8 +120,11 @@ class InContextPolicy:
         Returns (action, state): env actions (Discrete ids with the space's start, Box actions rescaled to the
         env's bounds, MultiBinary 0/1), one action for one observation or an array of N for a batch.
         """
+        if state is not None and not isinstance(state, PolicyState):
+            raise TypeError(f"state must be None (a new task) or the state the previous predict returned, got "
+                            f"{type(state).__name__}")
         n, single = self._batch_size(observation)
-        obs_rows = [self._io.convert_obs(self._row(observation, i, single)) for i in range(n)]  # before any change
+        obs_rows = [self._obs_row(observation, i, single) for i in range(n)]  # before any change
         first = state is None
         if first:
             state = self.initial_state(n)
@@ -156,7 +160,7 @@ class InContextPolicy:
         if cont.any() and reward is None:
             raise ValueError("predict(..., reward=None) after the first step: pass the reward the env returned for "
                              "the previous action (an in-context agent reads it), or episode_start=True")
-        rewards = np.zeros(n, np.float32) if reward is None else np.broadcast_to(np.asarray(reward, np.float32), (n,))
+        rewards = np.zeros(n, np.float32) if reward is None else _rewards(reward, n)
         state.time[hard] = 0
         state.episode[hard] = 0
         state.episode[inner] += 1
@@ -202,8 +206,20 @@ class InContextPolicy:
         if shape == leaf:
             return 1, True
         if len(shape) == len(leaf) + 1 and shape[1:] == leaf:
+            if shape[0] == 0:
+                raise ValueError(f"observation batch of shape {shape} is empty: pass one observation or a batch of N >= 1")
             return int(shape[0]), False
         raise ValueError(f"observation of shape {shape} is neither one observation of {space} nor a batch of them")
+
+    def _obs_row(self, observation: Any, i: int, single: bool) -> dict[str, np.ndarray]:
+        """Observation i converted as in training; ValueError for one that is not a finite value of the space
+        (a NaN fed to the agent would spread through its memory into every later action)."""
+        row = self._io.convert_obs(self._row(observation, i, single))
+        bad = nonfinite_keys(row)
+        if bad:
+            where = "the observation" if single else f"observation {i} of the batch"
+            raise ValueError(f"{where} holds NaN or inf (key {bad[0]!r}); predict takes finite observations")
+        return row
 
     def _row(self, tree: Any, i: int, single: bool) -> Any:
         if single:
@@ -213,6 +229,19 @@ class InContextPolicy:
         if isinstance(tree, tuple):
             return tuple(self._row(v, i, single) for v in tree)
         return np.asarray(tree)[i]
+
+
+def _rewards(reward: Any, n: int) -> np.ndarray:
+    """`reward` (a number, or [N] numbers) as [N] float32; ValueError for a string, NaN / inf, a value float32
+    cannot hold, or the wrong count, which would otherwise be read as (or turn into) some other number."""
+    arr = np.asarray(reward)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"reward must be a number or [N] numbers, got {reward!r}")
+    if arr.size not in (1, n):
+        raise ValueError(f"reward has {arr.size} entries for {n} envs")
+    if nonfinite_keys({"reward": arr.astype(np.float64)}):
+        raise ValueError(f"reward must be finite (and within float32's range), got {reward!r}")
+    return np.broadcast_to(arr.astype(np.float32).reshape(-1), (n,))
 
 
 def _checkpoint_extra(folder: Path) -> tuple[ExperimentConfig, tuple[gym.Space, gym.Space] | None]:

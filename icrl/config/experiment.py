@@ -88,7 +88,11 @@ class ExperimentConfig:
         """The config a run's config.json holds. Fields are found by name, whichever group the file puts
         them in, so config.json files of older versions (one `train` group) still load, and fields added
         since take their defaults."""
-        raw = json.loads(text)
+        try:
+            raw = json.loads(text)
+        except RecursionError as e:  # json's parser recurses once per level of nesting
+            raise ConfigError("the config is nested too deeply to parse; a config.json holds one level of "
+                              f"groups ({', '.join(GROUPS)}) of plain values") from e
         if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
             raise ConfigError(f"expected a JSON object of config groups ({', '.join(GROUPS)})")
         fields = {k: tuple(v) if isinstance(v, list) else v for group in raw.values() for k, v in group.items()}

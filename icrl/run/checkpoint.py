@@ -197,8 +197,8 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
             raise ValueError(f"expected a JSON object, found {type(state).__name__}")
         if state.get("format_version") != FORMAT_VERSION or "epoch" not in state:
             raise ValueError(f"unexpected format (format_version {state.get('format_version')!r})")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path}: state.json is corrupt: {e}") from e
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointError(f"checkpoint {path}: state.json is corrupt: {str(e) or 'nested too deeply'}") from e
     try:
         tensors = load_file(str(path / "agent.safetensors"), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:

@@ -148,6 +148,29 @@ class Components:
         self.replicas.close()
 
 
+def check_config_type(cfg: Any) -> None:
+    """`icrl.train` takes an ExperimentConfig: a run dir's path or a dict of fields would otherwise fail deep
+    inside with an AttributeError; TypeError naming what it takes and how to build one instead."""
+    if cfg is None or isinstance(cfg, ExperimentConfig):
+        return
+    if isinstance(cfg, (str, Path)):
+        hint = ("to continue a run, pass ExperimentConfig.from_json(Path(RUN_DIR, 'config.json').read_text())"
+                ".replace(resume=True)")
+    else:
+        hint = "build it with ExperimentConfig().replace(**fields)" if isinstance(cfg, dict) else "see icrl.config"
+    raise TypeError(f"icrl.train(cfg, env=...) takes an icrl.config.ExperimentConfig (or None for the defaults), "
+                    f"got {type(cfg).__name__} {cfg!r:.60}; {hint}")
+
+
+def check_resume_target(cfg: ExperimentConfig) -> None:
+    """`--resume` on a run dir that does not exist is a typo (or the wrong folder), not a new run: refused in
+    one line, so a mistyped path never silently trains from scratch beside the run it meant."""
+    run_dir = Path(cfg.run.run_dir)
+    if cfg.run.resume and not run_dir.exists():
+        raise ConfigError(f"--resume: --run-dir {run_dir} does not exist (a typo?); pass the run's folder, or drop "
+                          "--resume to start a new run there")
+
+
 def _steps_per_rank(cfg: ExperimentConfig, world: int) -> int:
     steps = cfg.schedule.steps_per_epoch // world
     if steps < cfg.env.parallel_envs:
@@ -165,11 +188,13 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     checked, before the run dir is created), the run lock is taken before the first write, and the RNG is
     seeded before the first draw.
     """
+    check_config_type(cfg)
     cfg, source = apply_env(cfg or ExperimentConfig(), env)
     cfg = with_task_defaults(cfg, source.factories[0] if source.factories else None).validate()
     e = cfg.env
     replicas = init_replicas(cfg.run.device)  # one process, or this rank of a data-parallel run
     steps_per_rank = _steps_per_rank(cfg, replicas.world_size)
+    check_resume_target(cfg)
     check_run_dir_free(cfg)  # before anything is created or written
     replicas.barrier()  # every rank has checked the run dir before any of them writes to it
     seed_everything(cfg.run.seed, replicas.rank)
