@@ -120,16 +120,10 @@ class InContextPolicy:
         Returns (action, state): env actions (Discrete ids with the space's start, Box actions rescaled to the
         env's bounds, MultiBinary 0/1), one action for one observation or an array of N for a batch.
         """
-        if state is not None and not isinstance(state, PolicyState):
-            raise TypeError(f"state must be None (a new task) or the state the previous predict returned, got "
-                            f"{type(state).__name__}")
         n, single = self._batch_size(observation)
         obs_rows = [self._obs_row(observation, i, single) for i in range(n)]  # before any change
         first = state is None
-        if first:
-            state = self.initial_state(n)
-        elif state.num_envs != n:
-            raise ValueError(f"state is for {state.num_envs} envs but the observation batch has {n}")
+        state = self._state_for(state, n)
         hard, inner, cont = self._boundaries(state, episode_start, new_task, first)
         step = self._next_timestep(state, obs_rows, hard, inner, cont, reward)
         state.acting.greedy = bool(deterministic)
@@ -138,6 +132,17 @@ class InContextPolicy:
         state.time += 1
         env_actions = [agent_to_env_action(self.action_space, a) for a in actions]
         return (env_actions[0] if single else np.stack(env_actions)), state
+
+    def _state_for(self, state: Any, n: int) -> PolicyState:
+        """`state` as given (checked: the previous call's, for the same N envs), or a fresh one for None."""
+        if state is None:
+            return self.initial_state(n)
+        if not isinstance(state, PolicyState):
+            raise TypeError(f"state must be None (a new task) or the state the previous predict returned, got "
+                            f"{type(state).__name__}")
+        if state.num_envs != n:
+            raise ValueError(f"state is for {state.num_envs} envs but the observation batch has {n}")
+        return state
 
     def _boundaries(
         self, state: PolicyState, episode_start: Any, new_task: Any, first: bool
