@@ -102,3 +102,32 @@ def test_config_json_with_a_width_that_cannot_fit_is_refused_by_icrl_load(tmp_pa
 
     with pytest.raises(RunDirError, match="GiB"):
         icrl.load(tmp_path)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"length": 1.5}, "'length' must be an integer .* got 1.5"),
+    ({"length": True}, "'length' must be an integer .* got true"),
+])
+def test_env_kwargs_of_the_wrong_number_type_are_refused_naming_the_kwarg(kwargs, words):
+    from icrl.envs import make_env
+
+    with pytest.raises(ValueError, match=words):
+        make_env("tmaze", kwargs)
+    make_env("tmaze", {"length": 2.0})  # an integral float (1e6 in JSON) still stands for an int
+
+
+def test_a_popgym_typo_is_an_unknown_env_when_popgym_is_installed():
+    pytest.importorskip("popgym")
+    from icrl.envs import make_env
+
+    with pytest.raises(ValueError, match="popgym \\(installed\\) has no env 'RepeatPreviousEasyy'.*"
+                                         "Did you mean 'popgym/RepeatPreviousEasy'"):
+        make_env("popgym/RepeatPreviousEasyy")
+
+
+def test_main_module_env_on_a_fresh_train_does_not_speak_of_a_trained_run():
+    from icrl.envs import make_env
+
+    with pytest.raises(ValueError, match="running script") as e:
+        make_env("__main__:NoSuchEnv")
+    assert "trained the run" not in str(e.value)
