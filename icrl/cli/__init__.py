@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
 from icrl.cli.commands import COMMANDS, Learn, Train, with_config
-from icrl.cli.errors import fail, tyro_error_line
+from icrl.cli.errors import fail, stopped_in_one_line, tyro_error_line
 
 __all__ = ["USAGE", "main", "parse", "tyro_error_line"]
 
@@ -121,12 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return
-    args = parse(argv)
-    try:
-        args.run()
-    except KeyboardInterrupt:  # Ctrl-C in a command without its own stop handling (train and learn have one)
-        print(f"icrl: {argv[0]} interrupted (SIGINT)", file=sys.stderr)
-        raise SystemExit(130) from None
+    with stopped_in_one_line(argv[0]):
+        parse(argv).run()
 
 
 if __name__ == "__main__":

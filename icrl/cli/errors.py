@@ -3,6 +3,7 @@ and input errors (never a traceback), and a one-line stop with the resume hint o
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
@@ -80,6 +81,22 @@ class _Stopped(KeyboardInterrupt):
 
 def _raise_stopped(signum: int, frame: object) -> None:
     raise _Stopped(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def stopped_in_one_line(command: str):
+    """The whole of a command, from its first line: SIGTERM raises like Ctrl-C (`_Stopped`), and either one
+    stops it with one line and exit 143 / 130. Why: parsing and the imports take ~10 s (torch, envs) before
+    `run_stoppable` installs its handler, and a SIGTERM there would kill the process with no message."""
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    except KeyboardInterrupt as e:  # a command without its own stop handling (train and learn have one)
+        name = "SIGTERM" if isinstance(e, _Stopped) else "SIGINT"
+        print(f"icrl: {command} stopped by {name}", file=sys.stderr)
+        raise SystemExit(143 if name == "SIGTERM" else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_stoppable(fn: Callable[..., Any], *args: Any, log_dir: str | None = None) -> None:

@@ -57,3 +57,23 @@ def test_loading_a_run_whose_config_json_is_too_wide_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(RunDirError, match="config.json.*GiB of memory"):
         icrl.load(tmp_path)
+
+
+def test_a_sigterm_while_the_command_imports_stops_it_in_one_line(monkeypatch, capsys):
+    import os
+    import signal
+    import time
+
+    from icrl.cli import commands
+
+    def importing(self):  # a SIGTERM arriving while `icrl train` imports torch and the envs
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    monkeypatch.setattr(commands.Train, "run", importing)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--env", "tmaze"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 143 and err == "icrl: train stopped by SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
