@@ -27,21 +27,21 @@ def one_line(error: BaseException) -> str:
 
 
 def fail_input(error: BaseException, log_dir: str | None = None) -> NoReturn:
-    """`fail` with an input error's first line. When the error wraps the user's own exception (an env that
-    raised: its `__cause__`), that traceback is theirs to debug, so the whole chain is written to a file
-    (`log_dir`/env_error.txt when that folder exists, else the temp folder) and the line names the file."""
+    """`fail` with an input error's first line. When the error carries the user's own traceback (an env that
+    raised: EnvError.user_traceback), it is theirs to debug, so it is written to a file (`log_dir`/env_error.txt
+    when that folder exists, else the temp folder) and the line names the file."""
     message = one_line(error)
-    if error.__cause__ is not None and type(error).__name__ == "EnvError":
+    text = getattr(error, "user_traceback", "")  # icrl.envs.wrapper.EnvError
+    if text:
         import os
         import tempfile
-        import traceback
 
         folder = log_dir if log_dir is not None and os.path.isdir(log_dir) else tempfile.gettempdir()
         path = os.path.join(folder, "env_error.txt" if folder == log_dir else f"icrl-env-error-{os.getpid()}.txt")
         try:
             with open(path, "w", encoding="utf-8") as f:
-                f.write("".join(traceback.format_exception(error)))
-            message += f" [traceback: {path}]"
+                f.write(text)
+            message += f" (the env's traceback: {path})"
         except OSError:
             pass
     fail(message)

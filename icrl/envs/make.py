@@ -257,8 +257,21 @@ def make_vector_env(
         functools.partial(make_wrapped_env, name, kwargs, episodes_per_rollout, rollout_horizon, fns[i % len(fns)])
         for i in range(num_envs)
     ]
-    cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
+    cls = QuietAsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
     return cls(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+class QuietAsyncVectorEnv(gym.vector.AsyncVectorEnv):
+    """An AsyncVectorEnv that re-raises a worker's exception without gymnasium printing each worker's
+    traceback as warnings first: icrl reports it in one line, and an env's own traceback travels inside the
+    EnvError (`user_traceback`) to where the command line writes it to a file."""
+
+    def _raise_if_errors(self, successes: Any) -> None:
+        level, gym.logger.min_level = gym.logger.min_level, gym.logger.ERROR + 1
+        try:
+            super()._raise_if_errors(successes)
+        finally:
+            gym.logger.min_level = level
 
 
 def task_recommendation(

@@ -80,7 +80,18 @@ def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[ObsLeaf]:
 # ---------------------------------------------------------------------------------------- the user's env
 class EnvError(ValueError):
     """An env that raised, or returned something that is not a Gymnasium step, in `reset` or `step`. Its
-    own exception (the user's bug, with their traceback) is chained as `__cause__`."""
+    own exception (the user's bug, with their traceback) is chained as `__cause__`, and its traceback is kept
+    as text in `user_traceback` too, which survives the trip from an env subprocess (a vector env re-raises
+    `EnvError(the worker's EnvError)` there, which this constructor unpacks)."""
+
+    def __init__(self, message: Any, user_traceback: str = "") -> None:
+        if isinstance(message, EnvError):
+            message, user_traceback = message.message, message.user_traceback
+        super().__init__(message, user_traceback)
+        self.message, self.user_traceback = str(message), user_traceback
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def _reward(value: Any) -> float:
@@ -178,11 +189,14 @@ class TimestepWrapper(gym.Wrapper):
         try:
             return fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any exception of the user's code is reported the same way
-            raise self._env_error(what, f"raised {type(e).__name__}: {_first_line(e)}") from e
+            raise self._env_error(what, f"raised {type(e).__name__}: {_first_line(e)}", e) from e
 
-    def _env_error(self, what: str, problem: str) -> EnvError:
-        return EnvError(f"env {env_name(self.env)} {problem} in {what} (step {self._t} of its rollout); fix the env "
-                        "(its own traceback is chained to this error)")
+    def _env_error(self, what: str, problem: str, cause: BaseException | None = None) -> EnvError:
+        import traceback
+
+        text = "".join(traceback.format_exception(cause)) if cause is not None else ""
+        return EnvError(f"env {env_name(self.env)} at step {self._t} of a rollout: {what}() {problem}; fix the env",
+                        text)
 
     def _timestep(
         self, obs: Any, prev_action: np.ndarray, prev_reward: float, reset: bool, info: dict | None = None
@@ -190,7 +204,7 @@ class TimestepWrapper(gym.Wrapper):
         try:
             converted = self._convert_obs(obs)
         except ValueError as e:
-            raise self._env_error("step" if self._t else "reset", f"returned an {e}") from e
+            raise self._env_error("step" if self._t else "reset", f"returned an {e}", e) from e
         ts = {
             "obs": converted,
             "prev_action": prev_action,  # [A] float32
@@ -240,7 +254,7 @@ class TimestepWrapper(gym.Wrapper):
         try:
             reward = _reward(reward)
         except ValueError as e:
-            raise self._env_error("step", str(e)) from e
+            raise self._env_error("step", str(e), e) from e
         return obs, reward, bool(terminated), bool(truncated), dict(info)
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:

@@ -143,8 +143,8 @@ def test_icrl_load_refuses_nan_weights(tmp_path):
 
 
 @pytest.mark.parametrize(("kind", "words"), [
-    ("raise_reset", "raised RuntimeError: the user's reset is broken in reset"),
-    ("raise_step", "raised KeyError.*in step \\(step 2 "),
+    ("raise_reset", "at step 0 of a rollout: reset\\(\\) raised RuntimeError: the user's reset is broken"),
+    ("raise_step", "at step 2 of a rollout: step\\(\\) raised KeyError"),
     ("none_reward", "returned None as the reward"),
     ("array_reward", "shape \\(3,\\)"),
     ("str_reward", "returned '1' as the reward"),
@@ -166,9 +166,11 @@ def test_a_broken_user_env_is_one_line_naming_the_env_the_step_and_the_problem(t
     assert len(str(e.value).splitlines()) == 1
     if isinstance(e.value, EnvError) and kind.startswith("raise"):
         assert "the user's" in str(e.value.__cause__)  # their own exception, traceback and all, is kept
+        assert "hostile_envs.py" in e.value.user_traceback
 
 
-def test_the_cli_reports_a_raising_env_in_one_line_and_keeps_its_traceback_in_a_file(tmp_path, capsys):
+@pytest.mark.parametrize("async_envs", [False, True])  # in env subprocesses too: one line, the traceback kept
+def test_the_cli_reports_a_raising_env_in_one_line_and_keeps_its_traceback_in_a_file(tmp_path, capsys, async_envs):
     from icrl.cli import main
 
     run = tmp_path / "run"
@@ -176,9 +178,9 @@ def test_the_cli_reports_a_raising_env_in_one_line_and_keeps_its_traceback_in_a_
         main(["train", "--env", "hostile_envs:HostileEnv", "--env-kwargs", '{"kind": "raise_step"}',
               "--run-dir", str(run), "--parallel-envs", "2", "--d-model", "16", "--layers", "1", "--heads", "2",
               "--max-seq-len", "8", "--head-hidden", "16", "--batch-size", "4", "--steps-per-epoch", "8",
-              "--total-env-steps", "16", "--device", "cpu"])
+              "--total-env-steps", "16", "--device", "cpu", *(["--async-envs"] if async_envs else [])])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
-    assert "HostileEnv raised KeyError" in err and "traceback:" in err
-    log = err.rsplit("traceback: ", 1)[1].rstrip("]")
+    assert "HostileEnv at step 2 of a rollout: step() raised KeyError" in err and "traceback:" in err
+    log = err.rsplit("traceback: ", 1)[1].rstrip(")")
     assert "the user's step is broken" in open(log).read() and "hostile_envs.py" in open(log).read()
