@@ -89,9 +89,13 @@ class StopFlag:
 
 
 def wait_for(path: Path, wait_s: float, what: str, stop: StopFlag | None = None) -> bool:
-    """Poll until `path` exists; False when stopped. Raises ConfigError after `wait_s` seconds."""
-    deadline = time.monotonic() + wait_s
+    """Poll until `path` exists; False when stopped. Raises ConfigError after `wait_s` seconds. Says once
+    what it waits for, so a collector started before its learner is not silent for minutes."""
+    deadline, said = time.monotonic() + wait_s, False
     while not path.exists():
+        if not said and time.monotonic() > deadline - wait_s + 2.0:
+            say(f"icrl: waiting up to {wait_s:.0f} s for {path}: start `{what}` for this run dir")
+            said = True
         if stop:
             return False
         if time.monotonic() > deadline:

@@ -13,6 +13,7 @@ import tyro
 
 from icrl.cli.errors import INPUT_ERRORS, check_ranges, fail, fail_input, one_line, run_stoppable
 from icrl.config import ConfigError, ExperimentConfig
+from icrl.config.validation import MAX_PARALLEL_ENVS, MAX_ROLLOUTS
 
 RunDir = Annotated[str, tyro.conf.arg(metavar="RUN_DIR")]
 """A run directory (written by `icrl train` / `icrl learn`), given as the first positional argument."""
@@ -134,8 +135,9 @@ class Eval:
     run_env: RunEnvFlags = field(default_factory=RunEnvFlags)
 
     def run(self) -> None:
-        check_ranges("icrl eval", {"--rollouts": (self.rollouts, 1), "--seed": (self.seed, 0),
-                                   "--parallel-envs": (self.parallel_envs, 1), "--video": (self.video, 0)})
+        check_ranges("icrl eval", {"--rollouts": (self.rollouts, 1, MAX_ROLLOUTS), "--seed": (self.seed, 0, 2**63 - 1),
+                                   "--parallel-envs": (self.parallel_envs, 1, MAX_PARALLEL_ENVS),
+                                   "--video": (self.video, 0, 1000)})
         import torch
 
         from icrl.run.evaluate import eval_table, evaluate_run, load_config, write_eval

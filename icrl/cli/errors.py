@@ -68,11 +68,16 @@ def tyro_error_line(text: str, prog: str) -> str:
     return f"{message}; see `{prog} --help`"
 
 
-def check_ranges(prog: str, values: dict[str, tuple[float | None, float]]) -> None:
-    """Refuse (one line, exit 2) a flag value below its minimum or not finite, before anything runs."""
-    for flag, (value, lo) in values.items():
-        if value is not None and not (math.isfinite(value) and value >= lo):
+def check_ranges(prog: str, values: dict[str, tuple[float | None, float] | tuple[float | None, float, float]]) -> None:
+    """Refuse (one line, exit 2) a flag value outside [minimum, maximum] (the maximum optional) or not finite,
+    before anything runs: a count with a few zeros too many would otherwise run for ever without a word."""
+    for flag, (value, lo, *hi) in values.items():
+        if value is None:
+            continue
+        if not (math.isfinite(value) and value >= lo):
             fail(f"{prog}: {flag} must be >= {lo}, got {value}")
+        if hi and value > hi[0]:
+            fail(f"{prog}: {flag} must be <= {hi[0]:,}, got {value:,}")
 
 
 class _Stopped(KeyboardInterrupt):

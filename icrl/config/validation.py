@@ -45,9 +45,13 @@ def _in(lo: float, hi: float, *, open_hi: bool = False, open_lo: bool = False) -
 # not repeated here. Counts that cost time or processes rather than memory have an upper bound too (an
 # `--eval-rollouts 1e12` would evaluate for ever, silently); sizes that cost memory are bounded by
 # `memory_error`, against what this machine has.
+MAX_ROLLOUTS = 1_000_000
+MAX_PARALLEL_ENVS = 65_536
+
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "env.rollout_horizon": _ge(1),
-    "eval.eval_rollouts": _in(1, 1_000_000),
+    "env.parallel_envs": _in(1, MAX_PARALLEL_ENVS),
+    "eval.eval_rollouts": _in(1, MAX_ROLLOUTS),
     "eval.eval_max_steps": _in(1, 10_000_000),
     "model.d_model": _ge(1),
     "model.layers": _in(1, 1024),
@@ -68,7 +72,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "loss.entropy_coeff": _ge(0.0),
     "loss.exp_beta": _gt(0.0),
     "loss.exp_clip": _gt(0.0),
-    "loss.num_value_samples": _ge(1),
+    "loss.num_value_samples": _in(1, 1024),
     "loss.critic_weight": _gt(0.0),
     "loss.popart_beta": _in(0.0, 1.0, open_lo=True),
     "explore.eps_start": _in(0.0, 1.0),
@@ -94,7 +98,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "schedule.start_updates_after": _ge(0),
     "eval.eval_every": _ge(1),
     "replay.num_workers": _in(0, 256),
-    "run.threads": _ge(0),
+    "run.threads": _in(0, 1024),
+    "model.goal_dim": _in(1, 65_536),
     "run.log_every": _ge(1),
     "asynchronous.utd": _gt(0.0),
     "asynchronous.publish_every": _ge(1),

@@ -77,3 +77,17 @@ def test_a_sigterm_while_the_command_imports_stops_it_in_one_line(monkeypatch, c
     err = capsys.readouterr().err.strip()
     assert e.value.code == 143 and err == "icrl: train stopped by SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("name", ["parallel_envs", "goal_dim", "num_value_samples", "threads", "eval_rollouts",
+                                  "eval_max_steps", "layers", "head_layers", "num_workers", "n_step"])
+def test_counts_that_cost_time_or_processes_have_an_upper_bound(name):
+    extra = {"steps_per_epoch": HUGE, "total_env_steps": HUGE} if name == "parallel_envs" else {}
+    with pytest.raises(ConfigError, match="--" + name.replace("_", "-") + " (must be in|.* must be below)"):
+        ExperimentConfig().replace(**{name: HUGE}, **extra).validate(check_device=False)
+
+
+@pytest.mark.parametrize("flag", ["--rollouts", "--parallel-envs", "--video"])
+def test_icrl_eval_bounds_its_counts_before_reading_the_run(flag, capsys, tmp_path):
+    err = refused(["eval", str(tmp_path), flag, str(HUGE)], capsys)
+    assert f"{flag} must be <=" in err
