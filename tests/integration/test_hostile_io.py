@@ -184,3 +184,19 @@ def test_the_cli_reports_a_raising_env_in_one_line_and_keeps_its_traceback_in_a_
     assert "HostileEnv at step 2 of a rollout: step() raised KeyError" in err and "traceback:" in err
     log = err.rsplit("traceback: ", 1)[1].rstrip(")")
     assert "the user's step is broken" in open(log).read() and "hostile_envs.py" in open(log).read()
+
+
+def test_a_full_disk_while_the_final_weights_are_written_is_an_os_error_keeping_the_old_file(tmp_path, monkeypatch):
+    from icrl.run import results
+
+    agent = objects(tiny_cfg(tmp_path))["agent"]
+    path = results.save_weights(agent, tmp_path / "agent.safetensors")
+    before = path.read_bytes()
+
+    def full_disk(model, filename, *a, **k):
+        raise SafetensorError("Error while serializing: No space left on device (os error 28)")
+
+    monkeypatch.setattr(results, "save_model", full_disk)
+    with pytest.raises(OSError, match="could not write the weights .*No space left on device"):
+        results.save_weights(agent, path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["agent.safetensors"]
