@@ -110,7 +110,7 @@ class Collect:
                     max_env_steps=self.max_env_steps, max_lead=self.max_lead, stop=StopFlag(),
                     override=self.run_env.override())
         except INPUT_ERRORS as e:
-            fail_input(e)
+            fail_input(e, self.run_dir)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Eval:
             result = evaluate_run(self.run_dir, self.checkpoint, self.rollouts, self.seed, self.parallel_envs,
                                   self.device, override)
         except (*INPUT_ERRORS, RuntimeError) as e:  # RunDirError, RunEnvError, env errors, a bad device
-            fail_input(e)
+            fail_input(e, self.run_dir)
         for table in eval_table(result):
             console.print(table)
         print(write_eval(self.run_dir, result))
