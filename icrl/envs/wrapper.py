@@ -33,7 +33,11 @@ def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConve
         low = np.broadcast_to(space.low, space.shape).astype(dtype).reshape(shape)
         high = np.broadcast_to(space.high, space.shape).astype(dtype).reshape(shape)
         box = gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
-        return box, lambda x: np.asarray(x, dtype=dtype).reshape(shape)
+        def as_box(x: Any) -> np.ndarray:
+            with np.errstate(over="ignore"):  # beyond float32 becomes inf: the collector's guard names the env
+                return np.asarray(x, dtype=dtype).reshape(shape)
+
+        return box, as_box
     if isinstance(space, gym.spaces.Discrete):
         n, start = int(space.n), int(space.start)
         eye = np.eye(n, dtype=np.float32)

@@ -200,3 +200,29 @@ def test_a_full_disk_while_the_final_weights_are_written_is_an_os_error_keeping_
     with pytest.raises(OSError, match="could not write the weights .*No space left on device"):
         results.save_weights(agent, path)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["agent.safetensors"]
+
+
+def test_an_observation_beyond_float32_is_refused_like_nan_without_a_numpy_warning(recwarn):
+    import gymnasium as gym
+    import numpy as np
+
+    from icrl.envs import Collector, RandomPolicy, TimestepWrapper
+    from icrl.guards import NonFiniteError
+    from icrl.types import ActionSpec
+
+    class Huge(gym.Env):
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.array([1e300, 0.0]), {}
+
+        def step(self, action):
+            return np.zeros(2), 0.0, True, False, {}
+
+    venv = gym.vector.SyncVectorEnv([lambda: TimestepWrapper(Huge())] * 2,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    spec = ActionSpec.from_space(venv.single_action_space)
+    with pytest.raises(NonFiniteError, match="Huge \\(copy 0\\).*beyond float32 in key 'obs'"):
+        Collector(venv, spec, seed=0).collect(RandomPolicy(spec, seed=0), 4)
+    assert not [w for w in recwarn if "overflow" in str(w.message)]
