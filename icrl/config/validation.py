@@ -281,14 +281,27 @@ def combination_error(cfg: ExperimentConfig) -> str | None:
 GIB = 2**30
 
 
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def machine_memory() -> int | None:
-    """This machine's physical memory in bytes (None where the OS does not say: no check then)."""
+    """The memory this process may use, in bytes: the machine's physical memory, or a container's (cgroup)
+    limit when that is lower; None where the OS does not say (no check then)."""
     import os
 
     try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+        total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, ValueError, OSError):
         return None
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path, encoding="ascii") as f:
+                limit = int(f.read().strip())  # "max" (no limit) is not a number
+        except (OSError, ValueError):
+            continue
+        if 0 < limit < total:
+            return limit
+    return total
 
 
 def _parameter_count(cfg: ExperimentConfig) -> int:
