@@ -101,7 +101,7 @@ class EnvError(ValueError):
 def _reward(value: Any) -> float:
     """A step's reward as a float; ValueError for anything that is not one number (None, a string, an array
     of several values: float() would accept some of them and train on something else)."""
-    if isinstance(value, (str, bytes)) or value is None or isinstance(value, bool):
+    if isinstance(value, (str, bytes)) or value is None:
         raise ValueError(f"returned {value!r} as the reward; a reward is one number")
     arr = np.asarray(value)
     if arr.dtype.kind not in "biuf" or arr.size != 1:
