@@ -226,3 +226,17 @@ def test_an_observation_beyond_float32_is_refused_like_nan_without_a_numpy_warni
     with pytest.raises(NonFiniteError, match="Huge \\(copy 0\\).*beyond float32 in key 'obs'"):
         Collector(venv, spec, seed=0).collect(RandomPolicy(spec, seed=0), 4)
     assert not [w for w in recwarn if "overflow" in str(w.message)]
+
+
+def test_icrl_collect_on_a_corrupt_published_weights_file_is_one_line_exit_2(tmp_path, capsys):
+    from icrl.cli import main
+
+    run = tmp_path / "run"
+    (run / "async").mkdir(parents=True)
+    (run / "config.json").write_text(tiny_cfg(run).to_json())
+    (run / "async" / "weights.safetensors").write_bytes(b"\x00" * 10)
+    with pytest.raises(SystemExit) as e:
+        main(["collect", str(run), "--wait", "5", "--max-env-steps", "8"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "weights.safetensors" in err and "corrupt" in err
