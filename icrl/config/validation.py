@@ -66,6 +66,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.head_hidden": _ge(1),
     "model.head_layers": _in(0, 1024),
     "loss.num_critics": _ge(1),
+    "loss.n_step": _in(1, 65_536),
     "loss.reward_scale": _gt(0.0),
     "loss.online_coeff": _ge(0.0),
     "loss.offline_coeff": _ge(0.0),
@@ -214,7 +215,7 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
         ),
         (lo.n_step >= 1, "--n-step must be >= 1"),
         (
-            lo.n_step < m.max_seq_len,
+            m.max_seq_len is None or lo.n_step < m.max_seq_len,  # unset: checked once the task's context is known
             f"--n-step {lo.n_step} must be below --max-seq-len {m.max_seq_len} (an n-step return needs n + 1 "
             "timesteps of the training window)",
         ),
@@ -325,7 +326,7 @@ def memory_estimate(cfg: ExperimentConfig, update: bool = True) -> dict[str, int
     m, lo = cfg.model, cfg.loss
     d, hh = m.d_model, m.head_hidden
     d_ff = m.d_ff if m.d_ff is not None else 4 * d
-    window = m.max_seq_len if m.traj_encoder == "transformer" else 1
+    window = m.context if m.traj_encoder == "transformer" else 1
     out = {
         "parameters": 4 * 4 * _parameter_count(cfg),
         "acting": 4 * cfg.env.parallel_envs * window * max(m.layers, 1) * 2 * d,
@@ -333,7 +334,7 @@ def memory_estimate(cfg: ExperimentConfig, update: bool = True) -> dict[str, int
     if update:
         per_layer = 8 * d + 2 * d_ff if m.traj_encoder == "transformer" else 4 * d
         per_token = 3 * m.tstep_hidden + m.layers * per_layer + 3 * (1 + lo.num_critics) * max(m.head_layers, 1) * hh
-        out["activations"] = 4 * cfg.optim.batch_size * m.max_seq_len * per_token
+        out["activations"] = 4 * cfg.optim.batch_size * m.context * per_token
     return out
 
 
