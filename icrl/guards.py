@@ -17,9 +17,21 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""Rewards and observations are stored in float32: a finite float64 beyond this (1e300) would become inf."""
+
 
 class NonFiniteError(ValueError):
     """A NaN or inf where only finite numbers may be; the message says where it came from and what to do."""
+
+
+def _unstorable(arr: np.ndarray) -> np.ndarray:
+    """Where `arr` (floating point) holds NaN, inf, or a finite value that float32 storage turns into inf."""
+    bad = ~np.isfinite(arr)
+    if arr.dtype.itemsize > 4 or arr.dtype.kind == "c":  # float16 / float32 cannot exceed float32's range
+        with np.errstate(invalid="ignore", over="ignore"):
+            bad |= np.abs(arr) > FLOAT32_MAX
+    return bad
 
 
 def nonfinite_keys(arrays: Mapping[str, np.ndarray]) -> list[str]:
@@ -27,7 +39,7 @@ def nonfinite_keys(arrays: Mapping[str, np.ndarray]) -> list[str]:
     bad = []
     for key, value in arrays.items():
         arr = np.asarray(value)
-        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+        if arr.dtype.kind in "fc" and _unstorable(arr).any():
             bad.append(key)
     return bad
 
@@ -37,17 +49,17 @@ def nonfinite_env_error(env: str, step: int, key: str, value: object = None) -> 
     if key == "reward":
         return NonFiniteError(
             f"env {env} returned a non-finite reward ({value}) at step {step} of a rollout; icrl trains only on "
-            "finite rewards: fix the env (or clip its reward) before training on it"
+            "rewards finite in float32 (|r| <= 3.4e38): fix the env (or clip its reward) before training on it"
         )
     return NonFiniteError(
-        f"env {env} returned a non-finite observation (NaN or inf in key {key!r}) at step {step} of a rollout; "
-        "icrl trains only on finite observations: fix the env before training on it"
+        f"env {env} returned a non-finite observation (NaN, inf or beyond float32 in key {key!r}) at step {step} "
+        "of a rollout; icrl trains only on finite observations: fix the env before training on it"
     )
 
 
 def check_env_arrays(env: str, step: int, obs: Mapping[str, np.ndarray], reward: float | None = None) -> None:
     """Raise NonFiniteError when one env's observation or reward at rollout step `step` is not finite."""
-    if reward is not None and not math.isfinite(reward):
+    if reward is not None and not (math.isfinite(reward) and abs(reward) <= FLOAT32_MAX):
         raise nonfinite_env_error(env, step, "reward", reward)
     bad = nonfinite_keys(obs)
     if bad:
@@ -58,13 +70,13 @@ def first_nonfinite(obs: Mapping[str, np.ndarray], rewards: np.ndarray | None = 
     """(env index, key) of the first non-finite reward or observation in a batch of N envs ([N, ...] arrays,
     key "reward" for `rewards`), or None. One vectorised test per key, so checking every step is cheap."""
     if rewards is not None:
-        bad = ~np.isfinite(np.asarray(rewards, dtype=np.float64))
+        bad = _unstorable(np.asarray(rewards, dtype=np.float64))
         if bad.any():
             return int(np.flatnonzero(bad)[0]), "reward"
     for key, value in obs.items():
         arr = np.asarray(value)
-        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
-            rows = ~np.isfinite(arr.reshape(arr.shape[0], -1)).all(axis=1)
+        if arr.dtype.kind in "fc" and _unstorable(arr).any():
+            rows = _unstorable(arr.reshape(arr.shape[0], -1)).any(axis=1)
             return int(np.flatnonzero(rows)[0]), key
     return None
 

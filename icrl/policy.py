@@ -30,6 +30,7 @@ import torch
 
 from icrl.agent.model import AgentPolicy
 from icrl.config import ExperimentConfig
+from icrl.guards import nonfinite_keys
 from icrl.run.evaluate import RunDirError, load_config, load_weights, resolve_weights
 from icrl.spaces_json import SPACES_FILE, read_spaces, read_spaces_record, spaces_wrapper
 from icrl.types import Timesteps, agent_to_env_action
@@ -120,12 +121,9 @@ class InContextPolicy:
         env's bounds, MultiBinary 0/1), one action for one observation or an array of N for a batch.
         """
         n, single = self._batch_size(observation)
-        obs_rows = [self._io.convert_obs(self._row(observation, i, single)) for i in range(n)]  # before any change
+        obs_rows = [self._obs_row(observation, i, single) for i in range(n)]  # before any change
         first = state is None
-        if first:
-            state = self.initial_state(n)
-        elif state.num_envs != n:
-            raise ValueError(f"state is for {state.num_envs} envs but the observation batch has {n}")
+        state = self._state_for(state, n)
         hard, inner, cont = self._boundaries(state, episode_start, new_task, first)
         step = self._next_timestep(state, obs_rows, hard, inner, cont, reward)
         state.acting.greedy = bool(deterministic)
@@ -134,6 +132,17 @@ class InContextPolicy:
         state.time += 1
         env_actions = [agent_to_env_action(self.action_space, a) for a in actions]
         return (env_actions[0] if single else np.stack(env_actions)), state
+
+    def _state_for(self, state: Any, n: int) -> PolicyState:
+        """`state` as given (checked: the previous call's, for the same N envs), or a fresh one for None."""
+        if state is None:
+            return self.initial_state(n)
+        if not isinstance(state, PolicyState):
+            raise TypeError(f"state must be None (a new task) or the state the previous predict returned, got "
+                            f"{type(state).__name__}")
+        if state.num_envs != n:
+            raise ValueError(f"state is for {state.num_envs} envs but the observation batch has {n}")
+        return state
 
     def _boundaries(
         self, state: PolicyState, episode_start: Any, new_task: Any, first: bool
@@ -156,7 +165,7 @@ class InContextPolicy:
         if cont.any() and reward is None:
             raise ValueError("predict(..., reward=None) after the first step: pass the reward the env returned for "
                              "the previous action (an in-context agent reads it), or episode_start=True")
-        rewards = np.zeros(n, np.float32) if reward is None else np.broadcast_to(np.asarray(reward, np.float32), (n,))
+        rewards = np.zeros(n, np.float32) if reward is None else _rewards(reward, n)
         state.time[hard] = 0
         state.episode[hard] = 0
         state.episode[inner] += 1
@@ -202,8 +211,20 @@ class InContextPolicy:
         if shape == leaf:
             return 1, True
         if len(shape) == len(leaf) + 1 and shape[1:] == leaf:
+            if shape[0] == 0:
+                raise ValueError(f"observation batch of shape {shape} is empty: pass one observation or a batch of N >= 1")
             return int(shape[0]), False
         raise ValueError(f"observation of shape {shape} is neither one observation of {space} nor a batch of them")
+
+    def _obs_row(self, observation: Any, i: int, single: bool) -> dict[str, np.ndarray]:
+        """Observation i converted as in training; ValueError for one that is not a finite value of the space
+        (a NaN fed to the agent would spread through its memory into every later action)."""
+        row = self._io.convert_obs(self._row(observation, i, single))
+        bad = nonfinite_keys(row)
+        if bad:
+            where = "the observation" if single else f"observation {i} of the batch"
+            raise ValueError(f"{where} holds NaN or inf (key {bad[0]!r}); predict takes finite observations")
+        return row
 
     def _row(self, tree: Any, i: int, single: bool) -> Any:
         if single:
@@ -215,13 +236,26 @@ class InContextPolicy:
         return np.asarray(tree)[i]
 
 
+def _rewards(reward: Any, n: int) -> np.ndarray:
+    """`reward` (a number, or [N] numbers) as [N] float32; ValueError for a string, NaN / inf, a value float32
+    cannot hold, or the wrong count, which would otherwise be read as (or turn into) some other number."""
+    arr = np.asarray(reward)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"reward must be a number or [N] numbers, got {reward!r}")
+    if arr.size not in (1, n):
+        raise ValueError(f"reward has {arr.size} entries for {n} envs")
+    if nonfinite_keys({"reward": arr.astype(np.float64)}):
+        raise ValueError(f"reward must be finite (and within float32's range), got {reward!r}")
+    return np.broadcast_to(arr.astype(np.float32).reshape(-1), (n,))
+
+
 def _checkpoint_extra(folder: Path) -> tuple[ExperimentConfig, tuple[gym.Space, gym.Space] | None]:
     """(config, spaces or None) that `icrl train` stores in a checkpoint's state.json."""
     state_file = folder / "state.json"
     try:
         extra = json.loads(state_file.read_text(encoding="utf-8")).get("extra", {})
-        cfg = ExperimentConfig.from_json(json.dumps(extra["config"]))
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        cfg = ExperimentConfig.from_json(json.dumps(extra["config"])).validate(check_device=False)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise RunDirError(f"{state_file} holds no readable run config ({e})") from e
     return cfg, read_spaces_record(extra["spaces"], str(state_file)) if "spaces" in extra else None
 
@@ -234,11 +268,12 @@ def _find_run(path: Path) -> tuple[ExperimentConfig, Path, tuple[gym.Space, gym.
     else:
         folder, weights = path, None
     if (folder / "config.json").is_file():  # a run directory
+        cfg = load_config(folder)  # first: a config that cannot work is the error to report, not missing weights
         weights = weights or resolve_weights(folder)
         spaces = read_spaces(folder)
         if spaces is None and (weights.parent / "state.json").is_file():  # its checkpoint has them too
             spaces = _checkpoint_extra(weights.parent)[1]
-        return load_config(folder), weights, spaces
+        return cfg, weights, spaces
     if (folder / "state.json").is_file():  # a checkpoint folder: RUN_DIR/checkpoints/ckpt-N
         cfg, spaces = _checkpoint_extra(folder)
         if spaces is None:

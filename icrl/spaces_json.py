@@ -153,9 +153,11 @@ def read_spaces(run_dir: str | Path) -> tuple[gym.Space, gym.Space] | None:
         return None
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
+        return read_spaces_record(record, str(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from e
-    return read_spaces_record(record, str(path))
+    except RecursionError as e:
+        raise ValueError(f"{path} is nested too deeply to be a record of the env's spaces") from e
 
 
 class SpacesOnlyEnv(gym.Env):

@@ -24,7 +24,14 @@ from icrl.data.offline import prepare_offline
 from icrl.envs import Collector
 from icrl.fileio import write_text_atomic
 from icrl.run.checkpoint import load_latest_checkpoint, save_checkpoint
-from icrl.run.components import build_agent, make_env, make_relabeler, open_replay, with_task_defaults
+from icrl.run.components import (
+    build_agent,
+    check_resume_target,
+    make_env,
+    make_relabeler,
+    open_replay,
+    with_task_defaults,
+)
 from icrl.run.distributed import resolve_device
 from icrl.run.evaluate import eval_row
 from icrl.run.loggers import say
@@ -129,6 +136,7 @@ class Learning:
         e = cfg.env
         self.ratio = update_ratio(cfg, cfg.asynchronous.utd)
         self.publish_every = cfg.asynchronous.publish_every or cfg.schedule.updates_per_epoch
+        check_resume_target(cfg)
         check_run_dir_free(cfg)  # one learner (or icrl train) per run dir; collectors take no lock
         seed_everything(cfg.run.seed)
         if cfg.run.threads > 0:
@@ -160,6 +168,8 @@ class Learning:
             ckpt, state = found
             start_epoch, wall_offset = resume_point(state)
             say(f"icrl learn: resuming from {ckpt} (epoch {start_epoch}, {self.learner.updates:,} updates)")
+        else:
+            say(f"icrl learn: --resume: {self.run_dir} has no readable checkpoint; starting from the beginning")
         prune_after(self.run_dir, start_epoch)
         return start_epoch, wall_offset
 

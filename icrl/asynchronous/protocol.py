@@ -40,11 +40,13 @@ import signal
 import time
 from pathlib import Path
 
-from safetensors import safe_open
+import torch
+from safetensors import SafetensorError, safe_open
 
 from icrl.agent.model import Agent
 from icrl.config import ConfigError
 from icrl.fileio import check_inside, write_text_atomic
+from icrl.run.loggers import say
 from icrl.run.results import save_weights
 
 
@@ -87,9 +89,13 @@ class StopFlag:
 
 
 def wait_for(path: Path, wait_s: float, what: str, stop: StopFlag | None = None) -> bool:
-    """Poll until `path` exists; False when stopped. Raises ConfigError after `wait_s` seconds."""
-    deadline = time.monotonic() + wait_s
+    """Poll until `path` exists; False when stopped. Raises ConfigError after `wait_s` seconds. Says once
+    what it waits for, so a collector started before its learner is not silent for minutes."""
+    deadline, said = time.monotonic() + wait_s, False
     while not path.exists():
+        if not said and time.monotonic() > deadline - wait_s + 2.0:
+            say(f"icrl: waiting up to {wait_s:.0f} s for {path}: start `{what}` for this run dir")
+            said = True
         if stop:
             return False
         if time.monotonic() > deadline:
@@ -161,15 +167,46 @@ def publish_weights(agent: Agent, paths: AsyncPaths, updates: int, utd: float) -
     return updates
 
 
+class WeightsFileError(ValueError):
+    """A published weights file that is unreadable (corrupt, truncated), not this run's agent's or not finite."""
+
+
+def _read_published(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise WeightsFileError(f"cannot read the published weights {path} (corrupt, truncated or not a "
+                               f"safetensors file: {str(e).strip()[:200]}); restart `icrl learn` to publish them") from e
+    return tensors, meta
+
+
+def _fit_error(agent: Agent, tensors: dict[str, torch.Tensor]) -> str | None:
+    """What keeps `tensors` from being exactly the agent's weights (a name missing, unexpected, of another
+    shape, or holding NaN / inf), or None. Names safetensors dropped as aliases of a stored tensor are fine."""
+    own = agent.state_dict()
+    unexpected = sorted(set(tensors) - set(own))
+    stored = {own[k].data_ptr() for k in tensors if k in own}
+    missing = sorted(k for k in set(own) - set(tensors) if own[k].data_ptr() not in stored)
+    if unexpected or missing:
+        return f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+    shapes = [k for k, t in tensors.items() if tuple(t.shape) != tuple(own[k].shape)]
+    if shapes:
+        return f"{shapes[0]} has shape {tuple(tensors[shapes[0]].shape)}, the agent's {tuple(own[shapes[0]].shape)}"
+    bad = [k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    return f"{len(bad)} tensor(s) hold NaN or inf (first: {bad[0]})" if bad else None
+
+
 def load_weights(agent: Agent, path: Path) -> dict[str, str]:
-    """Load a published weights file into `agent`; returns its metadata (`updates`, `utd`)."""
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        meta = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
-    # safetensors stores tensors shared by two names once: the missing names are aliases, already filled
-    _, unexpected = agent.load_state_dict(tensors, strict=False)
-    if unexpected:
-        raise ConfigError(f"{path} does not fit the run's agent (unexpected {unexpected[:5]}): was config.json changed?")
+    """Load a published weights file into `agent`; returns its metadata (`updates`, `utd`). Checked before
+    anything is applied (WeightsFileError otherwise): a foreign or broken file never reaches the agent."""
+    tensors, meta = _read_published(path)
+    error = _fit_error(agent, tensors)
+    if error is not None:
+        raise WeightsFileError(f"the published weights {path} do not fit the run's agent ({error}): was config.json "
+                               "changed, or the file replaced? restart `icrl learn` to publish them")
+    agent.load_state_dict(tensors, strict=False)
     agent.refresh_acting_weights()
     return meta
 
@@ -187,5 +224,9 @@ class WeightsWatcher:
         """The metadata of the weights the agent now holds."""
         stamp = os.stat(self.path).st_mtime_ns
         if stamp != self.stamp:  # the learner published new weights
-            self.stamp, self.meta, self.reloads = stamp, load_weights(self.agent, self.path), self.reloads + 1
+            self.stamp = stamp
+            try:
+                self.meta, self.reloads = load_weights(self.agent, self.path), self.reloads + 1
+            except WeightsFileError as e:  # keep acting with the weights held; the next publish replaces the file
+                say(f"icrl collect: warning: {e}; acting on with the weights loaded before")
         return self.meta

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 from icrl.cli.commands import COMMANDS, Learn, Train, with_config
-from icrl.cli.errors import fail, tyro_error_line
+from icrl.cli.errors import fail, stopped_in_one_line, tyro_error_line
 
 __all__ = ["USAGE", "main", "parse", "tyro_error_line"]
 
@@ -181,11 +181,8 @@ def main(argv: list[str] | None = None) -> None:
 
     token = speak_cli()  # errors name flags (--resume), not Python arguments (resume=True)
     try:
-        args = parse(argv)
-        args.run()
-    except KeyboardInterrupt:  # Ctrl-C in a command without its own stop handling (train and learn have one)
-        print(f"icrl: {argv[0]} interrupted (SIGINT)", file=sys.stderr)
-        raise SystemExit(130) from None
+        with stopped_in_one_line(argv[0]):  # Ctrl-C / SIGTERM at any moment: one line, exit 130 / 143
+            parse(argv).run()
     finally:
         speak_again(token)
 

@@ -11,8 +11,9 @@ from typing import Annotated, Literal
 
 import tyro
 
-from icrl.cli.errors import INPUT_ERRORS, check_ranges, fail, one_line, run_stoppable
+from icrl.cli.errors import INPUT_ERRORS, check_ranges, fail, fail_input, one_line, run_stoppable
 from icrl.config import ConfigError, ExperimentConfig
+from icrl.config.validation import MAX_PARALLEL_ENVS, MAX_ROLLOUTS
 
 RunDir = Annotated[str, tyro.conf.arg(metavar="RUN_DIR")]
 """A run directory (written by `icrl train` / `icrl learn`), given as the first positional argument."""
@@ -57,7 +58,7 @@ class Train:
         cfg = _validated(self.config)
         import icrl  # the public entry point, as a Python user calls it
 
-        run_stoppable(icrl.train, cfg)
+        run_stoppable(icrl.train, cfg, log_dir=cfg.run.run_dir)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Learn:
         try:
             learn(cfg, stop=StopFlag())
         except (*INPUT_ERRORS, CheckpointError) as e:
-            fail(one_line(e))
+            fail_input(e, self.run_dir)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class Collect:
                     max_env_steps=self.max_env_steps, max_lead=self.max_lead, stop=StopFlag(),
                     override=self.run_env.override())
         except INPUT_ERRORS as e:
-            fail(one_line(e))
+            fail_input(e, self.run_dir)
 
 
 @dataclass(frozen=True)
@@ -142,8 +143,9 @@ class Eval:
     run_env: RunEnvFlags = field(default_factory=RunEnvFlags)
 
     def run(self) -> None:
-        check_ranges("icrl eval", {"--rollouts": (self.rollouts, 1), "--seed": (self.seed, 0),
-                                   "--parallel-envs": (self.parallel_envs, 1), "--video": (self.video, 0)})
+        check_ranges("icrl eval", {"--rollouts": (self.rollouts, 1, MAX_ROLLOUTS), "--seed": (self.seed, 0, 2**63 - 1),
+                                   "--parallel-envs": (self.parallel_envs, 1, MAX_PARALLEL_ENVS),
+                                   "--video": (self.video, 0, 1000)})
         import torch
 
         from icrl.run.evaluate import eval_table, evaluate_run, load_config, write_eval
@@ -157,7 +159,7 @@ class Eval:
             result = evaluate_run(self.run_dir, self.checkpoint, self.rollouts, self.seed, self.parallel_envs,
                                   self.device, override)
         except (*INPUT_ERRORS, RuntimeError) as e:  # RunDirError, RunEnvError, env errors, a bad device
-            fail(one_line(e))
+            fail_input(e, self.run_dir)
         for table in eval_table(result):
             console.print(table)
         print(write_eval(self.run_dir, result))

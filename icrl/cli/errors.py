@@ -3,6 +3,7 @@ and input errors (never a traceback), and a one-line stop with the resume hint o
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
@@ -23,6 +24,27 @@ def one_line(error: BaseException) -> str:
     """The first line of an exception's message (its type when it has none)."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def fail_input(error: BaseException, log_dir: str | None = None) -> NoReturn:
+    """`fail` with an input error's first line. When the error carries the user's own traceback (an env that
+    raised: EnvError.user_traceback), it is theirs to debug, so it is written to a file (`log_dir`/env_error.txt
+    when that folder exists, else the temp folder) and the line names the file."""
+    message = one_line(error)
+    text = getattr(error, "user_traceback", "")  # icrl.envs.wrapper.EnvError
+    if text:
+        import os
+        import tempfile
+
+        folder = log_dir if log_dir is not None and os.path.isdir(log_dir) else tempfile.gettempdir()
+        path = os.path.join(folder, "env_error.txt" if folder == log_dir else f"icrl-env-error-{os.getpid()}.txt")
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            message += f" (the env's traceback: {path})"
+        except OSError:
+            pass
+    fail(message)
 
 
 def tyro_error_line(text: str, prog: str) -> str:
@@ -46,11 +68,16 @@ def tyro_error_line(text: str, prog: str) -> str:
     return f"{message}; see `{prog} --help`"
 
 
-def check_ranges(prog: str, values: dict[str, tuple[float | None, float]]) -> None:
-    """Refuse (one line, exit 2) a flag value below its minimum or not finite, before anything runs."""
-    for flag, (value, lo) in values.items():
-        if value is not None and not (math.isfinite(value) and value >= lo):
+def check_ranges(prog: str, values: dict[str, tuple[float | None, float] | tuple[float | None, float, float]]) -> None:
+    """Refuse (one line, exit 2) a flag value outside [minimum, maximum] (the maximum optional) or not finite,
+    before anything runs: a count with a few zeros too many would otherwise run for ever without a word."""
+    for flag, (value, lo, *hi) in values.items():
+        if value is None:
+            continue
+        if not (math.isfinite(value) and value >= lo):
             fail(f"{prog}: {flag} must be >= {lo}, got {value}")
+        if hi and value > hi[0]:
+            fail(f"{prog}: {flag} must be <= {hi[0]:,}, got {value:,}")
 
 
 class _Stopped(KeyboardInterrupt):
@@ -61,10 +88,27 @@ def _raise_stopped(signum: int, frame: object) -> None:
     raise _Stopped(signal.Signals(signum).name)
 
 
-def run_stoppable(fn: Callable[..., Any], *args: Any) -> None:
+@contextlib.contextmanager
+def stopped_in_one_line(command: str):
+    """The whole of a command, from its first line: SIGTERM raises like Ctrl-C (`_Stopped`), and either one
+    stops it with one line and exit 143 / 130. Why: parsing and the imports take ~10 s (torch, envs) before
+    `run_stoppable` installs its handler, and a SIGTERM there would kill the process with no message."""
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    except KeyboardInterrupt as e:  # a command without its own stop handling (train and learn have one)
+        name = "SIGTERM" if isinstance(e, _Stopped) else "SIGINT"
+        print(f"icrl: {command} stopped by {name}", file=sys.stderr)
+        raise SystemExit(143 if name == "SIGTERM" else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_stoppable(fn: Callable[..., Any], *args: Any, log_dir: str | None = None) -> None:
     """Run `fn`, turning SIGINT / SIGTERM into a one-line stop with the resume hint (exit 130 / 143) and the
     errors bad input causes (configs, env names and kwargs, run dirs, checkpoints, files) into one line, exit 2.
-    Checkpoints and rollouts on disk are written atomically, so a stop at any moment loses nothing."""
+    Checkpoints and rollouts on disk are written atomically, so a stop at any moment loses nothing.
+    `log_dir`: where an env's own traceback goes (`fail_input`)."""
     from icrl.run.checkpoint import CheckpointError
 
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
@@ -76,6 +120,6 @@ def run_stoppable(fn: Callable[..., Any], *args: Any) -> None:
               "and --resume", file=sys.stderr)
         raise SystemExit(143 if name == "SIGTERM" else 130) from None
     except (*INPUT_ERRORS, CheckpointError) as e:  # ConfigError is a ValueError
-        fail(one_line(e))
+        fail_input(e, log_dir)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -31,15 +31,17 @@ class ExperimentConfig:
 
     def validate(self, check_device: bool = True) -> ExperimentConfig:
         """Raise ConfigError naming the fields of the first impossible value or combination.
-        `check_device=False` skips whether --device exists here (a run's config read to evaluate elsewhere)."""
-        from icrl.config.validation import combination_error, device_error, field_errors
+        `check_device=False` skips whether --device exists here (a run's config read to evaluate elsewhere),
+        and checks the memory of acting only, not of an update (`memory_error`)."""
+        from icrl.config.validation import combination_error, device_error, field_errors, memory_error
 
         errors = field_errors(self)  # every field's type and range first: the combination checks assume them
         if errors:
             raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
         self.env.kwargs  # noqa: B018 - parses the JSON, raising a clear error
         self.explore.validate()
-        error = combination_error(self) or (device_error(self.run.device) if check_device else None)
+        error = (combination_error(self) or memory_error(self, update=check_device)
+                 or (device_error(self.run.device) if check_device else None))
         if error is not None:
             raise ConfigError(error)
         return self
@@ -86,7 +88,11 @@ class ExperimentConfig:
         """The config a run's config.json holds. Fields are found by name, whichever group the file puts
         them in, so config.json files of older versions (one `train` group) still load, and fields added
         since take their defaults."""
-        raw = json.loads(text)
+        try:
+            raw = json.loads(text)
+        except RecursionError as e:  # json's parser recurses once per level of nesting
+            raise ConfigError("the config is nested too deeply to parse; a config.json holds one level of "
+                              f"groups ({', '.join(GROUPS)}) of plain values") from e
         if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
             raise ConfigError(f"expected a JSON object of config groups ({', '.join(GROUPS)})")
         fields = {k: tuple(v) if isinstance(v, list) else v for group in raw.values() for k, v in group.items()}

@@ -42,14 +42,20 @@ def _in(lo: float, hi: float, *, open_hi: bool = False, open_lo: bool = False) -
 
 # "group.field" -> (predicate, what the value must be). None values of optional fields are not checked. Fields
 # whose range `ExperimentConfig.validate` already checks with its own message (tau, n_step, batch_size, ...) are
-# not repeated here.
+# not repeated here. Counts that cost time or processes rather than memory have an upper bound too (an
+# `--eval-rollouts 1e12` would evaluate for ever, silently); sizes that cost memory are bounded by
+# `memory_error`, against what this machine has.
+MAX_ROLLOUTS = 1_000_000
+MAX_PARALLEL_ENVS = 65_536
+
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "env.rollout_horizon": _ge(1),
-    "eval.eval_rollouts": _ge(1),
-    "eval.eval_max_steps": _ge(1),
+    "env.parallel_envs": _in(1, MAX_PARALLEL_ENVS),
+    "eval.eval_rollouts": _in(1, MAX_ROLLOUTS),
+    "eval.eval_max_steps": _in(1, 10_000_000),
     "eval.stop_patience": _ge(1),
     "model.d_model": _ge(1),
-    "model.layers": _ge(1),
+    "model.layers": _in(1, 1024),
     "model.heads": _ge(1),
     "model.max_time": _ge(1),
     "model.d_ff": _ge(1),
@@ -59,15 +65,16 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.tstep_hidden": _ge(1),
     "model.clip_obs": _gt(0.0),
     "model.head_hidden": _ge(1),
-    "model.head_layers": _ge(0),
+    "model.head_layers": _in(0, 1024),
     "loss.num_critics": _ge(1),
+    "loss.n_step": _in(1, 65_536),
     "loss.reward_scale": _gt(0.0),
     "loss.online_coeff": _ge(0.0),
     "loss.offline_coeff": _ge(0.0),
     "loss.entropy_coeff": _ge(0.0),
     "loss.exp_beta": _gt(0.0),
     "loss.exp_clip": _gt(0.0),
-    "loss.num_value_samples": _ge(1),
+    "loss.num_value_samples": _in(1, 1024),
     "loss.critic_weight": _gt(0.0),
     "loss.popart_beta": _in(0.0, 1.0, open_lo=True),
     "explore.eps_start": _in(0.0, 1.0),
@@ -92,8 +99,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "replay.replay_capacity": _ge(1),
     "schedule.start_updates_after": _ge(0),
     "eval.eval_every": _ge(1),
-    "replay.num_workers": _ge(0),
-    "run.threads": _ge(0),
+    "replay.num_workers": _in(0, 256),
+    "run.threads": _in(0, 1024),
+    "model.goal_dim": _in(1, 65_536),
     "run.log_every": _ge(1),
     "asynchronous.utd": _gt(0.0),
     "asynchronous.publish_every": _ge(1),
@@ -207,6 +215,11 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
             f"--redq-subset {lo.redq_subset} must be between 1 and --num-critics {lo.num_critics}",
         ),
         (lo.n_step >= 1, "--n-step must be >= 1"),
+        (
+            m.max_seq_len is None or lo.n_step < m.max_seq_len,  # unset: checked once the task's context is known
+            f"--n-step {lo.n_step} must be below --max-seq-len {m.max_seq_len} (an n-step return needs n + 1 "
+            "timesteps of the training window)",
+        ),
         (0 < lo.tau <= 1, "--tau must lie in (0, 1]"),
     ]
 
@@ -265,6 +278,88 @@ def combination_error(cfg: ExperimentConfig) -> str | None:
             if not ok:
                 return message
     return None
+
+
+GIB = 2**30
+
+
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def machine_memory() -> int | None:
+    """The memory this process may use, in bytes: the machine's physical memory, or a container's (cgroup)
+    limit when that is lower; None where the OS does not say (no check then)."""
+    import os
+
+    try:
+        total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path, encoding="ascii") as f:
+                limit = int(f.read().strip())  # "max" (no limit) is not a number
+        except (OSError, ValueError):
+            continue
+        if 0 < limit < total:
+            return limit
+    return total
+
+
+def _parameter_count(cfg: ExperimentConfig) -> int:
+    """A lower bound on the agent's parameters (the env's input and output widths taken as 1)."""
+    m, lo = cfg.model, cfg.loss
+    d, hh, g = m.d_model, m.head_hidden, len(lo.gammas)
+    d_ff = m.d_ff if m.d_ff is not None else 4 * d
+    traj = {"transformer": m.layers * (4 * d * d + 2 * d * d_ff), "gru": m.layers * 6 * d * d,
+            "lstm": m.layers * 8 * d * d, "ff": m.layers * d * d}.get(m.traj_encoder, 0)
+    head = d * hh + max(m.head_layers - 1, 0) * hh * hh + hh * g
+    return m.tstep_hidden * (d + 1) + traj + (m.max_time * d if m.pos_emb == "learned" else 0) + (1 + lo.num_critics) * head
+
+
+def memory_estimate(cfg: ExperimentConfig, update: bool = True) -> dict[str, int]:
+    """Lower bounds in bytes (float32) of what `cfg` allocates: "parameters" (weights, gradients, AdamW's two
+    moments and the EMA targets), "acting" (the Transformer's KV cache of --parallel-envs envs) and, with
+    `update`, "activations" (what autograd keeps of one update of --batch-size x --max-seq-len timesteps).
+
+    Why: a size typed with a few zeros too many (`--d-model 1000000000000`) otherwise ends in an allocator
+    traceback, or in swapping for hours; the estimate refuses it at parse time, saying how much it needs."""
+    m, lo = cfg.model, cfg.loss
+    d, hh = m.d_model, m.head_hidden
+    d_ff = m.d_ff if m.d_ff is not None else 4 * d
+    window = m.context if m.traj_encoder == "transformer" else 1
+    out = {
+        "parameters": 4 * 4 * _parameter_count(cfg),
+        "acting": 4 * cfg.env.parallel_envs * window * max(m.layers, 1) * 2 * d,
+    }
+    if update:
+        per_layer = 8 * d + 2 * d_ff if m.traj_encoder == "transformer" else 4 * d
+        per_token = 3 * m.tstep_hidden + m.layers * per_layer + 3 * (1 + lo.num_critics) * max(m.head_layers, 1) * hh
+        out["activations"] = 4 * cfg.optim.batch_size * m.context * per_token
+    return out
+
+
+_ADVICE = {
+    "parameters": "lower --d-model, --d-ff, --layers, --head-hidden, --head-layers, --num-critics or --max-time",
+    "acting": "lower --parallel-envs, --max-seq-len, --layers or --d-model",
+    "activations": "lower --batch-size or --max-seq-len (or the widths: --d-model, --d-ff, --head-hidden)",
+}
+
+
+def memory_error(cfg: ExperimentConfig, update: bool = True, available: int | None = None) -> str | None:
+    """Why `cfg` cannot fit in this machine's memory (`available` bytes, default its physical memory), with
+    the estimate and the flags to lower, or None. `update=False`: acting only (a run loaded to evaluate)."""
+    available = machine_memory() if available is None else available
+    if available is None:
+        return None
+    parts = memory_estimate(cfg, update)
+    total = sum(parts.values())
+    if total <= available:
+        return None
+    worst = max(parts, key=parts.__getitem__)
+    detail = ", ".join(f"{k} {v / GIB:.3g}" for k, v in parts.items())
+    return (f"this config needs at least {total / GIB:.3g} GiB of memory ({detail} GiB), more than this machine's "
+            f"{available / GIB:.3g} GiB: {_ADVICE[worst]}")
 
 
 def device_error(name: str) -> str | None:

@@ -45,6 +45,25 @@ def check_kwarg_types(factory: Callable[..., Any], name: str, kwargs: dict[str, 
                 f"env {name!r}: --env-kwargs {key!r} must be a {want} (its default is "
                 f"{json.dumps(param.default, default=str)}), got {json.dumps(value, default=str)}; fix that value"
             )
+        exact = _exact_kind_error(param.default, value)
+        if exact is not None:
+            raise ValueError(
+                f"env {name!r}: --env-kwargs {key!r} must be {exact} (its default is "
+                f"{json.dumps(param.default, default=str)}), got {json.dumps(value, default=str)}; fix that value"
+            )
+
+
+def _exact_kind_error(default: Any, value: Any) -> str | None:
+    """What a JSON number must be to stand for `default`'s type, when it does not: an int parameter given 1.5
+    or true would run int(1.5) = 1 (or 1) while config.json records 1.5 (or true), so the record would lie.
+    A float with an integral value (1e6) is accepted for an int; an int for a float."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, int) and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):
+        return "an integer"
+    if isinstance(default, float) and isinstance(value, bool):
+        return "a number"
+    return None
 
 
 def explain_constructor_error(name: str, kwargs: dict[str, Any], error: Exception) -> ValueError:

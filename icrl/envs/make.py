@@ -95,10 +95,18 @@ def _unknown_env(name: str) -> ValueError:
 _EXTRA_ONLY_NAMES = {"popgym/": "popgym", "popgym_multi": "popgym"}
 
 
-def _missing_extra(name: str) -> ImportError | None:
+def _missing_extra(name: str) -> Exception | None:
+    """Why a name of an optional family is not among the built-in tasks: its package is missing (ImportError),
+    or it is installed and has no such env (a typo: ValueError with close matches), or None."""
     for prefix, extra in _EXTRA_ONLY_NAMES.items():
         if name == prefix or (prefix.endswith("/") and name.startswith(prefix)):
-            return ImportError(f"env {name!r} needs the optional package {extra}: pip install 'icrl[{extra}]'")
+            members = [k for k in BUILTIN_ENVS if k.startswith(prefix)] if prefix.endswith("/") else []
+            if not members:  # the package is not installed (or does not import): no member was registered
+                return ImportError(f"env {name!r} needs the optional package {extra}: pip install 'icrl[{extra}]'")
+            close = difflib.get_close_matches(name, members, n=3, cutoff=0.6)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            return ValueError(f"Unknown env {name!r}: {extra} (installed) has no env {name[len(prefix):]!r}.{hint} "
+                              f"`icrl envs` lists the {len(members)} {prefix}<name> envs")
     return None
 
 
@@ -155,8 +163,10 @@ def _resolve_factory(name: str) -> Callable[..., gym.Env] | None:
     module_name, _, attr = name.partition(":")
     if module_name == "__main__" and not hasattr(sys.modules.get("__main__"), attr):
         raise ValueError(
-            f"env {name!r} was defined in the script that trained the run and cannot be built here: pass the "
-            "env yourself (icrl eval RUN --env package.module:factory, or icrl.load(RUN) for the policy alone)"
+            f"env {name!r} names {attr!r} in the running script (__main__), which has no such name: an env class "
+            "defined in a script is passed as a Python object, icrl.train(cfg, env=MyEnv); on the command line "
+            "name it package.module:factory (a run trained on one: icrl eval RUN --env package.module:factory, "
+            "or icrl.load(RUN) for the policy alone)"
         )
     try:
         module = _import_module(module_name)
@@ -247,8 +257,21 @@ def make_vector_env(
         functools.partial(make_wrapped_env, name, kwargs, episodes_per_rollout, rollout_horizon, fns[i % len(fns)])
         for i in range(num_envs)
     ]
-    cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
+    cls = QuietAsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
     return cls(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+class QuietAsyncVectorEnv(gym.vector.AsyncVectorEnv):
+    """An AsyncVectorEnv that re-raises a worker's exception without gymnasium printing each worker's
+    traceback as warnings first: icrl reports it in one line, and an env's own traceback travels inside the
+    EnvError (`user_traceback`) to where the command line writes it to a file."""
+
+    def _raise_if_errors(self, successes: Any) -> None:
+        level, gym.logger.min_level = gym.logger.min_level, gym.logger.ERROR + 1
+        try:
+            super()._raise_if_errors(successes)
+        finally:
+            gym.logger.min_level = level
 
 
 def task_recommendation(

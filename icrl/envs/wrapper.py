@@ -33,7 +33,11 @@ def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConve
         low = np.broadcast_to(space.low, space.shape).astype(dtype).reshape(shape)
         high = np.broadcast_to(space.high, space.shape).astype(dtype).reshape(shape)
         box = gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
-        return box, lambda x: np.asarray(x, dtype=dtype).reshape(shape)
+        def as_box(x: Any) -> np.ndarray:
+            with np.errstate(over="ignore"):  # beyond float32 becomes inf: the collector's guard names the env
+                return np.asarray(x, dtype=dtype).reshape(shape)
+
+        return box, as_box
     if isinstance(space, gym.spaces.Discrete):
         n, start = int(space.n), int(space.start)
         eye = np.eye(n, dtype=np.float32)
@@ -78,6 +82,40 @@ def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[ObsLeaf]:
         return leaves
     box, fn = _convert_space(space, prefix or "obs")
     return [(prefix or "obs", (), box, fn)]
+
+
+# ---------------------------------------------------------------------------------------- the user's env
+class EnvError(ValueError):
+    """An env that raised, or returned something that is not a Gymnasium step, in `reset` or `step`. Its
+    own exception (the user's bug, with their traceback) is chained as `__cause__`, and its traceback is kept
+    as text in `user_traceback` too, which survives the trip from an env subprocess (a vector env re-raises
+    `EnvError(the worker's EnvError)` there, which this constructor unpacks)."""
+
+    def __init__(self, message: Any, user_traceback: str = "") -> None:
+        if isinstance(message, EnvError):
+            message, user_traceback = message.message, message.user_traceback
+        super().__init__(message, user_traceback)
+        self.message, self.user_traceback = str(message), user_traceback
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _reward(value: Any) -> float:
+    """A step's reward as a float; ValueError for anything that is not one number (None, a string, an array
+    of several values: float() would accept some of them and train on something else)."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise ValueError(f"returned {value!r} as the reward; a reward is one number")
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf" or arr.size != 1:
+        raise ValueError(f"returned a reward of type {type(value).__name__} (shape {arr.shape}); a reward is one number")
+    return float(arr.reshape(()))
+
+
+def env_name(env: gym.Env) -> str:
+    """How errors name a user's env: its Gymnasium id, else its class."""
+    spec = getattr(env, "spec", None)
+    return repr(spec.id) if spec is not None else type(env.unwrapped).__name__
 
 
 # -------------------------------------------------------------------------------------------------- wrapper
@@ -141,20 +179,43 @@ class TimestepWrapper(gym.Wrapper):
 
     def _convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
         out = {}
-        for key, path, _, fn in self._leaves:
+        for key, path, box, fn in self._leaves:
             value = obs
-            for p in path:
-                value = value[p]
-            out[key] = fn(value)
+            try:
+                for p in path:
+                    value = value[p]
+                out[key] = fn(value)
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+                raise ValueError(f"observation {_short(value)} (key {key!r}) is not a value of the observation "
+                                 f"space (the agent sees it as {box}): {e}") from e
         return out
+
+    def _call_env(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call the user's env (`reset` / `step`); EnvError (one line: which env, which step, what was wrong,
+        the env's own exception chained) when it raises."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any exception of the user's code is reported the same way
+            raise self._env_error(what, f"raised {type(e).__name__}: {_first_line(e)}", e) from e
+
+    def _env_error(self, what: str, problem: str, cause: BaseException | None = None) -> EnvError:
+        import traceback
+
+        text = "".join(traceback.format_exception(cause)) if cause is not None else ""
+        return EnvError(f"env {env_name(self.env)} at step {self._t} of a rollout: {what}() {problem}; fix the env",
+                        text)
 
     def _timestep(
         self, obs: Any, prev_action: np.ndarray, prev_reward: float, reset: bool, info: dict | None = None
     ) -> dict:
+        try:
+            converted = self._convert_obs(obs)
+        except ValueError as e:
+            raise self._env_error("step" if self._t else "reset", f"returned an {e}", e) from e
         ts = {
-            "obs": self._convert_obs(obs),
+            "obs": converted,
             "prev_action": prev_action,  # [A] float32
-            "prev_reward": np.asarray(prev_reward, dtype=np.float32),  # []
+            "prev_reward": _float32(prev_reward),  # []
             "time": np.asarray(self._t, dtype=np.int64),  # []
             "reset": np.asarray(int(reset), dtype=np.int8),  # []
         }
@@ -181,15 +242,33 @@ class TimestepWrapper(gym.Wrapper):
         """Hard reset: a new task (the inner env sees `new_task=True` in multi-episode mode)."""
         if self.multi_episode:
             options = {**(options or {}), "new_task": True}
-        obs, info = self.env.reset(seed=seed, options=options)
-        self._t, self._episode, self._pending_reset = 0, 0, False
-        return self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True, info=info), dict(info)
+        self._t = 0
+        obs, info = self._checked_reset(seed=seed, options=options)
+        self._episode, self._pending_reset = 0, False
+        return self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True, info=info), info
+
+    def _checked_reset(self, **kwargs: Any) -> tuple[Any, dict]:
+        out = self._call_env("reset", self.env.reset, **kwargs)
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+            raise self._env_error("reset", f"returned {_short(out)}, not (observation, info dict)")
+        return out[0], dict(out[1])
+
+    def _checked_step(self, env_action: Any) -> tuple[Any, float, bool, bool, dict]:
+        out = self._call_env("step", self.env.step, env_action)
+        if not (isinstance(out, tuple) and len(out) == 5 and isinstance(out[4], dict)):
+            raise self._env_error("step", f"returned {_short(out)}, not (obs, reward, terminated, truncated, info)")
+        obs, reward, terminated, truncated, info = out
+        try:
+            reward = _reward(reward)
+        except ValueError as e:
+            raise self._env_error("step", str(e), e) from e
+        return obs, reward, bool(terminated), bool(truncated), dict(info)
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         if self._pending_reset:
             # Bridge step: the action taken on an inner episode's final obs is ignored; the next episode of
             # the same task starts with reset=1 and zero previous action and reward.
-            obs, info = self.env.reset(options={"new_task": False})
+            obs, info = self._checked_reset(options={"new_task": False})
             self._t += 1
             self._episode += 1
             self._pending_reset = False
@@ -199,9 +278,8 @@ class TimestepWrapper(gym.Wrapper):
             return ts, 0.0, False, truncated, dict(info)
 
         env_action = agent_to_env_action(self._env_action_space, action)
-        obs, reward, terminated, truncated, info = self.env.step(env_action)
-        reward, terminated, truncated, info = float(reward), bool(terminated), bool(truncated), dict(info)
         self._t += 1
+        obs, reward, terminated, truncated, info = self._checked_step(env_action)
         ts = self._timestep(obs, action_to_vector(self.action_spec, action), reward, reset=False, info=info)
         if "success" in info:
             info["success"] = float(info["success"])
@@ -221,3 +299,20 @@ class TimestepWrapper(gym.Wrapper):
             return ts, reward, terminated, truncated, info
         self._pending_reset = episode_done
         return ts, reward, False, False, info
+
+
+def _float32(value: float) -> np.ndarray:
+    """A reward as a float32 scalar; one beyond float32's range becomes inf without a warning, for the
+    collector's guard (icrl.guards) to refuse with the env, step and value."""
+    with np.errstate(over="ignore"):
+        return np.asarray(value, dtype=np.float32)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else "(no message)"

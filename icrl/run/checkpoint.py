@@ -151,20 +151,36 @@ def save_checkpoint(
         "rng": rng_state(),
         "extra": extra or {},
     }
-    with atomic_path(final, tmp_name=f".tmp-{name}-{os.getpid()}") as tmp:  # a folder, fsynced and renamed
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        save_model(agent, str(tmp / "agent.safetensors"))
-        torch.save({"optimizer": lstate["optimizer"], "scheduler": lstate["scheduler"]}, tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
-        for f in FILES:
-            fsync_file(tmp / f)
-        if final.exists():  # a checkpoint of this epoch from an earlier attempt (e.g. before a crash)
-            shutil.rmtree(final)
-    write_text_atomic(root / "latest", name + "\n")
+    try:
+        with atomic_path(final, tmp_name=f".tmp-{name}-{os.getpid()}") as tmp:  # a folder, fsynced and renamed
+            _write_files(tmp, agent, lstate, state)
+            if final.exists():  # a checkpoint of this epoch from an earlier attempt (e.g. before a crash)
+                shutil.rmtree(final)
+        write_text_atomic(root / "latest", name + "\n")
+    except (SafetensorError, OSError, RuntimeError) as e:  # a full disk, a quota: torch says RuntimeError
+        raise CheckpointError(
+            f"could not write checkpoint {final} ({_first_line(e)}); the previous checkpoints are kept: free "
+            "some disk space and resume with --resume"
+        ) from e
     prune_checkpoints(run_dir, keep)
     return final
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _write_files(tmp: Path, agent: torch.nn.Module, lstate: dict[str, Any], state: dict[str, Any]) -> None:
+    """The three files of a checkpoint, fsynced, into the fresh folder `tmp`."""
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_model(agent, str(tmp / "agent.safetensors"))
+    torch.save({"optimizer": lstate["optimizer"], "scheduler": lstate["scheduler"]}, tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+    for f in FILES:
+        fsync_file(tmp / f)
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
@@ -181,8 +197,8 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
             raise ValueError(f"expected a JSON object, found {type(state).__name__}")
         if state.get("format_version") != FORMAT_VERSION or "epoch" not in state:
             raise ValueError(f"unexpected format (format_version {state.get('format_version')!r})")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path}: state.json is corrupt: {e}") from e
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointError(f"checkpoint {path}: state.json is corrupt: {str(e) or 'nested too deeply'}") from e
     try:
         tensors = load_file(str(path / "agent.safetensors"), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:

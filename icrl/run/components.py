@@ -32,7 +32,7 @@ from icrl.envs.user import apply_env
 from icrl.fileio import check_inside
 from icrl.run.distributed import Replicas, init_replicas
 from icrl.run.loggers import say, say_literally
-from icrl.run.rundir import check_run_dir_free, take_run_dir, with_run_dir
+from icrl.run.rundir import check_run_dir_free, run_path, take_run_dir, with_run_dir
 from icrl.run.runlock import RunLock
 from icrl.seeding import derive_seed, seed_everything
 from icrl.spaces_json import venv_spaces_record
@@ -150,6 +150,29 @@ class Components:
         self.replicas.close()
 
 
+def check_config_type(cfg: Any) -> None:
+    """`icrl.train` takes an ExperimentConfig: a run dir's path or a dict of fields would otherwise fail deep
+    inside with an AttributeError; TypeError naming what it takes and how to build one instead."""
+    if cfg is None or isinstance(cfg, ExperimentConfig):
+        return
+    if isinstance(cfg, (str, Path)):
+        hint = ("to continue a run, pass ExperimentConfig.from_json(Path(RUN_DIR, 'config.json').read_text())"
+                ".replace(resume=True)")
+    else:
+        hint = "build it with ExperimentConfig().replace(**fields)" if isinstance(cfg, dict) else "see icrl.config"
+    raise TypeError(f"icrl.train(cfg, env=...) takes an icrl.config.ExperimentConfig (or None for the defaults), "
+                    f"got {type(cfg).__name__} {cfg!r:.60}; {hint}")
+
+
+def check_resume_target(cfg: ExperimentConfig) -> None:
+    """`--resume` on a run dir that does not exist is a typo (or the wrong folder), not a new run: refused in
+    one line, so a mistyped path never silently trains from scratch beside the run it meant."""
+    run_dir = run_path(cfg)
+    if cfg.run.resume and not run_dir.exists():
+        raise ConfigError(f"--resume: --run-dir {run_dir} does not exist (a typo?); pass the run's folder, or drop "
+                          "--resume to start a new run there")
+
+
 def _steps_per_rank(cfg: ExperimentConfig, world: int) -> int:
     steps = cfg.schedule.steps_per_epoch // world
     if steps < cfg.env.parallel_envs:
@@ -167,12 +190,14 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     checked, before the run dir is created), the run lock is taken before the first write, and the RNG is
     seeded before the first draw.
     """
+    check_config_type(cfg)
     cfg, source = apply_env(cfg or ExperimentConfig(), env)
     cfg = with_task_defaults(cfg, source.factories[0] if source.factories else None).validate()
     e = cfg.env
     replicas = init_replicas(cfg.run.device)  # one process, or this rank of a data-parallel run
     steps_per_rank = _steps_per_rank(cfg, replicas.world_size)
     cfg = with_run_dir(cfg, stamp=replicas.max([int(time.time())])[0])  # unset: a new folder, the same on every rank
+    check_resume_target(cfg)
     check_run_dir_free(cfg)  # before anything is created or written
     replicas.barrier()  # every rank has checked the run dir before any of them writes to it
     seed_everything(cfg.run.seed, replicas.rank)

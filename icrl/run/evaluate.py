@@ -162,6 +162,12 @@ def load_weights(agent: torch.nn.Module, path: Path, device: str | torch.device 
     if missing or unexpected:
         names = ", ".join(sorted([*missing, *unexpected])[:3])
         raise RunDirError(f"weights {path} do not fit the run's config (missing or unexpected: {names}...)")
+    from icrl.guards import nonfinite_tensors
+
+    bad = nonfinite_tensors(agent)  # a policy acting on NaN weights would return action 0, silently
+    if bad:
+        raise RunDirError(f"weights {path} hold NaN or inf in {len(bad)} tensor(s) (first: {bad[0]}); pick a "
+                          "finite checkpoint with --checkpoint (icrl.load: a checkpoint folder)")
     agent.eval()
 
 

@@ -21,7 +21,7 @@ from icrl.run.evaluate import eval_row, evaluate
 from icrl.run.loggers import Logger, MultiLogger, progress_bar, progress_line, say
 from icrl.run.reporting import due, open_log, report_epoch, row_head
 from icrl.run.results import finish_run
-from icrl.run.rundir import resume_training, write_run_files
+from icrl.run.rundir import holds_run, resume_training, write_run_files
 from icrl.run.timer import Timer
 from icrl.run.updates import LazyLoader, UpdateBudget, make_train_loader, run_updates
 from icrl.seeding import derive_seed
@@ -102,8 +102,12 @@ def report(c: Components, log: Logger, row: dict, epoch: int, num_epochs: int, s
 
 def resume(c: Components) -> tuple[int, float]:
     """(epoch, wall-clock seconds) to continue from: the newest usable checkpoint's, else (0, 0.0)."""
-    return resume_training(c.cfg, c.replicas, seed=c.seed, agent=c.agent, learner=c.learner,
-                           collector=c.collector, exploration=c.exploration)
+    held = holds_run(c.run_dir)  # a run without a readable checkpoint says so itself
+    start = resume_training(c.cfg, c.replicas, seed=c.seed, agent=c.agent, learner=c.learner,
+                            collector=c.collector, exploration=c.exploration)
+    if start[0] == 0 and not held and c.replicas.is_main:
+        say(f"icrl: --resume: {c.run_dir} has no checkpoint yet; starting the run from the beginning")
+    return start
 
 
 def start_log(c: Components, hooks: Callbacks) -> Logger:

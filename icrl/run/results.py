@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import save_model
 
 from icrl.agent.model import Agent
@@ -20,8 +21,13 @@ def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = Non
     """Write the agent's weights (safetensors) to a temp file and rename it over `path`: readers (icrl eval,
     asynchronous collectors) see the old file or the new one, never half of one."""
     assert_finite_weights(agent, str(path))  # a published NaN would reach every reader (icrl.guards)
-    with atomic_path(path, fsync=False, tmp_name=f".{path.name}.tmp-{os.getpid()}") as tmp:
-        save_model(agent, str(tmp), metadata=metadata)
+    try:
+        with atomic_path(path, fsync=False, tmp_name=f".{path.name}.tmp-{os.getpid()}") as tmp:
+            save_model(agent, str(tmp), metadata=metadata)
+    except (SafetensorError, OSError) as e:  # a full disk: one line (exit 2 on the command line), the old file kept
+        text = str(e).strip().splitlines()
+        raise OSError(f"could not write the weights {path} ({text[0] if text else type(e).__name__}); the previous "
+                      "file and the checkpoints are kept: free some disk space and resume with --resume") from e
     return path
 
 

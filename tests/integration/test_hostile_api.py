@@ -1,0 +1,133 @@
+"""Hostile input through the Python API and the config files (issue 20): clear TypeError / ValueError,
+never an internal error, a RecursionError traceback or a silent surprise."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import icrl
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
+
+
+def tiny_cfg(run_dir) -> ExperimentConfig:
+    return ExperimentConfig(
+        env=EnvConfig(env="tmaze", env_kwargs='{"length": 1}', parallel_envs=2),
+        model=ModelConfig(d_model=16, layers=1, heads=2, max_seq_len=8, max_time=16, head_hidden=16, head_layers=1),
+        loss=LossConfig(num_critics=2, redq_subset=2, gammas=(0.9, 0.99)),
+    ).replace(run_dir=str(run_dir), device="cpu", batch_size=4, steps_per_epoch=8, total_env_steps=8,
+              updates_per_epoch=1, eval_every=100, eval_rollouts=1, threads=1)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    run = tmp_path_factory.mktemp("p") / "run"
+    icrl.train(tiny_cfg(run))
+    return icrl.load(run)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deeply_nested_json_is_a_config_error_not_a_recursion_error(tmp_path):
+    with pytest.raises(ConfigError, match="--env-kwargs is nested too deeply"):
+        ExperimentConfig().replace(env_kwargs='{"a": ' + DEEP + "}").validate()
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        ExperimentConfig.from_json(DEEP)
+    (tmp_path / "config.json").write_text('{"model": ' + DEEP + "}")
+    from icrl.run.evaluate import RunDirError, load_config
+
+    with pytest.raises(RunDirError, match="config.json"):
+        load_config(tmp_path)
+
+
+@pytest.mark.parametrize("cfg", ["runs/x", {"lr": 1e-3}, 3])
+def test_train_refuses_what_is_not_a_config_with_a_type_error(cfg):
+    with pytest.raises(TypeError, match="takes an icrl.config.ExperimentConfig"):
+        icrl.train(cfg)
+
+
+def test_resume_on_a_run_dir_that_does_not_exist_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="--resume: --run-dir .*does not exist"):
+        icrl.train(tiny_cfg(tmp_path / "typo").replace(resume=True))
+    assert not (tmp_path / "typo").exists()
+
+
+def test_resume_without_a_checkpoint_says_it_starts_from_the_beginning(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    icrl.train(tiny_cfg(tmp_path / "run").replace(resume=True))
+    assert "has no checkpoint yet; starting the run from the beginning" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    (dict(state={"a": 1}), TypeError, "state must be None"),
+    (dict(observation=np.zeros((0, 4), np.float32)), ValueError, "empty"),
+    (dict(observation=np.full(4, np.nan, np.float32)), ValueError, "NaN or inf"),
+    (dict(observation=np.array([np.inf, 0, 0, 0], np.float32)), ValueError, "NaN or inf"),
+])
+def test_predict_refuses_bad_arguments_clearly(policy, kwargs, error, words):
+    args = {"observation": policy.observation_space.sample(), **kwargs}
+    with pytest.raises(error, match=words):
+        policy.predict(args.pop("observation"), **args)
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), "1", 1e300, [1.0, 2.0, 3.0]])
+def test_predict_refuses_a_reward_that_is_not_a_finite_number(policy, reward):
+    obs = policy.observation_space.sample()
+    _, state = policy.predict(obs)
+    with pytest.raises(ValueError, match="reward"):
+        policy.predict(obs, state, episode_start=False, reward=reward)
+    action, _ = policy.predict(obs, state, episode_start=False, reward=1.0)  # the state is still usable
+    assert policy.action_space.contains(action)
+
+
+def test_a_checkpoint_state_json_nested_too_deeply_is_a_checkpoint_error(tmp_path):
+    from icrl.run.checkpoint import CheckpointError, read_checkpoint
+
+    for f in ("agent.safetensors", "optimizer.pt"):
+        (tmp_path / f).write_bytes(b"")
+    (tmp_path / "state.json").write_text(DEEP)
+    with pytest.raises(CheckpointError, match="state.json is corrupt"):
+        read_checkpoint(tmp_path)
+
+
+def test_config_json_with_a_width_that_cannot_fit_is_refused_by_icrl_load(tmp_path):
+    raw = json.loads(tiny_cfg(tmp_path).to_json())
+    raw["model"]["d_model"] = 10**7
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "agent.safetensors").write_bytes(b"")
+    from icrl.run.evaluate import RunDirError
+
+    with pytest.raises(RunDirError, match="GiB"):
+        icrl.load(tmp_path)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"length": 1.5}, "'length' must be an integer .* got 1.5"),
+    ({"length": True}, "'length' must be an integer .* got true"),
+])
+def test_env_kwargs_of_the_wrong_number_type_are_refused_naming_the_kwarg(kwargs, words):
+    from icrl.envs import make_env
+
+    with pytest.raises(ValueError, match=words):
+        make_env("tmaze", kwargs)
+    make_env("tmaze", {"length": 2.0})  # an integral float (1e6 in JSON) still stands for an int
+
+
+def test_a_popgym_typo_is_an_unknown_env_when_popgym_is_installed():
+    pytest.importorskip("popgym")
+    from icrl.envs import make_env
+
+    with pytest.raises(ValueError, match="popgym \\(installed\\) has no env 'RepeatPreviousEasyy'.*"
+                                         "Did you mean 'popgym/RepeatPreviousEasy'"):
+        make_env("popgym/RepeatPreviousEasyy")
+
+
+def test_main_module_env_on_a_fresh_train_does_not_speak_of_a_trained_run():
+    from icrl.envs import make_env
+
+    with pytest.raises(ValueError, match="running script") as e:
+        make_env("__main__:NoSuchEnv")
+    assert "trained the run" not in str(e.value)
