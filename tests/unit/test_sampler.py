@@ -198,20 +198,6 @@ def test_evicted_files_are_dropped_silently(tmp_path: Path) -> None:
     assert set(tags.tolist()) == {2.0, 3.0}
 
 
-def test_new_files_are_seen_and_evicted_ones_resampled(tmp_path: Path) -> None:
-    replay = fill(tmp_path, [5, 6], DISCRETE)
-    ds = ReplayDataset(tmp_path, batch_size=8, max_seq_len=8, action_spec=DISCRETE, seed=0, refresh_seconds=0)
-    it = iter(ds)
-    next(it)
-    replay.write(make_rollout(7, DISCRETE, tag=3))
-    for f in replay.files()[:2]:
-        f.path.unlink()  # both files the sampler knew vanish: it resamples, then re-lists
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        tags = torch.cat([b.inputs.obs["state"][:, 0, 0] for b in islice(it, 3)])
-    assert set(tags.tolist()) == {3.0}
-
-
 class FakeClock:
     """Stands in for the `time` module of icrl.data.sampler: time moves only when a test advances it, so
     rate limits are tested on exact durations, never on how fast the machine happens to be."""
@@ -226,6 +212,27 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+
+
+def test_new_files_are_seen_and_evicted_ones_resampled(tmp_path: Path, monkeypatch) -> None:
+    """On the sampler's own clock (`FakeClock`): whether a re-listing is due must not depend on how fast this
+    machine lists a folder (the listing-cost rate limit), or cached copies of the vanished files keep coming."""
+    import icrl.data.sampler as sampler
+
+    clock = FakeClock()
+    monkeypatch.setattr(sampler, "time", clock)
+    replay = fill(tmp_path, [5, 6], DISCRETE)
+    ds = ReplayDataset(tmp_path, batch_size=8, max_seq_len=8, action_spec=DISCRETE, seed=0, refresh_seconds=0)
+    it = iter(ds)
+    next(it)
+    replay.write(make_rollout(7, DISCRETE, tag=3))
+    for f in replay.files()[:2]:
+        f.path.unlink()  # both files the sampler knew vanish: it resamples, then re-lists
+    clock.sleep(1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tags = torch.cat([b.inputs.obs["state"][:, 0, 0] for b in islice(it, 3)])
+    assert set(tags.tolist()) == {3.0}
 
 
 def test_refresh_is_rate_limited_by_the_listing_cost(tmp_path: Path, monkeypatch) -> None:
