@@ -66,7 +66,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Seque
                 rollouts, episodes = collect(c, epoch)
             with timer("replay_write"):
                 store(c, rollouts, batches)
-            said = hint_once(c, epoch, rollouts, said)
+            said = hint_once(c, epoch, rollouts, said, last=epoch == num_epochs)
             metrics, n_updates = update(c, batches, timer, budget, epoch)
             row = train_row(c, epoch, start, episodes, metrics, timer, steps0, policy_s0, n_updates)
             new_eval = report(c, log, row, epoch, num_epochs, start, lambda r, ev: bar.update(  # noqa: B023
@@ -143,23 +143,28 @@ def store(c: Components, rollouts: list[Rollout], batches: LazyLoader) -> None:
     batches.refresh()  # new files become visible now, not at a timing-dependent moment
 
 
-def hint_once(c: Components, epoch: int, rollouts: list[Rollout], said: frozenset) -> frozenset:
+def hint_once(c: Components, epoch: int, rollouts: list[Rollout], said: frozenset, last: bool) -> frozenset:
     """The hints said so far (`said`), plus those that apply now and were not said before: each only once."""
-    if "stored" not in said and hint_nothing_stored(c, epoch, rollouts):
+    if "stored" not in said and hint_nothing_stored(c, epoch, rollouts, last):
         said |= {"stored"}
     if "context" not in said and hint_short_context(c, rollouts):
         said |= {"context"}
     return said
 
 
-def hint_nothing_stored(c: Components, epoch: int, rollouts: list[Rollout]) -> bool:
-    """Say once why no update runs when an online epoch stored nothing; True once said."""
+def hint_nothing_stored(c: Components, epoch: int, rollouts: list[Rollout], last: bool) -> bool:
+    """Say once why no update runs while online epochs store nothing; True once said. Quiet, until the last
+    epoch, while each env has taken no more steps than the context holds: a task whose rollouts fill the
+    context (T-Maze 500 in 1,000-step epochs of 8 envs) finishes its first ones only after several epochs."""
     if not c.replicas.is_main or rollouts or epoch <= c.offline_epochs or c.replay.num_rollouts() > 0:
         return False
     n = c.cfg.env.parallel_envs  # e.g. MountainCar: no episode ends within one epoch, nothing to learn from
-    say(f"icrl: epoch {epoch} finished no rollout: no episode ended within the {c.steps_per_rank // n} "
-        f"steps each of the {n} envs took, so nothing is stored and no update runs; "
-        "pass --chunk-len 64 to store pieces of long rollouts, or raise --steps-per-epoch (or lower --parallel-envs)")
+    per_env = (epoch - c.offline_epochs) * (c.steps_per_rank // n)
+    if per_env <= c.cfg.model.context and not last:
+        return False
+    say(f"icrl: epoch {epoch} finished no rollout: no episode ended within the {per_env} steps each of the {n} "
+        "envs took so far, so nothing is stored and no update runs; pass --chunk-len 64 to store pieces of long "
+        "rollouts, or raise --steps-per-epoch (or lower --parallel-envs)")
     return True
 
 
