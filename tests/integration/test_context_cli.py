@@ -24,3 +24,14 @@ def test_a_run_says_once_when_rollouts_outlast_the_context(tmp_path):
     assert out.returncode == 0, out.stderr
     said = [line for line in (out.stdout + out.stderr).splitlines() if "the context is 5" in line]
     assert len(said) == 1 and "rollouts last 13 steps" in said[0] and "--max-seq-len 13" in said[0]
+
+
+def test_the_nothing_stored_hint_waits_while_rollouts_can_still_be_filling_the_context(tmp_path):
+    """T-Maze 12 (13-step rollouts, context 13) in epochs of 2 steps per env: no rollout can end before
+    epoch 7, so epochs 1-3 are not a problem to report; the run's last epoch, with nothing stored, is."""
+    out = run_icrl("train", "--env", "tmaze", "--env-kwargs", '{"length": 12}', "--d-model", "8", "--heads", "1",
+                   "--layers", "1", "--head-hidden", "8", "--total-env-steps", "64", "--steps-per-epoch", "16",
+                   "--eval-rollouts", "1", "--run-dir", tmp_path / "r")
+    assert out.returncode == 0, out.stderr
+    said = [line for line in " ".join((out.stdout + out.stderr).split()).split("icrl: ") if "finished no rollout" in line]
+    assert len(said) == 1 and said[0].startswith("epoch 4 finished no rollout"), said
