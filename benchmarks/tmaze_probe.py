@@ -1,0 +1,91 @@
+"""What a Passive T-Maze run has to learn from, and whether its critic uses the cue: counts over its replay and
+the critic's Q at the junction for either cue.
+
+    python benchmarks/tmaze_probe.py RUN_DIR          # a run of `icrl train --env tmaze ...` (finished or not)
+
+Replay: rollouts, those that reached the junction, those that chose up/down there, and the choices per cue.
+Critic: two synthetic rollouts that walk the corridor optimally, one per cue; Q(junction, up / down) of the policy's
+discount (ensemble mean, unnormalised, in units of the run's reward scale) and the policy at the junction. A critic
+that remembers gives different Q for the two cues; one that does not gives the same numbers. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import icrl
+from icrl.data.storage import list_rollout_files, load_rollout
+from icrl.types import Timesteps
+
+UP, DOWN = 0, 1
+
+
+def replay_counts(run: Path) -> dict:
+    out = {"rollouts": 0, "reached_junction": 0, "chose": 0, "correct": 0}
+    per_cue: dict[str, int] = {}
+    for f in list_rollout_files(run / "replay" / "fifo"):
+        r = load_rollout(f.path)
+        obs = r.obs["obs"]  # [T+1, 4]: cue_up, cue_down, in_corridor, at_junction
+        out["rollouts"] += 1
+        at = np.nonzero(obs[:, 3] > 0.5)[0]
+        if not len(at):
+            continue
+        out["reached_junction"] += 1
+        t = int(at[0])
+        if t < len(r.action) and int(r.action[t]) in (UP, DOWN):
+            cue_up, a = bool(obs[0, 0] > 0.5), int(r.action[t])
+            out["chose"] += 1
+            out["correct"] += int((a == UP) == cue_up)
+            key = f"cue_{'up' if cue_up else 'down'}->{'up' if a == UP else 'down'}"
+            per_cue[key] = per_cue.get(key, 0) + 1
+    return {**out, "choices": dict(sorted(per_cue.items()))}
+
+
+def optimal_walk(length: int, cue_up: bool) -> Timesteps:
+    T = length + 1  # timesteps up to and including the junction
+    obs = np.zeros((1, T, 4), np.float32)
+    obs[0, 0, 0 if cue_up else 1] = 1.0
+    obs[0, :length, 2] = 1.0
+    obs[0, length, 3] = 1.0
+    prev_action = np.zeros((1, T, 4), np.float32)
+    prev_action[0, 1:, 3] = 1.0  # walked right
+    return Timesteps(obs={"obs": torch.from_numpy(obs)}, prev_action=torch.from_numpy(prev_action),
+                     prev_reward=torch.zeros(1, T), time=torch.arange(T)[None],
+                     reset=torch.tensor([[True] + [False] * (T - 1)]))
+
+
+@torch.no_grad()
+def critic_at_junction(run: Path, length: int) -> dict:
+    agent = icrl.load(str(run)).agent
+    agent.eval()
+    out = {}
+    for cue_up in (True, False):
+        s = agent(optimal_walk(length, cue_up))  # [1, T, d]
+        q = agent.critic(s)  # [1, T, C, G, A] normalised
+        q = agent.popart.denormalize(q.transpose(-1, -2)).transpose(-1, -2)[0, length].mean(0)  # [G, A]
+        probs = agent.actor(s).probs[0, length, -1]
+        out[f"cue_{'up' if cue_up else 'down'}"] = {
+            "q_up": round(float(q[-1, UP]), 4), "q_down": round(float(q[-1, DOWN]), 4),
+            "pi": [round(float(p), 3) for p in probs],
+        }
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    args = p.parse_args()
+    cfg = json.loads((args.run_dir / "config.json").read_text())
+    length = int(json.loads(cfg["env"]["env_kwargs"])["length"])
+    result = {"run_dir": str(args.run_dir), "length": length, "replay": replay_counts(args.run_dir),
+              "critic": critic_at_junction(args.run_dir, length)}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
