@@ -25,6 +25,13 @@ def test_tasks_recommend_the_context_of_their_whole_rollout():
     assert task_context("CartPole-v1", {}) is None and task_context("tmaze", {"length": "x"}) is None
 
 
+def test_popgym_games_recommend_their_episode_length():
+    pytest.importorskip("popgym")
+    assert task_context("popgym/RepeatPreviousEasy", {}) == 51
+    assert task_context("popgym/RepeatFirstHard", {}) == 831  # longer than the default 256: the cue stays in view
+    assert task_context("popgym/HigherLowerEasy", {}) is None  # no fixed length: the default context
+
+
 def test_an_unset_context_resolves_from_the_task_and_meta_rl_rollouts_hold_every_episode():
     cfg = ExperimentConfig(env=EnvConfig(env="tmaze", env_kwargs='{"length": 500}'))
     assert cfg.model.max_seq_len is None and cfg.model.context == DEFAULT_CONTEXT

@@ -186,15 +186,30 @@ def make_popgym(name: str, **kwargs: Any) -> gym.Env:
     return _adapt_spaces(cls(**kwargs))
 
 
+def popgym_context(name: str, **kwargs: Any) -> int | None:
+    """The context a POPGym game needs: its whole episode (`max_episode_length` action steps, e.g. 51 for
+    RepeatPreviousEasy, 831 for RepeatFirstHard), or None for the games without a fixed length."""
+    cls = {c.__name__: c for c in _all_specs()}[resolve_popgym_name(name)]
+    n = getattr(cls(**kwargs), "max_episode_length", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def _popgym_factory(name: str) -> Callable[..., gym.Env]:
+    factory = functools.partial(make_popgym, name)
+    factory.recommended_context = functools.partial(popgym_context, name)  # type: ignore[attr-defined]
+    return factory
+
+
 def popgym_builtin_envs() -> dict[str, Callable[..., gym.Env]]:
     """The entries to register as built-in tasks: "popgym/<EnvClassName>" for every env of
     `popgym.envs.ALL`, plus "popgym_multi". Empty when popgym is not installed. The factories are
-    `functools.partial`s of module-level functions, so they pickle for subprocess vector envs."""
+    `functools.partial`s of module-level functions, so they pickle for subprocess vector envs; each carries the
+    game's `recommended_context` (icrl.envs.make.task_context)."""
     classes = popgym_env_classes()
     if not classes:
         return {}
     out: dict[str, Callable[..., gym.Env]] = {
-        f"popgym/{name}": functools.partial(make_popgym, name) for name in sorted(classes)
+        f"popgym/{name}": _popgym_factory(name) for name in sorted(classes)
     }
     out["popgym_multi"] = popgym_multi
     return out
