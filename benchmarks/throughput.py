@@ -299,15 +299,8 @@ def bench_learner(args, cfg, spec, agent, learner, device, tmp: Path) -> tuple[d
             for _ in range(args.warmup):
                 m = learner.update(next(it))
             sync(device)
-            times = []
             with peak_memory(device, out):
-                for _ in range(args.updates):
-                    b = next(it)
-                    sync(device)
-                    t = time.perf_counter()
-                    m = learner.update(b)
-                    sync(device)
-                    times.append(time.perf_counter() - t)
+                times, m = timed_updates(learner, it, args.updates, device, budget_s=math.inf)
             loss = float(m["loss"])
             ok = math.isfinite(loss)
             parts = [update_with_breakdown(learner, next(it), device) for _ in range(args.breakdown_updates)]

@@ -34,8 +34,11 @@ def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConve
         high = np.broadcast_to(space.high, space.shape).astype(dtype).reshape(shape)
         box = gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
         def as_box(x: Any) -> np.ndarray:
-            with np.errstate(over="ignore"):  # beyond float32 becomes inf: the collector's guard names the env
-                return np.asarray(x, dtype=dtype).reshape(shape)
+            a = np.asarray(x)
+            if a.dtype != dtype:  # only a cast can overflow; most envs already return the space's dtype
+                with np.errstate(over="ignore"):  # beyond float32 becomes inf: the collector's guard names the env
+                    a = a.astype(dtype)
+            return a.reshape(shape)
 
         return box, as_box
     if isinstance(space, gym.spaces.Discrete):

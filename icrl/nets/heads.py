@@ -57,6 +57,8 @@ class Actor(nn.Module):
         self.min_log_std, self.max_log_std = min_log_std, max_log_std
         per_gamma = 2 * spec.dim if spec.kind == "continuous" else spec.dim
         self.net = mlp(d_in, num_gammas * per_gamma, hidden, layers)
+        # the hidden layers for the acting step, gathered once (not per step); deepcopy maps them to the copy's
+        self._hidden_layers: tuple[nn.Module, ...] = tuple(self.net)[:-1]
         # A small last layer starts every head near a uniform / centred policy.
         with torch.no_grad():
             self._out_layer().weight.mul_(0.1)
@@ -79,7 +81,7 @@ class Actor(nn.Module):
         rows, and submodules are called without nn.Module overhead (the per-step acting path).
         """
         h = s
-        for layer in list(self.net)[:-1]:
+        for layer in self._hidden_layers:
             h = layer.forward(h)
         last = self._out_layer()
         k = last.out_features // self.num_gammas
