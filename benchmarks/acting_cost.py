@@ -1,4 +1,4 @@
-"""Acting cost per step: KV cache vs recomputing the whole context (DESIGN §3).
+"""Acting cost per step: KV cache vs recomputing the whole context (docs/design.md §3).
 
 With the cache, one acting step writes one K/V slot per layer and attends over at most W slots:
 O(W) work per step. Recomputing means a full causal forward over the last W timesteps for every

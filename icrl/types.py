@@ -1,4 +1,4 @@
-"""The data contract shared by every part of icrl (DESIGN §2).
+"""The data contract shared by every part of icrl (docs/design.md §2).
 
 A *timestep* is what the policy sees at step t: the observation, the previous action and reward, the
 time index inside the rollout and a reset flag that marks the first timestep of every episode.
@@ -187,7 +187,7 @@ class Rollout:
     reward: np.ndarray  # [T] float32 reward received after action t
     terminated: np.ndarray  # [T] bool: timestep t+1 ends the task (no bootstrapping past it)
     truncated: np.ndarray  # [T] bool: timestep t+1 hit a time limit (bootstrapped)
-    # Goal-conditioned tasks (DESIGN §7) only: goal tokens achieved at each timestep, padded with -1.
+    # Goal-conditioned tasks (docs/design.md §7) only: goal tokens achieved at each timestep, padded with -1.
     achieved: np.ndarray | None = None  # [T+1, K] int64
 
     @property

@@ -1,4 +1,4 @@
-"""Exploration during collection (DESIGN §5): per-env randomised, decaying over training, shaped in time.
+"""Exploration during collection (docs/design.md §5): per-env randomised, decaying over training, shaped in time.
 
 ε at env i, training step n (steps of that env copy) and rollout step t is built from three parts
 (`icrl.config.ExploreConfig` documents each field):

@@ -1,4 +1,4 @@
-"""One learning update (DESIGN §4): a single encoder pass, critic + actor losses, one optimiser step, EMA.
+"""One learning update (docs/design.md §4): a single encoder pass, critic + actor losses, one optimiser step, EMA.
 
 `compute_loss` reads as the method:
     s_t          = encoder(timesteps)                                   # [B, L, d], one pass

@@ -1,4 +1,4 @@
-"""The learning update's math as plain functions (DESIGN §4): TD targets, REDQ, critic and actor losses.
+"""The learning update's math as plain functions (docs/design.md §4): TD targets, REDQ, critic and actor losses.
 
 Everything works on all G discounts at once (last dimension G; the last discount is the policy's) and
 on whole padded sequences [B, L]. No function here builds modules or owns state: the agent computes
@@ -112,7 +112,7 @@ def critic_loss(
 
     q_sa [B, L, C, G]: normalised Q(s_t, a_t); y_norm [B, L, G]: normalised targets (detached here);
     valid [B, L] bool: real transitions. Averages over real transitions × C × G; padding contributes
-    exactly nothing, whatever it holds. The DESIGN's ×10 weight is the caller's (`critic_weight`).
+    exactly nothing, whatever it holds. The ×10 weight of docs/design.md §4 is the caller's (`critic_weight`).
     """
     C, G = q_sa.shape[-2:]
     m = valid.bool()[..., None, None]  # [B, L, 1, 1]
@@ -130,7 +130,7 @@ def frozen_critic(critic: nn.Module, s: torch.Tensor) -> Callable[[torch.Tensor]
     """`a -> critic(s.detach(), a)` evaluated with *detached* parameters (via `torch.func.functional_call`).
 
     Gradients flow into the action `a` (and so into the actor) but never into the critic's parameters
-    or, through the critic, into the encoder that produced `s` (DESIGN §4, gradient routing).
+    or, through the critic, into the encoder that produced `s` (docs/design.md §4, gradient routing).
     """
     params = {name: p.detach() for name, p in critic.named_parameters()}
     s = s.detach()

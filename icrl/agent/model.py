@@ -2,7 +2,7 @@
 
 This file only builds and connects networks; the loss math lives in `icrl.agent.losses` and is assembled in
 `icrl.agent.learner`. Target networks are EMA copies of the heads alone: the targets read the online
-encoder's (detached) states, so one forward pass over the sequence serves every term (DESIGN §3, §4).
+encoder's (detached) states, so one forward pass over the sequence serves every term (docs/design.md §3, §4).
 """
 
 from __future__ import annotations

@@ -1,3 +1,3 @@
-"""Asynchronous training (DESIGN §8): `icrl learn` (`learn.learn`) trains on the rollouts that any number of
-`icrl collect` processes (`collect.collect`) store, talking only through files in the run directory
+"""Asynchronous training (docs/design.md §8): `icrl learn` (`learn.learn`) trains on the rollouts that any
+number of `icrl collect` processes (`collect.collect`) store, talking only through files in the run directory
 (`protocol`)."""

@@ -1,5 +1,5 @@
-"""The file protocol of an asynchronous run (DESIGN §8): collector processes and a learner process share one
-run directory.
+"""The file protocol of an asynchronous run (docs/design.md §8): collector processes and a learner process
+share one run directory.
 
     icrl learn RUN_DIR [--preset ...] [flags]      # writes RUN_DIR/config.json, trains, publishes weights
     icrl collect RUN_DIR --collector-id 0          # any number of these, started and stopped at will

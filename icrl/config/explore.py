@@ -31,9 +31,9 @@ EXPLORE_DEFAULTS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class ExploreConfig:
-    """Exploration while collecting (DESIGN §5, icrl.agent.exploration), built from composable parts: an anneal
-    over each env's own steps, a per-env random scale, a shape over the step index inside a rollout, and
-    argmax-or-sample training actions.
+    """Exploration while collecting (docs/design.md §5, icrl.agent.exploration), built from composable parts:
+    an anneal over each env's own steps, a per-env random scale, a shape over the step index inside a rollout,
+    and argmax-or-sample training actions.
 
     Every field left unset (None) takes the task's recommendation when its env class ships one (a
     `recommended_exploration(**env_kwargs) -> dict` attribute, e.g. `icrl.envs.tasks.tmaze.TMaze`), else the

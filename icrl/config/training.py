@@ -49,7 +49,7 @@ class ReplayConfig:
     num_workers: int = 0
     """DataLoader worker processes (0: load in the learner process)."""
     relabel: Literal["none", "some", "all"] = "none"
-    """Hindsight instruction relabeling of sampled rollouts (goal-conditioned tasks, DESIGN §7): "some"
+    """Hindsight instruction relabeling of sampled rollouts (goal-conditioned tasks, docs/design.md §7): "some"
     adds a random number of goals the rollout achieved, "all" turns every rollout into a success."""
     relabel_rare_goals: bool = False
     """Pick hindsight goals by inverse achievement frequency, so rarely reached goals are replayed more."""

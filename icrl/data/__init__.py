@@ -1,4 +1,4 @@
-"""Replay on disk (DESIGN §6): atomic rollout files, a FIFO/protected buffer, and a windowed sampler."""
+"""Replay on disk (docs/design.md §6): atomic rollout files, a FIFO/protected buffer, and a windowed sampler."""
 
 from icrl.data.collate import collate_windows
 from icrl.data.sampler import (

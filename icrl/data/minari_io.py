@@ -1,4 +1,4 @@
-"""Minari datasets <-> icrl rollouts, so offline data enters the one replay format (DESIGN §6).
+"""Minari datasets <-> icrl rollouts, so offline data enters the one replay format (docs/design.md §6).
 
 Import. A Minari episode holds T+1 observations and T actions, rewards, terminations and truncations in
 the env's own spaces. It becomes one `Rollout` exactly as `TimestepWrapper` would have recorded it: the

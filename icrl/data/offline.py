@@ -1,6 +1,6 @@
 """Offline and mixed training: load a dataset into the replay's protected folder once, and plan the epochs.
 
-Why through the protected folder: offline, online and mixed training are then one code path (DESIGN §6).
+Why through the protected folder: offline, online and mixed training are then one code path (docs/design.md §6).
 The sampler draws windows from `protected` with probability `--offline-fraction` (or uniformly over all
 files when it is unset); `--offline-updates` adds epochs of updates without env steps before collection
 starts, so `--total-env-steps 0` trains purely offline while evaluation still runs on the env.

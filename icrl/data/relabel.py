@@ -1,4 +1,4 @@
-"""Hindsight instruction relabeling (DESIGN §7; AMAGO Appendix B, Algorithm 1), applied at sample time.
+"""Hindsight instruction relabeling (docs/design.md §7; AMAGO Appendix B, Algorithm 1), applied at sample time.
 
 A goal-conditioned rollout (docs/CONTRACTS.md) stores its instruction in `obs["goal"]` and, per timestep,
 the goal tokens it achieved in `Rollout.achieved`. A failed rollout still achieved *something*: relabeling

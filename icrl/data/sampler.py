@@ -1,4 +1,4 @@
-"""Random windows of stored rollouts, collated into `Batch`es, in DataLoader workers (DESIGN §6).
+"""Random windows of stored rollouts, collated into `Batch`es, in DataLoader workers (docs/design.md §6).
 
 Each sample: pick one rollout file uniformly among `root/fifo` and `root/protected` (or, with
 `offline_fraction=p`, uniformly inside `protected` with probability p and inside `fifo` otherwise), load

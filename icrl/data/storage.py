@@ -1,4 +1,4 @@
-"""Rollouts on disk: one immutable `.npz` file per rollout, written atomically (DESIGN §6).
+"""Rollouts on disk: one immutable `.npz` file per rollout, written atomically (docs/design.md §6).
 
 Why files and not a big array: several collector processes and learner processes share one buffer
 without locks. Every file is written under a temporary name, flushed (and fsynced, unless disabled),

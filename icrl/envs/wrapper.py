@@ -1,4 +1,4 @@
-"""Turn any Gymnasium 1.x env into the icrl timestep format (DESIGN §2, docs/CONTRACTS.md).
+"""Turn any Gymnasium 1.x env into the icrl timestep format (docs/design.md §2, docs/CONTRACTS.md).
 
 The policy never sees a raw observation: it sees `{"obs", "prev_action", "prev_reward", "time", "reset"}`
 so that a sequence model can infer the task from its own history. The wrapper also glues several episodes

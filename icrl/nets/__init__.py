@@ -1,4 +1,4 @@
-"""Networks: timestep encoder -> trajectory encoder -> actor / critic heads (DESIGN §3)."""
+"""Networks: timestep encoder -> trajectory encoder -> actor / critic heads (docs/design.md §3)."""
 
 from icrl.nets.traj import (
     FFTrajEncoder,

@@ -1,4 +1,4 @@
-"""Action distributions over action *vectors*, as the networks see them (DESIGN §4).
+"""Action distributions over action *vectors*, as the networks see them (docs/design.md §4).
 
 Every distribution has batch shape [..., G] (one policy per discount) and event shape [A]:
 a sample is a float vector [..., G, A] — one-hot for discrete actions, a point of [-1, 1]^A for

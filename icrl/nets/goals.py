@@ -1,4 +1,4 @@
-"""Instruction embedding for goal-conditioned tasks (DESIGN §7, docs/CONTRACTS.md).
+"""Instruction embedding for goal-conditioned tasks (docs/design.md §7, docs/CONTRACTS.md).
 
 The instruction arrives as k goal tokens per timestep, completed sub-goals zeroed in place. Token
 embeddings plus a small GRU over the k slots give one vector per timestep that joins the timestep

@@ -1,4 +1,4 @@
-"""Actor and critic-ensemble heads on top of the trajectory encoder's states (DESIGN §3).
+"""Actor and critic-ensemble heads on top of the trajectory encoder's states (docs/design.md §3).
 
 Both heads produce one output per discount g (G in all): the actor one policy π_g per discount, the
 critic C ensemble members × G discounts. The ensemble is evaluated as one batched matmul per layer

@@ -1,4 +1,4 @@
-"""Target networks (EMA copies) and PopArt value normalisation (DESIGN §4).
+"""Target networks (EMA copies) and PopArt value normalisation (docs/design.md §4).
 
 PopArt (van Hasselt et al. 2016; Hessel et al. 2019) keeps running first and second moments μ_g, ν_g of
 the TD targets of every discount and trains the critics on normalised targets (y - μ) / σ. Discounts

@@ -1,4 +1,4 @@
-"""Trajectory encoders: the causal sequence model between the timestep encoder and the heads (DESIGN §3).
+"""Trajectory encoders: the causal sequence model between the timestep encoder and the heads (docs/design.md §3).
 
 Every encoder has the same five members (the `TrajEncoder` protocol below), so the agent can swap a
 Transformer for an RNN or for no memory at all (the control that shows a task needs memory):
@@ -11,7 +11,7 @@ Transformer for an RNN or for no memory at all (the control that shows a task ne
 
 `step` over a rollout gives the same outputs as `forward` over it. Rows of a batch advance and reset
 independently. Inner episode boundaries of a multi-episode rollout are *not* resets: remembering earlier
-episodes is the point of meta-RL (DESIGN §10). `time` is accepted by every encoder and ignored by those
+episodes is the point of meta-RL (docs/design.md §10). `time` is accepted by every encoder and ignored by those
 that do not use it. Acting runs under `torch.no_grad()`; states may be updated in place.
 """
 

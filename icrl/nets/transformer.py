@@ -1,4 +1,4 @@
-"""The stabilised causal Transformer trajectory encoder of AMAGO (DESIGN §3), nanoGPT-style.
+"""The stabilised causal Transformer trajectory encoder of AMAGO (docs/design.md §3), nanoGPT-style.
 
 Read top to bottom: `SigmaReparamLinear` -> `CausalSelfAttention` -> `MLP` -> `Block` ->
 `TimeEmbedding` -> `KVCache` -> `TransformerTrajEncoder`. Training and acting run the same layers: each
@@ -338,7 +338,7 @@ class KVCache:
 
 
 class TransformerTrajEncoder(nn.Module):
-    """Causal sliding-window Transformer over a rollout's timestep embeddings (DESIGN §3).
+    """Causal sliding-window Transformer over a rollout's timestep embeddings (docs/design.md §3).
 
     `forward(x [B, L, d_in], time [B, L]) -> [B, L, d_out]` trains every timestep in parallel.
     `init_state` / `reset_state` / `step` act one timestep at a time through the same layers, with a

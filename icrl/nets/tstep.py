@@ -3,7 +3,7 @@
 It sees each timestep on its own (no memory; that is the trajectory encoder's job), so the whole
 [B, L] batch is flattened into B*L independent rows. Vector observation keys are concatenated and
 normalised with running statistics; image keys (uint8 HxWxC Boxes) go through a CNN each. The time
-index enters as features because a fixed-horizon task needs it for well-defined values (DESIGN §10).
+index enters as features because a fixed-horizon task needs it for well-defined values (docs/design.md §10).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import nn
 
 from icrl.types import Timesteps
 
-GOAL_KEY = "goal"  # int instruction tokens; embedded only by an optional `goal_embedder` (DESIGN §7)
+GOAL_KEY = "goal"  # int instruction tokens; embedded only by an optional `goal_embedder` (docs/design.md §7)
 
 
 def symlog(x: torch.Tensor) -> torch.Tensor:

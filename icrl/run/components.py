@@ -75,7 +75,7 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
 
 def rollout_context(episode: int | None, e: EnvConfig) -> int:
     """The context that holds a whole rollout of the task's recommended `episode` context: K episodes of a
-    meta-RL rollout, each with its final timestep (DESIGN §2), or the first `--rollout-horizon` steps."""
+    meta-RL rollout, each with its final timestep (docs/design.md §2), or the first `--rollout-horizon` steps."""
     if episode is None:
         return DEFAULT_CONTEXT
     if e.rollout_horizon is not None:
@@ -98,7 +98,7 @@ def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRela
 def train_policy(cfg: ExperimentConfig, agent: Agent, collector: Collector, spec: ActionSpec, seed: int,
                  device: torch.device) -> tuple[Exploration, AgentPolicy]:
     """The exploring policy that collects training data, with its exploration schedule. The schedule
-    follows `collector`'s own env steps: ε anneals per env copy over that copy's steps (DESIGN §10)."""
+    follows `collector`'s own env steps: ε anneals per env copy over that copy's steps (docs/design.md §10)."""
     n = cfg.env.parallel_envs
     exploration = Exploration(cfg.explore, spec, n, seed=derive_seed(seed, "explore"))
     policy = AgentPolicy(agent, n, greedy=False, exploration=exploration, device=device,

@@ -1,4 +1,4 @@
-"""Data-parallel training over several processes (DESIGN §8), on Hugging Face Accelerate.
+"""Data-parallel training over several processes (docs/design.md §8), on Hugging Face Accelerate.
 
 `torchrun --nproc_per_node N -m icrl train ...` (or `accelerate launch` on GPUs) starts N copies of the
 ordinary `icrl train`. `init_replicas` tells them apart from the launcher's environment variables

@@ -1,7 +1,7 @@
 """Episode summaries shared by training, the asynchronous collectors and evaluation.
 
-Every summary averages over rollouts, not episodes (DESIGN §10): a rollout's return sums its episodes and its
-success is that of its last episode (after adapting), so short episodes are not over-weighted.
+Every summary averages over rollouts, not episodes (docs/design.md §10): a rollout's return sums its episodes
+and its success is that of its last episode (after adapting), so short episodes are not over-weighted.
 """
 
 from __future__ import annotations

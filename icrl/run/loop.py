@@ -1,4 +1,5 @@
-"""The epoch loop (DESIGN §8): collect -> write rollouts -> sample -> update -> evaluate -> log -> checkpoint.
+"""The epoch loop (docs/design.md §8): collect -> write rollouts -> sample -> update -> evaluate -> log ->
+checkpoint.
 
 `train` is the algorithm; the setup (icrl.run.components), the run directory and resuming (icrl.run.rundir),
 the updates (icrl.run.updates), the reports (icrl.run.reporting, icrl.run.evaluate) and the data-parallel

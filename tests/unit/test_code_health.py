@@ -84,3 +84,19 @@ def test_readme_layout_names_every_module_and_only_existing_ones():
     missing = sorted(existing - listed)
     assert not stale, f"README's layout names modules that do not exist: {stale}"
     assert not missing, f"README's layout does not name: {missing}"
+
+
+def test_design_citations_name_sections_of_the_design_record():
+    """Docstrings cite docs/design.md by section; every cited section exists, and nothing cites a document the
+    repository does not hold."""
+    design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    sections = set(re.findall(r"^## (\d+)\.", design, flags=re.M))
+    sources = [*MODULES, *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    cited, stray = set(), []
+    for p in sources:
+        text = p.read_text(encoding="utf-8")
+        cited |= set(re.findall(r"docs/design\.md §(\d+)", text))
+        if re.search(r"\bDESIGN §", text) and p.name != "test_code_health.py":
+            stray.append(str(p.relative_to(ROOT)))
+    assert cited and cited <= sections, f"cited sections missing from docs/design.md: {sorted(cited - sections)}"
+    assert not stray, f"these cite a DESIGN document the repository does not hold: {stray}"

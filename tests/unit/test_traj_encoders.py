@@ -89,7 +89,7 @@ def _staggered_rollouts(
 @pytest.mark.parametrize("kind", KINDS)
 def test_stepping_matches_forward_with_staggered_resets(kind: str) -> None:
     """Rows at different timesteps reset at different moments; each row's stepped outputs equal one
-    full forward pass over its own rollout since its last reset (DESIGN §10)."""
+    full forward pass over its own rollout since its last reset (docs/design.md §10)."""
     enc = build(kind).eval()
     B, T = 4, 20
     x, time, resets = _staggered_rollouts(B, T)

@@ -4,7 +4,7 @@ Crafter (Hafner 2021) is a procedurally generated 2-D Minecraft: every world is 
 (collect wood, place a table, make a pickaxe, defeat a zombie, ...) form a tech tree. AMAGO turns it into a
 sparse goal-conditioned task: each episode draws an instruction of 1-5 achievements; the agent sees the
 whole instruction and gets +1 for each one it completes in order. Rollouts record every achievement
-unlocked, so hindsight relabeling (DESIGN §7) can turn a failed rollout into a success for the instruction
+unlocked, so hindsight relabeling (docs/design.md §7) can turn a failed rollout into a success for the instruction
 it did complete.
 
 The pieces, as in AMAGO's official Crafter env, with the differences this library's goal contract needs:

@@ -1,4 +1,4 @@
-"""The one implementation of the goal-conditioned reward rule (docs/CONTRACTS.md, DESIGN §7).
+"""The one implementation of the goal-conditioned reward rule (docs/CONTRACTS.md, docs/design.md §7).
 
 Every built-in goal task scores its instruction with `InstructionProgress`, and the hindsight relabeler
 (icrl/data/relabel.py) replays stored achievement records through the same class, so a relabeled rollout

@@ -18,7 +18,7 @@ Every POPGym game has a fixed length that is part of the game (a deck, a number 
 200 steps); the few that report reaching it as `truncated` are adapted to report `terminated`
 (`FixedLengthTermination`), as the official AMAGO does (`truncated_is_done=True`): bootstrapping past a
 game's last step regresses on a state that is never trained, which cost the official code a regression
-on POPGym (DESIGN §10).
+on POPGym (docs/design.md §10).
 
 POPGym envs have no hidden task to keep: `reset(options={"new_task": False})` starts a fresh episode like any
 reset (a new deck, a new bandit, ...), so in multi-episode rollouts each episode is a new instance.

@@ -1,4 +1,4 @@
-"""Passive T-Maze (Ni et al. 2023, "When do Transformers shine in RL?"; used by AMAGO, DESIGN §9).
+"""Passive T-Maze (Ni et al. 2023, "When do Transformers shine in RL?"; used by AMAGO, docs/design.md §9).
 
 A pure memory test: the goal (up or down) is shown only in the very first observation; the agent must walk
 `length` cells right along a featureless corridor and, at the junction, recall that one bit. Credit
@@ -117,7 +117,7 @@ class TMaze(RenderModes, gym.Env):
         if not terminated and self._t >= self.horizon:
             # The step limit is part of the task (the official env ends every episode at its horizon): a
             # termination, not a truncation. Bootstrapping here would regress on a state that is never
-            # itself a regression target (DESIGN §10).
+            # itself a regression target (docs/design.md §10).
             terminated = True
             info["success"] = 0.0
         return self._obs(), reward, terminated, False, info
