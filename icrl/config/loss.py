@@ -49,3 +49,7 @@ class LossConfig:
     """Normalise value targets with PopArt."""
     popart_beta: float = 5e-4
     """PopArt statistics step size (bias-corrected: the first update takes the first batch's moments)."""
+    popart_max_ratio: float | None = 5.0
+    """PopArt's scale is at least (largest |target - mean| of a batch, averaged) / this, so rare large targets
+    (sparse rewards, long corridors) are at most this many scale units away (icrl.nets.popart). None: the
+    plain standard deviation."""

@@ -77,6 +77,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "loss.num_value_samples": _in(1, 1024),
     "loss.critic_weight": _gt(0.0),
     "loss.popart_beta": _in(0.0, 1.0, open_lo=True),
+    "loss.popart_max_ratio": _gt(0.0),
     "explore.eps_start": _in(0.0, 1.0),
     "explore.eps_end": _in(0.0, 1.0),
     "explore.eps_anneal_steps": _ge(1),

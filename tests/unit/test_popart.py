@@ -128,7 +128,7 @@ def test_popart_empty_batch_and_disabled_and_state_dict():
     popart.update_(torch.randn(2, 3, G), torch.zeros(2, 3, dtype=torch.bool))
     assert torch.equal(popart.mu, torch.zeros(G)) and torch.equal(popart.nu, torch.ones(G))
     assert int(popart.count) == 0  # an empty batch is not counted either
-    assert set(popart.state_dict()) == {"mu", "nu", "count"}
+    assert set(popart.state_dict()) == {"mu", "nu", "max_dev", "count"}
 
     off = PopArt(G, enabled=False)
     y = torch.randn(2, 3, G)
@@ -137,3 +137,35 @@ def test_popart_empty_batch_and_disabled_and_state_dict():
     off.update_(y * 100, torch.ones(2, 3, dtype=torch.bool), critic)
     assert torch.equal(off.normalize(y), y) and torch.equal(off.denormalize(y), y)
     assert torch.equal(critic.w_out, w)
+
+
+def test_popart_scale_floor_keeps_rare_large_targets_within_max_ratio():
+    """A sparse target (one 10 among 999 zeros): the plain std puts it ~32 σ away; the floor at most 5 σ."""
+    y = torch.zeros(1, 1000, 1)
+    y[0, 0] = 10.0
+    mask = torch.ones(1, 1000, dtype=torch.bool)
+    plain, floored = PopArt(1, max_ratio=None), PopArt(1, max_ratio=5.0)
+    plain.update_(y, mask)
+    floored.update_(y, mask)
+    assert float(plain.normalize(y).max()) > 30
+    assert float(floored.normalize(y).max()) == pytest.approx(5.0, rel=1e-4)
+    assert float(floored.max_dev) == pytest.approx(10.0 - float(floored.mu), rel=1e-5)
+
+
+def test_popart_scale_floor_leaves_dense_targets_alone():
+    """Gaussian targets lie within ~4 σ of their mean in a batch of this size: the floor does not bind."""
+    torch.manual_seed(0)
+    y = torch.randn(24, 256, 3) * torch.tensor([0.1, 1.0, 30.0]) + 5.0
+    mask = torch.ones(24, 256, dtype=torch.bool)
+    plain, floored = PopArt(3, max_ratio=None), PopArt(3, max_ratio=5.0)
+    plain.update_(y, mask)
+    floored.update_(y, mask)
+    assert torch.equal(plain.sigma, floored.sigma)
+
+
+def test_popart_loads_weights_saved_without_the_floor_statistic():
+    old = {"mu": torch.full((G,), 2.0), "nu": torch.full((G,), 5.0), "count": torch.tensor(7)}
+    popart = PopArt(G)
+    popart.load_state_dict(old)  # strict: a missing max_dev is filled with zeros (no floor until updated)
+    assert torch.equal(popart.max_dev, torch.zeros(G))
+    assert torch.allclose(popart.sigma, torch.ones(G))
