@@ -1,12 +1,17 @@
 """What a Passive T-Maze run has to learn from, and whether its critic uses the cue: counts over its replay and
 the critic's Q at the junction for either cue.
 
-    python benchmarks/tmaze_probe.py RUN_DIR          # a run of `icrl train --env tmaze ...` (finished or not)
+    python benchmarks/tmaze_probe.py RUN_DIR              # a run of `icrl train --env tmaze ...` (finished or not)
+    python benchmarks/tmaze_probe.py RUN_DIR --gradients  # + where the encoder's gradient comes from
 
 Replay: rollouts, those that reached the junction, those that chose up/down there, and the choices per cue.
 Critic: two synthetic rollouts that walk the corridor optimally, one per cue; Q(junction, up / down) of the policy's
 discount (ensemble mean, unnormalised, in units of the run's reward scale) and the policy at the junction. A critic
-that remembers gives different Q for the two cues; one that does not gives the same numbers. The last line is JSON.
+that remembers gives different Q for the two cues; one that does not gives the same numbers. PopArt's scale.
+Gradients (`--gradients`): on batches of whole stored rollouts that chose at the junction, the encoder's gradient
+norm from the critic loss at the junction step, from the critic loss at every other step (each as its share of the
+full critic loss, weighted as in training) and from the actor loss, and how consistent each is over the batches
+(norm of the mean gradient / mean norm: 1 is a fixed direction). The last line is JSON.
 """
 
 from __future__ import annotations
@@ -19,7 +24,12 @@ import numpy as np
 import torch
 
 import icrl
+from icrl.agent.learner import target_values
+from icrl.agent.losses import actor_loss, align_next, critic_loss, redq_members
+from icrl.config.experiment import ExperimentConfig
+from icrl.data.collate import collate_windows
 from icrl.data.storage import list_rollout_files, load_rollout
+from icrl.nets.heads import q_at_action
 from icrl.types import Timesteps
 
 UP, DOWN = 0, 1
@@ -76,14 +86,64 @@ def critic_at_junction(run: Path, length: int) -> dict:
     return out
 
 
+def chose_at_junction(rollout) -> bool:
+    at = np.nonzero(rollout.obs["obs"][:, 3] > 0.5)[0]
+    return bool(len(at)) and int(at[0]) < len(rollout.action) and int(rollout.action[int(at[0])]) in (UP, DOWN)
+
+
+def gradient_split(run: Path, batches: int, seed: int = 0) -> dict:
+    cfg = ExperimentConfig.from_json((run / "config.json").read_text())
+    agent = icrl.load(str(run)).agent
+    agent.train()
+    rollouts = [r for f in list_rollout_files(run / "replay" / "fifo") if chose_at_junction(r := load_rollout(f.path))]
+    if not rollouts:
+        return {"error": "no stored rollout chose at the junction"}
+    encoder = [p for n, p in agent.named_parameters() if n.startswith(("traj_encoder", "tstep_encoder"))]
+    rng, G = np.random.default_rng(seed), agent.gammas.numel()
+    grads: dict[str, list[torch.Tensor]] = {"critic_junction": [], "critic_rest": [], "actor": []}
+    for _ in range(batches):
+        picks = rng.integers(len(rollouts), size=cfg.optim.batch_size)
+        batch = collate_windows([(rollouts[i], 0) for i in picks], cfg.model.context + 1, agent.spec)
+        for part, out in grads.items():
+            agent.zero_grad(set_to_none=True)
+            s = agent(batch.inputs)  # [B, L, d]
+            valid = batch.has_action & align_next(batch.mask)
+            action = batch.action.unsqueeze(-2).expand(*batch.action.shape[:-1], G, batch.action.shape[-1])
+            if part == "actor":
+                loss, _ = actor_loss(agent.actor(s), action, batch.has_action & batch.mask, q_all=agent.critic(s),
+                                     online_coeff=cfg.loss.online_coeff, offline_coeff=cfg.loss.offline_coeff)
+            else:
+                members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset)
+                y = agent.popart.normalize(target_values(agent, s.detach(), batch, valid, cfg.loss, members))
+                junction = batch.inputs.obs["obs"][..., 3] > 0.5  # [B, L]
+                sel = valid & (junction if part == "critic_junction" else ~junction)
+                loss, _ = critic_loss(q_at_action(agent.critic(s), action), y, sel)
+                loss = cfg.loss.critic_weight * loss * sel.sum() / valid.sum()  # its share of the full loss
+            loss.backward()
+            out.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in encoder]))
+    result = {}
+    for part, gs in grads.items():
+        g = torch.stack(gs)  # [batches, params]
+        norms = g.norm(dim=1)
+        result[part] = {"grad_norm": round(float(norms.mean()), 5),
+                        "consistency": round(float(g.mean(0).norm() / norms.mean().clamp_min(1e-30)), 4)}
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path)
+    p.add_argument("--gradients", action="store_true", help="also split the encoder's gradient (slow: CPU minutes)")
+    p.add_argument("--batches", type=int, default=4)
     args = p.parse_args()
     cfg = json.loads((args.run_dir / "config.json").read_text())
     length = int(json.loads(cfg["env"]["env_kwargs"])["length"])
     result = {"run_dir": str(args.run_dir), "length": length, "replay": replay_counts(args.run_dir),
               "critic": critic_at_junction(args.run_dir, length)}
+    popart = icrl.load(str(args.run_dir)).agent.popart
+    result["popart_sigma"] = [round(float(x), 4) for x in popart.sigma]
+    if args.gradients:
+        result["gradients"] = gradient_split(args.run_dir, args.batches)
     print(json.dumps(result))
 
 
