@@ -274,14 +274,24 @@ def plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def stored_runs() -> list[dict]:
+    """Every run this machine has (`runs/*.json`, not in git) over the runs recorded in the committed
+    parity.json, matched by (task, library, seed): a fresh clone that reruns one task keeps the others' rows."""
+    key = lambda r: (r["task"], r["lib"], r["seed"])  # noqa: E731
+    recorded = json.loads((OUT / "parity.json").read_text()).get("runs", []) if (OUT / "parity.json").exists() else []
+    runs = {key(r): r for r in recorded}
+    runs.update({key(r): r for r in (json.loads(p.read_text()) for p in sorted((OUT / "runs").glob("*.json")))})
+    order = {name: i for i, name in enumerate(TASKS)}
+    return sorted(runs.values(), key=lambda r: (order.get(r["task"], len(order)), r["lib"] != "icrl", r["seed"]))
+
+
 def report() -> list[dict]:
-    runs = [json.loads(p.read_text()) for p in sorted((OUT / "runs").glob("*.json"))]
+    runs = stored_runs()
     rows = summarize(runs)
-    (OUT / "parity.json").write_text(json.dumps({"rows": rows, "runs": [
-        {k: v for k, v in r.items() if k != "curve"} for r in runs]}, indent=1))
+    (OUT / "parity.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
     (OUT / "parity.md").write_text(markdown(rows))
-    if runs:
-        plot(runs, OUT / "parity.png")
+    if any(r.get("curve") for r in runs):  # runs recorded before curves were kept have none to draw
+        plot([r for r in runs if r.get("curve")], OUT / "parity.png")
     print(markdown(rows))
     return rows
 
