@@ -165,7 +165,7 @@ def test_popart_scale_floor_leaves_dense_targets_alone():
 
 def test_popart_loads_weights_saved_without_the_floor_statistic():
     old = {"mu": torch.full((G,), 2.0), "nu": torch.full((G,), 5.0), "count": torch.tensor(7)}
-    popart = PopArt(G)
+    popart = PopArt(G, max_ratio=5.0)
     popart.load_state_dict(old)  # strict: a missing max_dev is filled with zeros (no floor until updated)
     assert torch.equal(popart.max_dev, torch.zeros(G))
     assert torch.allclose(popart.sigma, torch.ones(G))
