@@ -228,7 +228,7 @@ def actor_loss(
     bc_filter: Literal["binary", "exp"] = "binary",
     exp_beta: float = 1.0,
     exp_clip: float = 20.0,
-    num_value_samples: int = 3,
+    num_value_samples: int = 1,
     entropy_coeff: float = 0.0,
 ) -> tuple[torch.Tensor, Metrics]:
     """online · (−Q(s, a~π_g)) + offline · (−f(A) · log π_g(a_t|s_t)), per discount g, masked mean.
