@@ -268,13 +268,7 @@ def actor_loss(
     masked_mean = _masked_mean(valid, G)
     loss = masked_mean(per_step)
     with torch.no_grad():
-        metrics = {
-            "actor_loss": loss.detach(),
-            "actor_online": masked_mean(online.detach()),
-            "actor_bc": masked_mean(bc.detach()),
-            "bc_weight": masked_mean(weight),
-            "advantage": masked_mean(adv),
-            "logp_data": masked_mean(logp.detach()),
-            "entropy": masked_mean(entropy.detach()),
-        }
+        terms = {"actor_online": online, "actor_bc": bc, "bc_weight": weight, "advantage": adv, "logp_data": logp,
+                 "entropy": entropy}
+        metrics = {"actor_loss": loss.detach(), **{k: masked_mean(x.detach()) for k, x in terms.items()}}
     return loss, metrics
