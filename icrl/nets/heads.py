@@ -223,9 +223,11 @@ class Critic(nn.Module):
         w_action = w["w_action"]
         if w_action is None:
             raise RuntimeError("a continuous or multi-binary critic must have action weights (w_action)")
-        return self._forward_sa(s, a, w, C, H, G)
+        return self._forward_sa(s, a, w, w_action, C, H, G)
 
-    def _forward_sa(self, s: torch.Tensor, a: torch.Tensor, w: _Weights, C: int, H: int, G: int) -> torch.Tensor:
+    def _forward_sa(
+        self, s: torch.Tensor, a: torch.Tensor, w: _Weights, w_action: torch.Tensor, C: int, H: int, G: int
+    ) -> torch.Tensor:
         """The (s, a) critic. Rows are laid out [C, Ga, K, Ns, H] (Ga: 1 or G action groups, K: a's extra
         leading dims, Ns: s's rows), so the state's first-layer product [C, Ns, H] broadcasts into them without
         being copied per discount or per sample, and no [.., C, H] tensor is ever permuted.
@@ -247,13 +249,13 @@ class Critic(nn.Module):
         a = a.to(hs.dtype)
         hs5 = hs.view(C, 1, 1, Ns, H)
         if A <= 2:  # a few rank-1 updates: one pass over [C, M, H] each, no thin GEMM, no separate add
-            w_a = w["w_action"].view(C, 1, 1, 1, A, H)
+            w_a = w_action.view(C, 1, 1, 1, A, H)
             x = torch.addcmul(hs5, a[..., 0:1].unsqueeze(0), w_a[..., 0, :])
             for j in range(1, A):
                 x = x.addcmul_(a[..., j : j + 1].unsqueeze(0), w_a[..., j, :])
         else:
             a_rows = a.reshape(1, -1, A)
-            ha = torch.bmm(a_rows.expand(C, *a_rows.shape[1:]), w["w_action"])  # [C, Ga*K*Ns, H]
+            ha = torch.bmm(a_rows.expand(C, *a_rows.shape[1:]), w_action)  # [C, Ga*K*Ns, H]
             x = ha.view(C, Ga, K, Ns, H).add_(hs5)  # bmm's backward does not read its output
         x = x.view(C, -1, H)  # [C, M, H], M = Ga*K*Ns
         x = self._hidden(x, w)
