@@ -185,15 +185,22 @@ class Critic(nn.Module):
         }
 
     @staticmethod
-    def _hidden(x: torch.Tensor, w: _Weights) -> torch.Tensor:
-        """Shared hidden stack on pre-activations x [C, N, H] of the first layer -> features [C, N, H]."""
+    def _hidden(x: torch.Tensor, w: _Weights, fused: bool = False) -> torch.Tensor:
+        """Shared hidden stack on pre-activations x [C, N, H] of the first layer -> features [C, N, H].
+
+        `fused` (the (s, a) critic): the LayerNorm's per-member affine is one addcmul and the activation
+        overwrites its input (addcmul's backward does not read its output), so a layer makes 2 [C, N, H]
+        tensors, not 4. The same values up to rounding (a fused multiply-add: ~1 ulp); the discrete critic
+        keeps the unfused ops, so its results stay bit-identical to the earlier code."""
         for i in range(len(w["ln_w"])):
             if i > 0:
                 x = torch.baddbmm(w["b_hidden"][i - 1].unsqueeze(1), x, w["w_hidden"][i - 1])
-            # LayerNorm with a per-member affine, fused into one addcmul; the activation overwrites its
-            # input (addcmul's backward does not read its output), so a layer keeps 2 [C, N, H] tensors, not 4
-            x = torch.addcmul(w["ln_b"][i].unsqueeze(1), F.layer_norm(x, x.shape[-1:]), w["ln_w"][i].unsqueeze(1))
-            x = F.leaky_relu(x, LEAKY_SLOPE, inplace=True)
+            if fused:
+                x = torch.addcmul(w["ln_b"][i].unsqueeze(1), F.layer_norm(x, x.shape[-1:]), w["ln_w"][i].unsqueeze(1))
+                x = F.leaky_relu(x, LEAKY_SLOPE, inplace=True)
+            else:
+                x = F.layer_norm(x, x.shape[-1:]) * w["ln_w"][i].unsqueeze(1) + w["ln_b"][i].unsqueeze(1)
+                x = F.leaky_relu(x, LEAKY_SLOPE)
         return x
 
     @staticmethod
@@ -258,7 +265,7 @@ class Critic(nn.Module):
             ha = torch.bmm(a_rows.expand(C, *a_rows.shape[1:]), w_action)  # [C, Ga*K*Ns, H]
             x = ha.view(C, Ga, K, Ns, H).add_(hs5)  # bmm's backward does not read its output
         x = x.view(C, -1, H)  # [C, M, H], M = Ga*K*Ns
-        x = self._hidden(x, w)
+        x = self._hidden(x, w, fused=True)
         if Ga == 1:  # every discount's output from the same features: one [C, M, H] x [C, H, G] GEMM
             q = torch.baddbmm(w["b_out"].unsqueeze(1), x, w["w_out"])  # [C, K*Ns, G]
             q = q.view(C, K, Ns, G).permute(1, 2, 0, 3)  # [K, Ns, C, G]
