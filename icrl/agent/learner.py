@@ -53,7 +53,8 @@ def compute_loss(
         q_sa = q_at_action(q_all, action)  # [B, L, C, G]
     else:
         q_all = None
-        q_sa = agent.critic(s, action)  # [B, L, C, G]
+        # a_t is the same for every discount: [B, L, 1, A] runs the critic's hidden stack once for all G
+        q_sa = agent.critic(s, batch.action.unsqueeze(-2))  # [B, L, C, G]
     loss_c, metrics = critic_loss(q_sa, y_norm, valid)
 
     dist = agent.actor(s)  # batch [B, L, G]; the actor's gradient reaches the encoder through here
@@ -63,6 +64,7 @@ def compute_loss(
         batch.has_action & batch.mask,
         q_all=q_all,
         q_fn=None if discrete else frozen_critic(agent.critic, s),
+        q_data=None if discrete else q_sa,
         online_coeff=cfg.online_coeff,
         offline_coeff=cfg.offline_coeff,
         bc_filter=cfg.bc_filter,

@@ -178,10 +178,13 @@ def _sampled_terms(
     num_value_samples: int,
     need_online: bool,
     need_bc: bool,
+    q_data_all: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(online, v, q_data) [B, L, G] of a continuous / multi-binary actor. As in AMAGO: K actions a_k ~ π
     give both the online term -mean_k Q(s, a_k) (differentiated through a_k) and, detached, the value V(s)
-    of the advantage; Q(s, a_t) is only evaluated when the BC term needs it."""
+    of the advantage; Q(s, a_t) is only evaluated when the BC term needs it, and not at all when the caller
+    passes it (`q_data_all` [B, L, C, G], the critic loss's own Q(s_t, a_t): the same critic, state and
+    action, so the same values)."""
     if q_fn is None:
         raise ValueError("continuous / multi-binary actor_loss needs q_fn (see frozen_critic)")
     a_pi = dist.rsample((num_value_samples,))  # [K, B, L, G, A]
@@ -192,7 +195,12 @@ def _sampled_terms(
             q_pi = q_fn(a_pi.detach()).mean(-2)
     v = q_pi.detach().mean(0)
     with torch.no_grad():  # the advantage is a fixed weight: no graph, no activations kept
-        q_data = q_fn(action).mean(-2) if need_bc else v  # [B, L, G]
+        if not need_bc:
+            q_data = v
+        elif q_data_all is not None:
+            q_data = q_data_all.detach().mean(-2)  # [B, L, G]
+        else:
+            q_data = q_fn(action).mean(-2)  # [B, L, G]
     return -q_pi.mean(0), v, q_data
 
 
@@ -214,12 +222,13 @@ def actor_loss(
     *,
     q_all: torch.Tensor | None = None,
     q_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    q_data: torch.Tensor | None = None,
     online_coeff: float = 1.0,
     offline_coeff: float = 0.1,
     bc_filter: Literal["binary", "exp"] = "binary",
     exp_beta: float = 1.0,
     exp_clip: float = 20.0,
-    num_value_samples: int = 3,
+    num_value_samples: int = 1,
     entropy_coeff: float = 0.0,
 ) -> tuple[torch.Tensor, Metrics]:
     """online · (−Q(s, a~π_g)) + offline · (−f(A) · log π_g(a_t|s_t)), per discount g, masked mean.
@@ -233,7 +242,8 @@ def actor_loss(
       * continuous / multi-binary: `q_fn(a [..., B, L, G, A]) -> [..., B, L, C, G]`, normally
         `frozen_critic(critic, s)`. K = `num_value_samples` actions a_k ~ π (reparameterised, or
         straight-through for multi-binary) give the online term -mean_k Q(s, a_k), differentiated through
-        the actions, and (detached) V(s) = mean_k Q(s, a_k). Cost: two critic calls, on K and on 1 action.
+        the actions, and (detached) V(s) = mean_k Q(s, a_k). Cost: two critic calls, on K and on 1 action;
+        one when `q_data` [B, L, C, G] (the critic loss's Q(s_t, a_t), detached here) is passed.
     A = Q(s, a_t) - V(s) per discount; `advantage_filter(A, bc_filter, exp_beta, exp_clip)` weights
     the BC term.
     """
@@ -243,7 +253,9 @@ def actor_loss(
     if isinstance(dist, Categorical):
         online, v, q_data = _discrete_terms(dist, action, q_all)
     else:
-        online, v, q_data = _sampled_terms(dist, action, q_fn, num_value_samples, online_coeff != 0, need_bc)
+        online, v, q_data = _sampled_terms(
+            dist, action, q_fn, num_value_samples, online_coeff != 0, need_bc, q_data_all=q_data
+        )
     adv = q_data - v  # [B, L, G]
     weight = advantage_filter(adv, bc_filter, exp_beta, exp_clip)
     logp = dist.log_prob(action) if need_bc else torch.zeros_like(adv)  # [B, L, G]
@@ -256,13 +268,7 @@ def actor_loss(
     masked_mean = _masked_mean(valid, G)
     loss = masked_mean(per_step)
     with torch.no_grad():
-        metrics = {
-            "actor_loss": loss.detach(),
-            "actor_online": masked_mean(online.detach()),
-            "actor_bc": masked_mean(bc.detach()),
-            "bc_weight": masked_mean(weight),
-            "advantage": masked_mean(adv),
-            "logp_data": masked_mean(logp.detach()),
-            "entropy": masked_mean(entropy.detach()),
-        }
+        terms = {"actor_online": online, "actor_bc": bc, "bc_weight": weight, "advantage": adv, "logp_data": logp,
+                 "entropy": entropy}
+        metrics = {"actor_loss": loss.detach(), **{k: masked_mean(x.detach()) for k, x in terms.items()}}
     return loss, metrics

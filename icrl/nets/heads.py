@@ -122,7 +122,9 @@ class Critic(nn.Module):
     Otherwise:  `forward(s [..., d], a [..., G, A]) -> q [..., C, G]`, where discount g's output is read at
                 discount g's action. `a` may carry extra leading dims that broadcast against `s`
                 (e.g. K sampled actions [K, B, L, G, A] with s [B, L, d]), so value estimates from several
-                actions cost one call.
+                actions cost one call. `a [..., 1, A]` is one action for every discount (the replay's a_t):
+                the hidden stack then runs once for all G discounts, a G-th of the cost, with the same result
+                as that action repeated G times.
     `members` (optional [C'] long indices) evaluates only those ensemble members, in that order: the output
     equals the full output indexed at `members` along the C dim, for a C'/C share of the cost (REDQ's
     target needs only its random subset of the target critics).
@@ -183,13 +185,22 @@ class Critic(nn.Module):
         }
 
     @staticmethod
-    def _hidden(x: torch.Tensor, w: _Weights) -> torch.Tensor:
-        """Shared hidden stack on pre-activations x [C, N, H] of the first layer -> features [C, N, H]."""
+    def _hidden(x: torch.Tensor, w: _Weights, fused: bool = False) -> torch.Tensor:
+        """Shared hidden stack on pre-activations x [C, N, H] of the first layer -> features [C, N, H].
+
+        `fused` (the (s, a) critic): the LayerNorm's per-member affine is one addcmul and the activation
+        overwrites its input (addcmul's backward does not read its output), so a layer makes 2 [C, N, H]
+        tensors, not 4. The same values up to rounding (a fused multiply-add: ~1 ulp); the discrete critic
+        keeps the unfused ops, so its results stay bit-identical to the earlier code."""
         for i in range(len(w["ln_w"])):
             if i > 0:
                 x = torch.baddbmm(w["b_hidden"][i - 1].unsqueeze(1), x, w["w_hidden"][i - 1])
-            x = F.layer_norm(x, x.shape[-1:]) * w["ln_w"][i].unsqueeze(1) + w["ln_b"][i].unsqueeze(1)
-            x = F.leaky_relu(x, LEAKY_SLOPE)
+            if fused:
+                x = torch.addcmul(w["ln_b"][i].unsqueeze(1), F.layer_norm(x, x.shape[-1:]), w["ln_w"][i].unsqueeze(1))
+                x = F.leaky_relu(x, LEAKY_SLOPE, inplace=True)
+            else:
+                x = F.layer_norm(x, x.shape[-1:]) * w["ln_w"][i].unsqueeze(1) + w["ln_b"][i].unsqueeze(1)
+                x = F.leaky_relu(x, LEAKY_SLOPE)
         return x
 
     @staticmethod
@@ -215,20 +226,54 @@ class Critic(nn.Module):
             return _upcast(q.movedim(0, -3))  # [..., C, G, A]
 
         if a is None:
-            raise ValueError("this critic needs actions a [..., G, A]")
+            raise ValueError("this critic needs actions a [..., G, A] (or [..., 1, A])")
         w_action = w["w_action"]
         if w_action is None:
             raise RuntimeError("a continuous or multi-binary critic must have action weights (w_action)")
-        s_batch, a_batch = s.shape[:-1], a.shape[:-2]
-        batch = torch.broadcast_shapes(s_batch, a_batch)
-        hs = self._state_in(s.reshape(-1, s.shape[-1]), w["w_state"])
-        hs = hs.view(*s_batch, 1, C, H)  # [..s, 1, C, H]
-        ha = a.reshape(-1, a.shape[-1]) @ w_action.permute(1, 0, 2).flatten(1)
-        ha = ha.view(*a_batch, G, C, H)
-        x = (hs + ha + w["b_in"]).reshape(-1, G, C, H).permute(2, 1, 0, 3)  # [C, G, N, H]
-        x = self._hidden(x.reshape(C, -1, H), w).view(C, G, -1, H)  # [C, G, N, H]
-        q = torch.einsum("cgnh,chg->cgn", x, w["w_out"]) + w["b_out"].unsqueeze(-1)  # [C, G, N]
-        return _upcast(q.permute(2, 0, 1).reshape(*batch, C, G))  # [..., C, G]
+        return self._forward_sa(s, a, w, w_action, C, H, G)
+
+    def _forward_sa(
+        self, s: torch.Tensor, a: torch.Tensor, w: _Weights, w_action: torch.Tensor, C: int, H: int, G: int
+    ) -> torch.Tensor:
+        """The (s, a) critic. Rows are laid out [C, Ga, K, Ns, H] (Ga: 1 or G action groups, K: a's extra
+        leading dims, Ns: s's rows), so the state's first-layer product [C, Ns, H] broadcasts into them without
+        being copied per discount or per sample, and no [.., C, H] tensor is ever permuted.
+
+        With one action for every discount (a [..., 1, A]) the hidden stack runs once per member and state for
+        all G discounts: exactly the per-discount result, since only the output layer is per discount."""
+        Ga, A = a.shape[-2:]
+        if Ga not in (1, G):
+            raise ValueError(f"actions must be [..., {G}, A] (one per discount) or [..., 1, A], got {tuple(a.shape)}")
+        batch = torch.broadcast_shapes(s.shape[:-1], a.shape[:-2])
+        s_batch = batch[len(batch) - (s.dim() - 1):] if s.dim() > 1 else torch.Size()
+        lead = batch[: len(batch) - len(s_batch)]  # a's extra leading dims (K samples)
+        if s.shape[:-1] != s_batch:
+            s = s.expand(*s_batch, s.shape[-1])
+        K, Ns = math.prod(lead), math.prod(s_batch)
+        s_rows = s.reshape(1, Ns, s.shape[-1]).expand(C, Ns, s.shape[-1])
+        hs = torch.baddbmm(w["b_in"].unsqueeze(1), s_rows, w["w_state"])  # [C, Ns, H]
+        a = a.expand(*batch, Ga, A).reshape(K, Ns, Ga, A).permute(2, 0, 1, 3).contiguous()  # [Ga, K, Ns, A] (small)
+        a = a.to(hs.dtype)
+        hs5 = hs.view(C, 1, 1, Ns, H)
+        if A <= 2:  # a few rank-1 updates: one pass over [C, M, H] each, no thin GEMM, no separate add
+            w_a = w_action.view(C, 1, 1, 1, A, H)
+            x = torch.addcmul(hs5, a[..., 0:1].unsqueeze(0), w_a[..., 0, :])
+            for j in range(1, A):
+                x = x.addcmul_(a[..., j : j + 1].unsqueeze(0), w_a[..., j, :])
+        else:
+            a_rows = a.reshape(1, -1, A)
+            ha = torch.bmm(a_rows.expand(C, *a_rows.shape[1:]), w_action)  # [C, Ga*K*Ns, H]
+            x = ha.view(C, Ga, K, Ns, H).add_(hs5)  # bmm's backward does not read its output
+        x = x.view(C, -1, H)  # [C, M, H], M = Ga*K*Ns
+        x = self._hidden(x, w, fused=True)
+        if Ga == 1:  # every discount's output from the same features: one [C, M, H] x [C, H, G] GEMM
+            q = torch.baddbmm(w["b_out"].unsqueeze(1), x, w["w_out"])  # [C, K*Ns, G]
+            q = q.view(C, K, Ns, G).permute(1, 2, 0, 3)  # [K, Ns, C, G]
+        else:  # discount g's output read at discount g's features: a [K*Ns, H] x [H] product per (c, g)
+            w_out = w["w_out"].transpose(1, 2).reshape(C * G, H, 1)  # [C*G, H, 1] (small)
+            q = torch.bmm(x.view(C * G, K * Ns, H), w_out).view(C, G, K * Ns)  # [C, G, K*Ns]
+            q = (q + w["b_out"].unsqueeze(-1)).view(C, G, K, Ns).permute(2, 3, 0, 1)  # [K, Ns, C, G]
+        return _upcast(q.reshape(*batch, C, G))  # [..., C, G]
 
     @torch.no_grad()
     def rescale_output_(self, scale: torch.Tensor, shift: torch.Tensor) -> None:

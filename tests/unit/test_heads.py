@@ -281,3 +281,51 @@ def test_heads_return_float32_under_autocast():
 def test_categorical_refuses_rsample_with_a_reason():
     with pytest.raises(TypeError, match="exact expectation"):
         Categorical(torch.zeros(2, 3)).rsample()
+
+
+@pytest.mark.parametrize("A", [1, 2, 3])  # rank-1 updates (A <= 2) and the GEMM path (A > 2)
+def test_critic_one_action_for_every_discount_equals_it_repeated(A):
+    """a [..., 1, A] (the replay's a_t, the same for every discount) runs the hidden stack once for all G:
+    the same values as that action repeated per discount, with extra leading sample dims too."""
+    critic = Critic(D, ActionSpec("continuous", A), G, num_critics=3, hidden=16, layers=3)
+    s = torch.randn(B, L, D)
+    for a in (torch.rand(B, L, 1, A) * 2 - 1, torch.rand(2, B, L, 1, A) * 2 - 1):
+        shared = critic(s, a)
+        repeated = critic(s, a.expand(*a.shape[:-2], G, A).contiguous())
+        assert shared.shape == repeated.shape == (*a.shape[:-2], 3, G)
+        torch.testing.assert_close(shared, repeated, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="one per discount"):
+        critic(s, torch.rand(B, L, 2, A))
+
+
+@pytest.mark.parametrize("A", [1, 3])
+def test_critic_sampled_actions_match_the_reference_and_broadcast_states(A):
+    """K sampled actions [K, B, L, G, A] in one call equal the per-member MLP reference for every sample, and a
+    state with a broadcast dim (s [B, 1, d] against a [B, L, ...]) equals the expanded state's call."""
+    critic = Critic(D, ActionSpec("continuous", A), G, num_critics=2, hidden=16, layers=2)
+    s = torch.randn(B, L, D)
+    a = torch.rand(3, B, L, G, A) * 2 - 1
+    q = critic(s, a)
+    for k in range(3):
+        for c in range(2):
+            for g in range(G):
+                torch.testing.assert_close(q[k, :, :, c, g], _reference_member(critic, c, s, a[k], g), atol=1e-5, rtol=1e-5)
+    s1 = torch.randn(B, 1, D)
+    torch.testing.assert_close(critic(s1, a[0]), critic(s1.expand(B, L, D), a[0]), atol=1e-6, rtol=1e-6)
+
+
+def test_critic_gradients_match_the_reference():
+    """The fused layout (in-place activation, addcmul) gives the same gradients for states, actions and weights."""
+    critic = Critic(D, ActionSpec("continuous", 2), G, num_critics=2, hidden=16, layers=3)
+    s = torch.randn(B, L, D, requires_grad=True)
+    a = (torch.rand(2, B, L, G, 2) * 2 - 1).requires_grad_()
+    critic(s, a).square().sum().backward()
+    got = [s.grad.clone(), a.grad.clone()] + [p.grad.clone() for p in critic.parameters()]
+    s.grad, a.grad = None, None
+    critic.zero_grad()
+    ref = torch.stack([torch.stack([_reference_member(critic, c, s, a[k], g) for c in range(2) for g in range(G)])
+                       for k in range(2)])
+    ref.square().sum().backward()
+    want = [s.grad, a.grad] + [p.grad for p in critic.parameters()]
+    for x, y in zip(got, want, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)

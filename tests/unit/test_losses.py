@@ -361,3 +361,25 @@ def test_critic_loss_gives_no_gradient_to_actor(kind, target):
     assert all(g is None for g in _grads(actor)), "the critic loss reached the actor through the TD target"
     assert all(g is not None and g.abs().sum() > 0 for g in _grads(critic))
     assert all(g is not None and g.abs().sum() > 0 for g in _grads(upstream))  # the encoder learns from it
+
+
+@pytest.mark.parametrize("kind", ["continuous", "multibinary"])
+def test_passing_the_critic_loss_q_equals_evaluating_it_again(kind):
+    """`q_data` (the critic loss's Q(s_t, a_t), computed once with a_t shared by every discount) gives the same
+    loss, metrics and actor gradients as the actor loss evaluating Q(s, a_t) through q_fn itself."""
+    upstream, actor, critic, x, action, valid = _setup(kind)
+    s = upstream(x)
+    q_sa = critic(s, action.unsqueeze(-2))  # [B, L, C, G], as compute_loss does
+    out = []
+    for q_data in (None, q_sa):
+        actor.zero_grad()
+        torch.manual_seed(5)
+        loss, m = actor_loss(actor(s), action, valid, q_fn=frozen_critic(critic, s), q_data=q_data)
+        loss.backward(retain_graph=True)
+        out.append((loss.detach(), m, [p.grad.clone() for p in actor.parameters()]))
+    (l0, m0, g0), (l1, m1, g1) = out
+    torch.testing.assert_close(l0, l1)
+    for k in m0:
+        torch.testing.assert_close(m0[k], m1[k], atol=1e-6, rtol=1e-5)
+    for a, b in zip(g0, g1, strict=True):
+        torch.testing.assert_close(a, b)
