@@ -45,8 +45,7 @@ def measure(context: int) -> dict:
 
     # A full cache, as after `context` steps of a rollout; every later step costs the same.
     state = enc.init_state(BATCH, "cpu")
-    state.k.normal_()
-    state.v.normal_()
+    state.kv.normal_()  # keys and values
     state.count.fill_(context)
     state.filled = context
 

@@ -192,7 +192,7 @@ class Learner:
         """One gradient step. Metrics stay tensors (no host sync); the caller logs the ones it keeps."""
         agent, cfg = self.agent, self.cfg
         agent.train()  # acting (AgentPolicy) leaves the agent in eval mode
-        batch = batch.to(self.device, non_blocking=True)
+        batch = batch.to(self.device, non_blocking=True, learner_only=True)  # truncated, achieved: unread
         members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset, self.generator)
         if self.ddp is None:
             agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)

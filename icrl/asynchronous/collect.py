@@ -22,7 +22,7 @@ from icrl.asynchronous.protocol import (
 from icrl.config import ExperimentConfig
 from icrl.envs import Collector
 from icrl.envs.user import EnvOverride, run_env_config
-from icrl.run.components import build_agent, make_env, open_replay, train_policy
+from icrl.run.components import build_agent, make_run_envs, open_replay, train_policy
 from icrl.run.episodes import rollout_sums
 from icrl.run.loggers import say
 from icrl.seeding import derive_seed, seed_everything
@@ -57,7 +57,7 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
     seed_everything(seed)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
-    venv = make_env(cfg.env, cfg.env.parallel_envs, asynchronous=cfg.env.async_envs)
+    venv = make_run_envs(cfg.env, cfg.env.parallel_envs, asynchronous=cfg.env.async_envs)
     run = None
     try:
         run = Collecting(cfg, paths, collector_id, venv, torch.device(device), seed, counters, starts)

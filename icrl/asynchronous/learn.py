@@ -27,7 +27,7 @@ from icrl.run.checkpoint import load_latest_checkpoint, save_checkpoint
 from icrl.run.components import (
     build_agent,
     check_resume_target,
-    make_env,
+    make_run_envs,
     make_relabeler,
     open_replay,
     with_task_defaults,
@@ -142,7 +142,7 @@ class Learning:
         if cfg.run.threads > 0:
             torch.set_num_threads(cfg.run.threads)
         self.device = resolve_device(cfg.run.device)
-        self.eval_venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs)
+        self.eval_venv = make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs)
         self.spec = ActionSpec.from_space(self.eval_venv.single_action_space)
         self.relabeler = make_relabeler(cfg.replay, self.eval_venv)
         self.paths = AsyncPaths(cfg.run.run_dir)

@@ -297,14 +297,6 @@ class KVCache:
     write_base: np.ndarray  # [B, 2, H] int64: row of (b, k|v, h, slot 0) in one layer's kv.view(-1, dh)
     zero_bias: torch.Tensor  # [B*H, 1, W] zeros: the attention mask when no slot needs masking
 
-    @property
-    def k(self) -> torch.Tensor:  # [layers, B, H, W, dh] view
-        return self.kv[:, 0]
-
-    @property
-    def v(self) -> torch.Tensor:  # [layers, B, H, W, dh] view
-        return self.kv[:, 1]
-
     def reset(self, mask: torch.Tensor | np.ndarray) -> None:
         """Empty the rows where `mask` [B] is True. Stale K/V stay but are never attended to again."""
         if isinstance(mask, torch.Tensor):

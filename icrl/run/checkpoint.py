@@ -274,19 +274,6 @@ def _aliases_only(agent: torch.nn.Module, missing: list[str], tensors: dict[str,
     return all(sd[k].data_ptr() in saved_ptrs for k in missing)
 
 
-def find_latest_checkpoint(run_dir: str | os.PathLike, log=None) -> Path | None:
-    """The newest checkpoint that reads back whole, skipping torn or corrupt ones (reported via `log`)."""
-    for path in reversed(list_checkpoints(run_dir)):
-        try:
-            read_checkpoint(path)
-        except CheckpointError as e:
-            if log is not None:
-                log(f"icrl: skipping unreadable checkpoint: {e}")
-            continue
-        return path
-    return None
-
-
 def load_latest_checkpoint(run_dir: str | os.PathLike, *, agent: torch.nn.Module, log=None, **objects: Any
                            ) -> tuple[Path, dict[str, Any]] | None:
     """Load the newest checkpoint that is whole and consistent with these objects; (path, state) or None.

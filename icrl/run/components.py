@@ -45,7 +45,7 @@ def build_agent(cfg: ExperimentConfig, obs_space: gym.Space, spec: ActionSpec,
     return Agent(obs_space, spec, cfg.model, cfg.loss).to(device)
 
 
-def make_env(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
+def make_run_envs(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
              factories: Sequence[Any] | None = None) -> gym.vector.VectorEnv:
     """`num_envs` copies of the run's env, each rollout `episodes_per_rollout` episodes (icrl.envs.make)."""
     return make_vector_env(e.env, e.kwargs, num_envs, asynchronous=asynchronous, factories=factories,
@@ -207,9 +207,9 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     main = replicas.is_main
     opened: list[Any] = []  # what to close if a later step raises (bad offline data, a full disk...)
     try:
-        venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories)
+        venv = make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories)
         opened.append(venv)
-        eval_venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories) if main else None
+        eval_venv = make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories) if main else None
         opened.append(eval_venv)
         spaces = venv_spaces_record(venv, e.env, e.kwargs, source.rebuild)
         spec = ActionSpec.from_space(venv.single_action_space)

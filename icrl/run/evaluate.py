@@ -133,14 +133,14 @@ def run_io(cfg: ExperimentConfig, spaces: tuple | None = None) -> tuple[Any, Any
 
     `spaces` (the env's (observation space, action space), e.g. from RUN_DIR/spaces.json) gives them without
     the env; otherwise the env of `cfg` is built once to read them (check it with `run_env_config` first)."""
-    from icrl.run.components import make_env
+    from icrl.run.components import make_run_envs
     from icrl.spaces_json import spaces_wrapper
     from icrl.types import ActionSpec
 
     if spaces is not None:
         io = spaces_wrapper(*spaces)
         return io.observation_space["obs"], io.action_spec
-    venv = make_env(cfg.env, 1)
+    venv = make_run_envs(cfg.env, 1)
     try:
         return venv.single_observation_space["obs"], ActionSpec.from_space(venv.single_action_space)
     finally:
@@ -228,7 +228,7 @@ def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: tor
     import dataclasses
 
     from icrl.envs.user import resolve_env
-    from icrl.run.components import make_env
+    from icrl.run.components import make_run_envs
 
     if n_episodes < 1:
         raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
@@ -238,7 +238,7 @@ def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: tor
     if env_kwargs is None:
         env_kwargs = src.env_kwargs or (cfg.env.kwargs if src.name == cfg.env.env else {})
     e = dataclasses.replace(cfg.env, env=src.name, env_kwargs=json.dumps(env_kwargs))
-    venv = make_env(e, min(parallel_envs or src.parallel_envs or e.parallel_envs, n_episodes), factories=src.factories)
+    venv = make_run_envs(e, min(parallel_envs or src.parallel_envs or e.parallel_envs, n_episodes), factories=src.factories)
     try:
         check_env_fits(venv, spaces, src.name)
         return play(agent, venv, device, n_episodes, seed=seed, deterministic=deterministic,
@@ -277,7 +277,7 @@ def evaluate_run(
     Defaults come from the run's config: its eval_rollouts, parallel_envs and seed (the eval envs are
     seeded with derive_seed(seed, "eval-cli"), apart from the training-time evaluations).
     """
-    from icrl.run.components import make_env
+    from icrl.run.components import make_run_envs
     from icrl.seeding import seed_everything
     from icrl.spaces_json import read_spaces
 
@@ -293,7 +293,7 @@ def evaluate_run(
     rollouts = cfg.eval.eval_rollouts if rollouts is None else rollouts
     n_envs = min(parallel_envs or e.parallel_envs, rollouts)
     seed_everything(seed)
-    venv = make_env(e, n_envs)
+    venv = make_run_envs(e, n_envs)
     try:
         check_env_fits(venv, read_spaces(run_dir), e.env)
         stats = play(agent, venv, dev, rollouts, seed=seed, max_steps=cfg.eval.eval_max_steps)

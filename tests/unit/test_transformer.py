@@ -83,7 +83,7 @@ def test_reset_state_empties_rows_and_cache_is_reused() -> None:
     enc = make().eval()
     with torch.no_grad():
         state = enc.init_state(2, "cpu")
-        k_ptr = state.k.data_ptr()
+        kv_ptr = state.kv.data_ptr()
         for t in range(3):
             _, state = enc.step(torch.randn(2, 5), torch.full((2,), t), state)
         state = enc.reset_state(state, torch.tensor([True, False]))
@@ -92,7 +92,7 @@ def test_reset_state_empties_rows_and_cache_is_reused() -> None:
         assert state.filled == 0
         x0 = torch.randn(2, 5)
         out, state = enc.step(x0, torch.zeros(2, dtype=torch.long), state)
-        assert state.k.data_ptr() == k_ptr  # written in place, never re-allocated
+        assert state.kv.data_ptr() == kv_ptr  # written in place, never re-allocated
         fresh, _ = enc.step(x0, torch.zeros(2, dtype=torch.long), enc.init_state(2, "cpu"))
     torch.testing.assert_close(out, fresh, atol=1e-6, rtol=1e-6)
 
