@@ -27,8 +27,8 @@ from icrl.run.checkpoint import load_latest_checkpoint, save_checkpoint
 from icrl.run.components import (
     build_agent,
     check_resume_target,
-    make_run_envs,
     make_relabeler,
+    make_run_envs,
     open_replay,
     with_task_defaults,
 )
