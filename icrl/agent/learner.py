@@ -12,6 +12,7 @@ function of a detached state, so it reaches the encoder only through the actor h
 from __future__ import annotations
 
 import warnings
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -22,8 +23,21 @@ from icrl.config import ExperimentConfig, LossConfig
 from icrl.guards import UpdateGuard
 from icrl.nets.heads import q_at_action
 from icrl.nets.popart import ema_update_
-from icrl.run.distributed import Replicas
 from icrl.types import Batch
+
+
+class Collectives(Protocol):
+    """What a data-parallel update needs of the processes it runs in: the collectives the learner calls.
+    The run layer provides them (`icrl.run.distributed.Replicas`); the learner, a layer below, names only this
+    shape, so it never imports the run layer (docs/design.md §8)."""
+
+    world_size: int
+
+    def wrap(self, module: nn.Module) -> nn.Module: ...
+    def broadcast_(self, module: nn.Module) -> None: ...
+    def max(self, values: list[int]) -> list[int]: ...
+    def gather_rows(self, x: torch.Tensor, max_rows: int) -> torch.Tensor: ...
+    def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def compute_loss(
@@ -145,13 +159,13 @@ class Learner:
     backward pass follows the forward's dtypes, and parameters, gradients and AdamW stay float32.
     `OptimConfig.compile` wraps `compute_loss` in torch.compile.
 
-    Data parallel (`replicas` of world size > 1, see icrl.run.distributed): the loss runs inside DDP, which
-    averages gradients over the ranks, and the batch statistics (observation RunningNorm, PopArt) are
-    updated from every rank's rows, so all ranks keep identical weights and buffers.
+    Data parallel (`replicas` of world size > 1: `Collectives`, e.g. icrl.run.distributed.Replicas): the loss
+    runs inside DDP, which averages gradients over the ranks, and the batch statistics (observation
+    RunningNorm, PopArt) are updated from every rank's rows, so all ranks keep identical weights and buffers.
     """
 
     def __init__(
-        self, agent: Agent, cfg: ExperimentConfig, device: torch.device, replicas: Replicas | None = None
+        self, agent: Agent, cfg: ExperimentConfig, device: torch.device, replicas: Collectives | None = None
     ) -> None:
         self.agent, self.cfg, self.device = agent, cfg, device
         self.replicas = replicas if replicas is not None and replicas.world_size > 1 else None
