@@ -130,6 +130,57 @@ def achieved_slots(env: gym.Env) -> int:
     return int(k)
 
 
+class RolloutClock:
+    """The timestep state machine of docs/design.md §2, for N envs: per env, the time index its next timestep
+    gets, the index of its episode inside the rollout, and its previous action. One implementation for both
+    drivers: `TimestepWrapper` (which steps the env, N = 1) and `icrl.policy` (stepped by the caller's env loop).
+
+    At a timestep that starts a new task (`hard`) time and episode go to 0; at one that starts the next
+    episode of the same task (`inner`) the episode index counts on and time keeps counting; at both, the
+    previous action and reward the agent sees are zero and the reset flag is 1. `rollout_over` is the one rule
+    for when the rollout the agent is trained on ends: after `episodes_per_rollout` episodes, or once time
+    reaches `rollout_horizon`.
+    """
+
+    def __init__(self, spec: ActionSpec, num_envs: int = 1, episodes_per_rollout: int = 1,
+                 rollout_horizon: int | None = None) -> None:
+        self.episodes_per_rollout, self.rollout_horizon = episodes_per_rollout, rollout_horizon
+        self.prev_action = spec.zero_vector(num_envs)  # [N, A] float32: zeros where a rollout / episode starts
+        self.time = np.zeros(num_envs, np.int64)  # [N]: the time index the next timestep gets
+        self.episode = np.zeros(num_envs, np.int64)  # [N]: episodes begun in the current rollout, minus one
+
+    def rollout_over(self) -> np.ndarray:
+        """[N] bool: the current episode is the rollout's last (with a horizon: time has reached it)."""
+        if self.rollout_horizon is None:
+            return self.episode + 1 >= self.episodes_per_rollout
+        return self.time >= self.rollout_horizon
+
+    def start(self, hard: np.ndarray | bool, inner: np.ndarray | bool = False) -> None:
+        """Move the counters of the envs where a new task (`hard`) or the next episode of the same task
+        (`inner`) starts at the coming timestep ([N] bools or one bool for all)."""
+        hard, inner = np.asarray(hard, bool), np.asarray(inner, bool)
+        self.time[hard] = 0
+        self.episode[hard] = 0
+        self.episode[inner] += 1
+        self.prev_action[hard | inner] = 0.0
+
+    def timestep(self, obs: dict[str, np.ndarray], rewards: np.ndarray, cont: np.ndarray) -> dict:
+        """The timestep dict ([N, ...] arrays) for observations `obs` (each [N, ...]), the rewards [N] float32 of
+        the previous actions, and `cont` [N] bool: the env continues its episode (else its reset flag is 1)."""
+        return {
+            "obs": obs,
+            "prev_action": self.prev_action.copy(),  # [N, A]
+            "prev_reward": np.where(cont, rewards, 0.0).astype(np.float32),  # [N]
+            "time": self.time.copy(),  # [N]
+            "reset": (~np.asarray(cont, bool)).astype(np.int8),  # [N]
+        }
+
+    def acted(self, action_vectors: np.ndarray) -> None:
+        """The agent acted: its actions ([N, A] float32 vectors) are the next timestep's previous actions."""
+        self.prev_action[...] = action_vectors
+        self.time += 1
+
+
 class TimestepWrapper(gym.Wrapper):
     """Any Gymnasium env -> timesteps `{"obs", "prev_action", "prev_reward", "time", "reset"}`.
 
@@ -171,9 +222,13 @@ class TimestepWrapper(gym.Wrapper):
         )
         if self.achieved_slots:
             self.observation_space["achieved"] = gym.spaces.Box(-1, _TIME_HIGH, (self.achieved_slots,), np.int64)
-        self._t = 0  # actions taken in the current rollout
-        self._episode = 0  # index of the current episode inside the rollout
+        self._clock = RolloutClock(self.action_spec, 1, self.episodes_per_rollout, self.rollout_horizon)
         self._pending_reset = False  # last timestep was an inner episode's final obs
+
+    @property
+    def _t(self) -> int:
+        """Actions taken in the current rollout: the time index of the current timestep."""
+        return int(self._clock.time[0])
 
     # ------------------------------------------------------------------------------------------- helpers
     def convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
@@ -208,20 +263,14 @@ class TimestepWrapper(gym.Wrapper):
         return EnvError(f"env {env_name(self.env)} at step {self._t} of a rollout: {what}() {problem}; fix the env",
                         text)
 
-    def _timestep(
-        self, obs: Any, prev_action: np.ndarray, prev_reward: float, reset: bool, info: dict | None = None
-    ) -> dict:
+    def _timestep(self, obs: Any, prev_reward: float, reset: bool, info: dict | None = None) -> dict:
+        """The timestep of raw observation `obs`, from the clock's time and previous action (`RolloutClock`)."""
         try:
             converted = self._convert_obs(obs)
         except ValueError as e:
             raise self._env_error("step" if self._t else "reset", f"returned an {e}", e) from e
-        ts = {
-            "obs": converted,
-            "prev_action": prev_action,  # [A] float32
-            "prev_reward": _float32(prev_reward),  # []
-            "time": np.asarray(self._t, dtype=np.int64),  # []
-            "reset": np.asarray(int(reset), dtype=np.int8),  # []
-        }
+        batch = self._clock.timestep({}, _float32(prev_reward).reshape(1), np.array([not reset]))
+        ts = {"obs": converted, **{k: v[0, ...] for k, v in batch.items() if k != "obs"}}  # [A] | [] each
         if self.achieved_slots:
             ts["achieved"] = self._achieved(info)  # [K] int64, -1 padded
         return ts
@@ -245,10 +294,10 @@ class TimestepWrapper(gym.Wrapper):
         """Hard reset: a new task (the inner env sees `new_task=True` in multi-episode mode)."""
         if self.multi_episode:
             options = {**(options or {}), "new_task": True}
-        self._t = 0
+        self._clock.start(hard=True)
         obs, info = self._checked_reset(seed=seed, options=options)
-        self._episode, self._pending_reset = 0, False
-        return self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True, info=info), info
+        self._pending_reset = False
+        return self._timestep(obs, 0.0, reset=True, info=info), info
 
     def _checked_reset(self, **kwargs: Any) -> tuple[Any, dict]:
         out = self._call_env("reset", self.env.reset, **kwargs)
@@ -272,18 +321,18 @@ class TimestepWrapper(gym.Wrapper):
             # Bridge step: the action taken on an inner episode's final obs is ignored; the next episode of
             # the same task starts with reset=1 and zero previous action and reward.
             obs, info = self._checked_reset(options={"new_task": False})
-            self._t += 1
-            self._episode += 1
+            self._clock.acted(self.action_spec.zero_vector(1))
+            self._clock.start(hard=False, inner=True)
             self._pending_reset = False
-            truncated = self.rollout_horizon is not None and self._t >= self.rollout_horizon
+            truncated = self.rollout_horizon is not None and bool(self._clock.rollout_over()[0])
             # the bridge step achieves nothing: a new episode's first observation is not an agent's doing
-            ts = self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True)
+            ts = self._timestep(obs, 0.0, reset=True)
             return ts, 0.0, False, truncated, dict(info)
 
         env_action = agent_to_env_action(self._env_action_space, action)
-        self._t += 1
+        self._clock.acted(action_to_vector(self.action_spec, action))
         obs, reward, terminated, truncated, info = self._checked_step(env_action)
-        ts = self._timestep(obs, action_to_vector(self.action_spec, action), reward, reset=False, info=info)
+        ts = self._timestep(obs, reward, reset=False, info=info)
         if "success" in info:
             info["success"] = float(info["success"])
         episode_done = terminated or truncated
@@ -291,14 +340,15 @@ class TimestepWrapper(gym.Wrapper):
             info["episode_end"] = True
         if not self.multi_episode:
             return ts, reward, terminated, truncated, info
+        over = bool(self._clock.rollout_over()[0])
         if self.rollout_horizon is not None:
-            if self._t >= self.rollout_horizon:
+            if over:
                 # The rollout ends on its time limit even if the inner episode terminated right here: the
                 # rollout would have continued with another episode, so its value is bootstrapped.
                 return ts, reward, False, True, info
             self._pending_reset = episode_done
             return ts, reward, False, False, info
-        if episode_done and self._episode == self.episodes_per_rollout - 1:
+        if episode_done and over:
             return ts, reward, terminated, truncated, info
         self._pending_reset = episode_done
         return ts, reward, False, False, info
