@@ -140,10 +140,12 @@ class RunCounters:
         self.env_steps = self.stored_env_steps = self.rollouts = 0
         self.sums = {"rollouts": 0.0, "return_sum": 0.0, "success_n": 0.0, "success_sum": 0.0}
         self.collectors = 0
+        self.collector_env_steps: list[int] = []  # each collector's own env steps (all its env copies)
 
     def read(self) -> RunCounters:
         counters = read_counters(self.paths)
         self.collectors = sum(c.get("state") == "collecting" for c in counters)
+        self.collector_env_steps = [int(c.get("env_steps", 0)) for c in counters]
         self.env_steps = sum(int(c.get("env_steps", 0)) for c in counters)
         self.stored_env_steps = sum(int(c.get("stored_env_steps", 0)) for c in counters)
         self.rollouts = sum(int(c.get("stored_rollouts", 0)) for c in counters)
