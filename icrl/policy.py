@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from icrl.agent.model import AgentPolicy
+from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ExperimentConfig
 from icrl.envs.wrapper import RolloutClock
 from icrl.guards import nonfinite_keys
@@ -66,7 +66,7 @@ class PolicyState:
 class InContextPolicy:
     """A trained agent that maps raw env observations to env actions, one step of N envs at a time."""
 
-    def __init__(self, agent: torch.nn.Module, config: ExperimentConfig, observation_space: gym.Space,
+    def __init__(self, agent: Agent, config: ExperimentConfig, observation_space: gym.Space,
                  action_space: gym.Space, device: torch.device) -> None:
         self.agent, self.config, self.device = agent, config, device
         self.observation_space, self.action_space = observation_space, action_space  # the env's own
@@ -195,20 +195,26 @@ class InContextPolicy:
         """(N, single): a lone observation is N=1, single=True; a batch has a leading axis of N."""
         space, value = self.observation_space, observation
         while isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):  # the first leaf decides
-            key = next(iter(space.spaces)) if isinstance(space, gym.spaces.Dict) else 0
             try:
-                space, value = space[key], value[key]
+                if isinstance(space, gym.spaces.Dict):
+                    name = next(iter(space.spaces))
+                    key: str | int = name
+                    space, value = space.spaces[name], value[name]
+                else:
+                    key = 0
+                    space, value = space.spaces[0], value[0]
             except (KeyError, IndexError, TypeError) as e:
                 raise ValueError(f"observation lacks {key!r} of the env's observation space {self.observation_space}") from e
         shape = np.shape(value)
+        leaf: tuple[int, ...]
         if isinstance(space, gym.spaces.Discrete):
             leaf = ()
         elif isinstance(space, gym.spaces.MultiDiscrete):
             leaf = tuple(np.shape(space.nvec))
         elif isinstance(space, gym.spaces.MultiBinary):
             leaf = tuple(np.atleast_1d(space.n))
-        else:
-            leaf = tuple(space.shape)
+        else:  # a Box: TimestepWrapper accepts no other leaf
+            leaf = tuple(space.shape or ())
         if shape == leaf:
             return 1, True
         if len(shape) == len(leaf) + 1 and shape[1:] == leaf:

@@ -40,13 +40,16 @@ class Collectives(Protocol):
     def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+LossOutput = tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]  # loss, metrics, y, valid
+
+
 def compute_loss(
     agent: Agent,
     batch: Batch,
     cfg: LossConfig,
     generator: torch.Generator | None = None,
     members: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+) -> LossOutput:
     """Returns (loss, metrics, y, valid): the unnormalised targets [B, L, G] and their mask feed PopArt.
 
     `members` is REDQ's subset of target critics, drawn from `generator` when not given. The learner draws
@@ -148,7 +151,7 @@ class LossModule(nn.Module):
         super().__init__()
         self.agent, self.loss_fn, self.cfg = agent, loss_fn, cfg
 
-    def forward(self, batch: Batch, members: torch.Tensor):
+    def forward(self, batch: Batch, members: torch.Tensor) -> LossOutput:
         return self.loss_fn(self.agent, batch, self.cfg, members=members)
 
 
@@ -213,7 +216,8 @@ class Learner:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
                 loss, metrics, y, valid = self._compute_loss(batch, members)
         else:
-            length = self._update_normalization_all_ranks(batch)
+            assert self.replicas is not None  # DDP exists only for world size > 1
+            length = self._update_normalization_all_ranks(batch, self.replicas)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
                 loss, metrics, y, valid = self.ddp(batch, members)
             y, valid = self.replicas.gather_padded(y.float(), valid, length)  # [N*B, L, G]: every rank's targets
@@ -236,7 +240,7 @@ class Learner:
         metrics["popart_sigma"] = agent.popart.sigma[-1]
         return metrics
 
-    def _compute_loss(self, batch: Batch, members: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _compute_loss(self, batch: Batch, members: torch.Tensor) -> LossOutput:
         """`compute_loss`, compiled or not. A compile that fails (an inductor or dynamo error on some torch,
         device or model) warns once and leaves the run eager: the same maths, only slower."""
         try:
@@ -251,12 +255,13 @@ class Learner:
             return compute_loss(self.agent, batch, self.cfg.loss, members=members)
 
     @torch.no_grad()
-    def _update_normalization_all_ranks(self, batch: Batch) -> int:
+    def _update_normalization_all_ranks(self, batch: Batch, replicas: Collectives) -> int:
         """`TimestepEncoder.update_normalization` fed with the real timesteps of every rank's batch; returns
         the longest batch length over the ranks (for gathering PopArt's targets after the step)."""
         enc = self.agent.tstep_encoder
-        rows = enc.vector_obs(batch.inputs)[batch.mask.bool()] if enc.obs_norm is not None else None  # [N, D]
-        max_rows, length = self.replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
-        if rows is not None:
-            enc.obs_norm.update(self.replicas.gather_rows(rows, max_rows))
+        norm = enc.obs_norm
+        rows = enc.vector_obs(batch.inputs)[batch.mask.bool()] if norm is not None else None  # [N, D]
+        max_rows, length = replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
+        if norm is not None and rows is not None:
+            norm.update(replicas.gather_rows(rows, max_rows))
         return length

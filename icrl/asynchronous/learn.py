@@ -20,6 +20,7 @@ from icrl.asynchronous.protocol import AsyncPaths, RunCounters, StopFlag, publis
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.data.offline import prepare_offline
 from icrl.envs import Collector
+from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import write_text_atomic
 from icrl.run.checkpoint import load_latest_checkpoint, save_checkpoint
 from icrl.run.components import (
@@ -42,11 +43,13 @@ from icrl.run.rundir import (
     check_run_dir_free,
     prune_after,
     resume_point,
+    run_path,
     take_run_dir,
     truncate_metrics,
     with_run_dir,
     write_run_files,
 )
+from icrl.run.runlock import RunLock
 from icrl.run.timer import Timer
 from icrl.run.updates import LazyLoader, make_train_loader, run_updates
 from icrl.seeding import derive_seed
@@ -67,7 +70,7 @@ def learn(cfg: ExperimentConfig, *, stop: StopFlag | None = None) -> dict:
         say(f"icrl learn: {s.total_updates:,} updates (<= {s.ratio:g} per env step stored) on {s.device}; start "
             f"collectors with `icrl collect {s.run_dir} --collector-id K`")
         batches = LazyLoader(lambda: make_train_loader(
-            s.cfg, s.paths.replay, s.spec, s.device, obs_space=s.eval_venv.single_observation_space["obs"],
+            s.cfg, s.paths.replay, s.spec, s.device, obs_space=agent_obs_space(s.eval_venv),
             transform=s.relabeler,
             seed=derive_seed(s.cfg.run.seed, "loader", "async", start_epoch), auto_refresh=True))  # files arrive at any time
         try:
@@ -80,9 +83,10 @@ def learn(cfg: ExperimentConfig, *, stop: StopFlag | None = None) -> dict:
 
 def update_ratio(cfg: ExperimentConfig, utd: float | None) -> float:
     """The max updates per stored env step: `utd`, by default the synchronous run's ratio."""
-    if cfg.schedule.updates_per_epoch < 1:
+    upe = cfg.epoch_updates  # --updates-per-epoch (Learning sets it: replay_ratio's count where unset)
+    if upe < 1:
         raise ConfigError("icrl learn needs --updates-per-epoch >= 1 (its epochs are counted in updates)")
-    ratio = cfg.schedule.updates_per_epoch / cfg.schedule.steps_per_epoch if utd is None else float(utd)
+    ratio = upe / cfg.schedule.steps_per_epoch if utd is None else float(utd)
     if ratio <= 0:
         raise ConfigError(f"--utd {utd} must be positive (max updates per env step stored)")
     return ratio
@@ -103,9 +107,10 @@ class Learning:
         cfg = with_run_dir(with_task_defaults(cfg))  # unset: a new folder
         # its epochs are counted in updates: replay_ratio's count for full windows where none is fixed
         self.cfg = cfg = cfg.replace(updates_per_epoch=cfg.epoch_updates).validate()
+        self.upe = cfg.epoch_updates  # updates per epoch
         e = cfg.env
         self.ratio = update_ratio(cfg, cfg.asynchronous.utd)
-        self.publish_every = cfg.asynchronous.publish_every or cfg.schedule.updates_per_epoch
+        self.publish_every = cfg.asynchronous.publish_every or self.upe
         check_resume_target(cfg)
         check_run_dir_free(cfg)  # one learner (or icrl train) per run dir; collectors take no lock
         seed_process(cfg)
@@ -114,9 +119,11 @@ class Learning:
             self.eval_venv = opened(make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs))
             self.spec = ActionSpec.from_space(self.eval_venv.single_action_space)
             self.relabeler = make_relabeler(cfg.replay, self.eval_venv)
-            self.paths = AsyncPaths(cfg.run.run_dir)
+            self.paths = AsyncPaths(run_path(cfg))
             self.run_dir: Path = self.paths.run_dir
-            self.lock = opened(take_run_dir(cfg))
+            lock = opened(take_run_dir(cfg))
+            assert lock is not None  # the learner is a main process: take_run_dir always locks
+            self.lock: RunLock = lock
             self._build_learning()
 
     def _build_learning(self) -> None:
@@ -124,7 +131,7 @@ class Learning:
         cfg = self.cfg
         self.paths.make_collectors_dir()
         self.eval_collector = Collector(self.eval_venv, self.spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
-        self.agent = build_agent(cfg, self.eval_venv.single_observation_space["obs"], self.spec, self.device)
+        self.agent = build_agent(cfg, agent_obs_space(self.eval_venv), self.spec, self.device)
         self.learner = Learner(self.agent, cfg, self.device)
         open_replay(cfg, self.run_dir)  # the folders collectors fill
         prepare_offline(cfg, self.paths.replay, log=say)  # --offline-data into replay/protected, once
@@ -138,7 +145,7 @@ class Learning:
     def epochs(self, batches: LazyLoader, log: Any, start_epoch: int, wall_offset: float,
                stop: StopFlag | None) -> dict | None:
         """The epochs after `start_epoch` (until the run's updates are made, or `stop`); the last evaluation."""
-        cfg, learner, upe = self.cfg, self.learner, self.cfg.schedule.updates_per_epoch
+        cfg, learner, upe = self.cfg, self.learner, self.upe
         num_epochs = math.ceil(self.total_updates / upe)
         last_eval, epoch, last_ckpt = None, start_epoch, learner.updates
         start = time.perf_counter() - wall_offset
@@ -173,7 +180,7 @@ class Learning:
             self.lock.release()
             say(f"icrl learn: stopped by {stop.signal} after {learner.updates:,} updates; continue with --resume")
             return {}
-        assert last_eval is not None
+        assert last_eval is not None  # a run that was not stopped ends with an evaluation (`epochs`)
         write_text_atomic(self.paths.done, json.dumps({"updates": learner.updates, "env_steps": self.counts.env_steps}))
         finish_run(self.run_dir, self.agent, self.cfg, last_eval, self.counts.env_steps, learner.updates)
         self.lock.release()
@@ -245,7 +252,7 @@ class Learning:
             "async/collectors": counts.collectors,
             "time/sample_s": timer["sample"], "time/update_s": timer["update"], "time/wait_s": timer["wait"],
             "time/env_steps_per_s": (counts.env_steps - steps0) / max(time.perf_counter() - time0, 1e-9),
-            "time/updates_per_s": self.cfg.schedule.updates_per_epoch / max(timer["update"], 1e-9),
+            "time/updates_per_s": self.upe / max(timer["update"], 1e-9),
             **{f"train/{k}": v for k, v in metrics.items()},
         }
 

@@ -107,7 +107,7 @@ def wait_for(path: Path, wait_s: float, what: str, stop: StopFlag | None = None)
 # ------------------------------------------------------------------------------------------- counters
 def read_counters(paths: AsyncPaths) -> list[dict]:
     """Every collector's latest counters (files being replaced are simply read next time)."""
-    out = []
+    out: list[dict] = []
     try:
         names = os.listdir(paths.collectors)
     except FileNotFoundError:

@@ -47,13 +47,13 @@ def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConve
         return gym.spaces.Box(0.0, 1.0, (n,), np.float32), lambda x: eye[int(x) - start].copy()
     if isinstance(space, gym.spaces.MultiDiscrete):
         nvec = np.asarray(space.nvec, dtype=np.int64).reshape(-1)  # [K]
-        start = np.asarray(space.start, dtype=np.int64).reshape(-1)  # [K]
+        starts = np.asarray(space.start, dtype=np.int64).reshape(-1)  # [K]
         offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])  # [K] where each one-hot block begins
         width = int(nvec.sum())
 
         def multi_one_hot(x: Any) -> np.ndarray:
             out = np.zeros(width, dtype=np.float32)  # [sum(nvec)]
-            out[offsets + np.asarray(x, dtype=np.int64).reshape(-1) - start] = 1.0
+            out[offsets + np.asarray(x, dtype=np.int64).reshape(-1) - starts] = 1.0
             return out
 
         return gym.spaces.Box(0.0, 1.0, (width,), np.float32), multi_one_hot
@@ -69,7 +69,8 @@ def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConve
     )
 
 
-ObsLeaf = tuple[str, tuple[str, ...], gym.spaces.Box, ObsConverter]  # key "a/b", path ("a", "b"), Box, fn
+# key "a/b", path ("a", "b"): Dict keys (str) and Tuple indices (int), Box, converter
+ObsLeaf = tuple[str, tuple[Any, ...], gym.spaces.Box, ObsConverter]
 
 
 def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[ObsLeaf]:
@@ -93,6 +94,9 @@ class EnvError(ValueError):
     own exception (the user's bug, with their traceback) is chained as `__cause__`, and its traceback is kept
     as text in `user_traceback` too, which survives the trip from an env subprocess (a vector env re-raises
     `EnvError(the worker's EnvError)` there, which this constructor unpacks)."""
+
+    message: str
+    user_traceback: str
 
     def __init__(self, message: Any, user_traceback: str = "") -> None:
         if isinstance(message, EnvError):
@@ -122,6 +126,16 @@ def env_name(env: gym.Env) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- wrapper
+def agent_obs_space(env: gym.Env | gym.vector.VectorEnv) -> gym.spaces.Dict:
+    """The "obs" entry of a `TimestepWrapper`'d env's (or vector env's: one copy's) timestep space: the
+    observations the agent is built for. TypeError for an env whose timesteps are not icrl's."""
+    space = env.single_observation_space if isinstance(env, gym.vector.VectorEnv) else env.observation_space
+    obs = space.spaces.get("obs") if isinstance(space, gym.spaces.Dict) else None
+    if not isinstance(obs, gym.spaces.Dict):
+        raise TypeError(f"{type(env).__name__} does not give icrl timesteps (wrap its env in TimestepWrapper)")
+    return obs
+
+
 def achieved_slots(env: gym.Env) -> int:
     """K of a goal-conditioned env (`metadata["achieved_slots"]`, docs/CONTRACTS.md), 0 for other envs."""
     k = env.metadata.get("achieved_slots", 0) if isinstance(env.metadata, dict) else 0

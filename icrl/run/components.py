@@ -30,6 +30,7 @@ from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
 from icrl.envs.make import task_context, task_exploration
 from icrl.envs.user import apply_env
+from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
 from icrl.run.distributed import Replicas, init_replicas
 from icrl.run.loggers import say, say_literally
@@ -42,7 +43,7 @@ from icrl.types import ActionSpec
 T = TypeVar("T")
 
 
-def build_agent(cfg: ExperimentConfig, obs_space: gym.Space, spec: ActionSpec,
+def build_agent(cfg: ExperimentConfig, obs_space: gym.spaces.Dict, spec: ActionSpec,
                 device: str | torch.device) -> Agent:
     """A fresh agent (random weights) for observations `obs_space` (the env's "obs" entry) and actions `spec`."""
     return Agent(obs_space, spec, cfg.model, cfg.loss).to(device)
@@ -90,7 +91,8 @@ def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRela
     """The sample-time hindsight relabeler `--relabel` asks for; the env must report achieved goals."""
     if r.relabel == "none":
         return None
-    if "achieved" not in venv.single_observation_space.spaces:
+    space = venv.single_observation_space
+    if not isinstance(space, gym.spaces.Dict) or "achieved" not in space.spaces:
         raise ConfigError(
             f"--relabel {r.relabel}: this env does not report the goals it achieved (docs/CONTRACTS.md, "
             "goal-conditioned tasks such as mazerunner or package_delivery); use --relabel none"
@@ -135,7 +137,7 @@ class Components:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.cfg.run.run_dir)
+        return run_path(self.cfg)
 
     @property
     def device(self) -> torch.device:
@@ -269,10 +271,10 @@ def _build_learning(cfg: ExperimentConfig, replicas: Replicas, seed: int, steps_
     """The second half of `build_components`, once the run dir is taken."""
     main, device = replicas.is_main, replicas.device
     collector = Collector(venv, spec, chunk_len=cfg.env.chunk_len, seed=derive_seed(seed, "train-envs"))
-    eval_collector = Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs")) if main else None
-    agent = build_agent(cfg, venv.single_observation_space["obs"], spec, device)
+    eval_collector = None if eval_venv is None else Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
+    agent = build_agent(cfg, agent_obs_space(venv), spec, device)
     learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
-    replay = open_replay(cfg, Path(cfg.run.run_dir))
+    replay = open_replay(cfg, run_path(cfg))
     # --offline-data: loaded once into replay/protected (rank 0); --offline-updates: epochs without env steps
     offline_epochs = prepare_offline(cfg, replay.root, log=say, import_data=main)
     replicas.barrier()  # the offline data is on disk before any rank samples

@@ -138,8 +138,9 @@ def run_spaces(cfg: ExperimentConfig) -> tuple[Any, Any]:
     from icrl.run.components import make_run_envs
 
     venv = make_run_envs(cfg.env, 1)
-    try:
-        return venv.get_attr("env_observation_space")[0], venv.get_attr("env_action_space")[0]
+    try:  # get_attr: the SyncVectorEnv make_run_envs builds has it; the VectorEnv base class does not
+        return (venv.get_attr("env_observation_space")[0],  # type: ignore[attr-defined]
+                venv.get_attr("env_action_space")[0])  # type: ignore[attr-defined]
     finally:
         venv.close()
 
@@ -216,6 +217,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, checkpoint
     recorded none (older icrl) asks `spaces_of(config)` for them. RunDirError (a ValueError, one line) for a
     missing or broken config, weights file or checkpoint, weights that do not fit, or no spaces to build with.
     """
+    from icrl.envs.wrapper import agent_obs_space
     from icrl.run.components import build_agent
     from icrl.run.distributed import resolve_device
     from icrl.spaces_json import spaces_wrapper
@@ -227,7 +229,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, checkpoint
         spaces = spaces_of(cfg)
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
     io = spaces_wrapper(*spaces)
-    agent = build_agent(cfg, io.observation_space["obs"], io.action_spec, dev)
+    agent = build_agent(cfg, agent_obs_space(io), io.action_spec, dev)
     load_weights(agent, weights, dev)
     return agent, cfg, spaces
 

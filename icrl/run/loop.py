@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from icrl.config import ExperimentConfig
+from icrl.envs.wrapper import agent_obs_space
 from icrl.run.callbacks import Callbacks, TrainingRun
 from icrl.run.checkpoint import save_checkpoint
 from icrl.run.components import Components, build_components, run_scope
@@ -52,7 +53,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Seque
         start_epoch, wall_offset = resume(c) if cfg.run.resume else (0, 0.0)
         log = start_log(c, hooks)
         batches = LazyLoader(lambda: make_train_loader(
-            cfg, c.replay.root, c.spec, c.device, obs_space=c.venv.single_observation_space["obs"],
+            cfg, c.replay.root, c.spec, c.device, obs_space=agent_obs_space(c.venv),
             transform=c.relabeler,
             # a resumed run draws a fresh sample stream rather than replaying the first one's
             seed=derive_seed(c.seed, "loader", *(("resume", start_epoch) if start_epoch else ()))))
@@ -74,7 +75,8 @@ def epochs(c: Components, hooks: Callbacks, log: Logger, batches: LazyLoader, ba
     cfg, main = c.cfg, c.replicas.is_main
     budget = UpdateBudget(cfg, c.replicas.world_size)
     num_epochs = max(1, c.offline_epochs + cfg.schedule.total_env_steps // cfg.schedule.steps_per_epoch)
-    start, last_eval, said, stop, epoch = time.perf_counter() - wall_offset, None, frozenset(), False, start_epoch
+    said: frozenset[str] = frozenset()  # the hints said so far (hint_once)
+    start, last_eval, stop, epoch = time.perf_counter() - wall_offset, None, False, start_epoch
     for epoch in range(start_epoch + 1, num_epochs + 1):
         timer, steps0, policy_s0 = Timer(), c.env_steps(), c.policy.seconds
         with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
@@ -149,7 +151,7 @@ def store(c: Components, rollouts: list[Rollout], batches: LazyLoader) -> None:
     batches.refresh()  # new files become visible now, not at a timing-dependent moment
 
 
-def hint_once(c: Components, epoch: int, rollouts: list[Rollout], said: frozenset, last: bool) -> frozenset:
+def hint_once(c: Components, epoch: int, rollouts: list[Rollout], said: frozenset[str], last: bool) -> frozenset[str]:
     """The hints said so far (`said`), plus those that apply now and were not said before: each only once."""
     if "stored" not in said and hint_nothing_stored(c, epoch, rollouts, last):
         said |= {"stored"}
