@@ -303,3 +303,34 @@ def test_action_to_vector_cleans_policy_outputs() -> None:
     np.testing.assert_array_equal(action_to_vector(ActionSpec("continuous", 2), [5.0, -0.5]), [1.0, -0.5])
     np.testing.assert_array_equal(action_to_vector(ActionSpec("multibinary", 3), [0.3, 0, -2]), [1, 0, 0])
     assert ActionSpec("continuous", 2).zero_vector(3).shape == (3, 2)
+
+
+def test_rollout_clock_is_the_one_timestep_state_machine():
+    """RolloutClock, which TimestepWrapper and icrl.load's predict both run: a new task zeroes time and the
+    episode index, the next episode of the same task counts the episode on and keeps time, both zero the
+    previous action and reward and set the reset flag; `rollout_over` is the one end-of-rollout rule."""
+    from icrl.envs.wrapper import RolloutClock
+
+    spec = ActionSpec("discrete", 3)
+    clock = RolloutClock(spec, 2, episodes_per_rollout=2)
+    obs = {"obs": np.zeros((2, 1), np.float32)}
+    clock.start(hard=np.array([True, True]))
+    ts = clock.timestep(obs, np.array([5.0, 5.0], np.float32), cont=np.array([False, False]))
+    assert ts["reset"].tolist() == [1, 1] and ts["prev_reward"].tolist() == [0, 0] and ts["time"].tolist() == [0, 0]
+    clock.acted(spec.to_vector(np.array([1, 2])))
+    ts = clock.timestep(obs, np.array([0.5, 1.0], np.float32), cont=np.array([True, True]))
+    assert ts["time"].tolist() == [1, 1] and ts["prev_reward"].tolist() == [0.5, 1.0]
+    assert ts["prev_action"].tolist() == [[0, 1, 0], [0, 0, 1]] and ts["reset"].tolist() == [0, 0]
+    clock.acted(spec.to_vector(np.array([0, 0])))
+    assert not clock.rollout_over().any()  # each env is in its first of two episodes
+    clock.start(hard=np.array([False, True]), inner=np.array([True, False]))  # env 0: next episode, env 1: new task
+    ts = clock.timestep(obs, np.array([2.0, 2.0], np.float32), cont=np.array([False, False]))
+    assert ts["time"].tolist() == [2, 0] and clock.episode.tolist() == [1, 0]
+    assert not ts["prev_action"].any() and not ts["prev_reward"].any()
+    assert clock.rollout_over().tolist() == [True, False]
+    horizon = RolloutClock(spec, 1, rollout_horizon=2)
+    horizon.start(hard=True)
+    horizon.acted(spec.zero_vector(1))
+    assert not horizon.rollout_over()[0]
+    horizon.acted(spec.zero_vector(1))
+    assert horizon.rollout_over()[0]  # time reached the horizon
