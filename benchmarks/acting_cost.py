@@ -47,7 +47,6 @@ def measure(context: int) -> dict:
     state = enc.init_state(BATCH, "cpu")
     state.kv.normal_()  # keys and values
     state.count.fill_(context)
-    state.filled = context
 
     x_ctx = torch.randn(BATCH, context, D_IN)
     t_ctx = torch.arange(context).repeat(BATCH, 1)
