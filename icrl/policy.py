@@ -11,10 +11,11 @@
             obs, _ = env.reset()
 
 Loading (`icrl.run.evaluate.load_run`, the loader `icrl eval` uses too) reads config.json, the weights and
-the env's spaces (RUN_DIR/spaces.json, or the checkpoint's state.json): nothing imports, builds or calls the env, so a policy trained on a class defined in a script
-loads in a process that has never seen that class. Acting reuses the collector's path: observations go
-through `TimestepWrapper`'s converters (around a `SpacesOnlyEnv`), the agent steps with its KV cache /
-hidden state through `AgentPolicy`, and actions are mapped back to the env's space as in training.
+the env's spaces (RUN_DIR/spaces.json, or the checkpoint's state.json): nothing imports, builds or calls the
+env, so a policy trained on a class defined in a script loads in a process that has never seen that class.
+Acting reuses the collector's path: observations go through `TimestepWrapper`'s converters (around a
+`SpacesOnlyEnv`), the timesteps come from the same state machine (`RolloutClock`), the agent steps with its
+KV cache / hidden state through `AgentPolicy`, and actions are mapped back to the env's space as in training.
 """
 
 from __future__ import annotations
@@ -35,32 +36,34 @@ from icrl.run.evaluate import RunDirError, load_run
 from icrl.spaces_json import SPACES_FILE, spaces_wrapper
 from icrl.types import Timesteps, agent_to_env_action
 
+FIELDS = ("prev_action", "prev_reward", "time", "reset")  # a timestep's entries beside "obs" (RolloutClock)
+
 
 @dataclass
 class PolicyState:
     """What `predict` carries from one call to the next, for N envs: the encoder's memory (Transformer KV
-    cache or RNN hidden state, inside `acting`) and the timestep state machine (`clock`, the one
+    cache or RNN hidden state, inside `acting`) and each env's timestep state machine (`clocks`, what
     `TimestepWrapper` runs in training): each env's previous action (the next timestep's input), its time
     index inside the rollout, and the index of its current episode inside the rollout."""
 
     acting: AgentPolicy
-    clock: RolloutClock
+    clocks: list[RolloutClock]  # one per env
 
     @property
     def prev_action(self) -> np.ndarray:  # [N, A] float32, zeros at a rollout's / episode's first timestep
-        return self.clock.prev_action
+        return np.stack([c.prev_action for c in self.clocks])
 
     @property
     def time(self) -> np.ndarray:  # [N] int64: the time index the next observation gets
-        return self.clock.time
+        return np.array([c.time for c in self.clocks], dtype=np.int64)
 
     @property
     def episode(self) -> np.ndarray:  # [N] int64: episodes begun in the current rollout, minus one
-        return self.clock.episode
+        return np.array([c.episode for c in self.clocks], dtype=np.int64)
 
     @property
     def num_envs(self) -> int:
-        return len(self.time)
+        return len(self.clocks)
 
 
 class InContextPolicy:
@@ -83,7 +86,7 @@ class InContextPolicy:
         e = self.config.env
         return PolicyState(
             acting=AgentPolicy(self.agent, num_envs, greedy=True, device=self.device),
-            clock=RolloutClock(self.spec, num_envs, e.episodes_per_rollout, e.rollout_horizon),
+            clocks=[RolloutClock(self.spec, e.episodes_per_rollout, e.rollout_horizon) for _ in range(num_envs)],
         )
 
     def predict(
@@ -138,7 +141,8 @@ class InContextPolicy:
         step = self._next_timestep(state, obs_rows, hard, inner, cont, reward)
         state.acting.greedy = bool(deterministic)
         actions = state.acting.act(Timesteps.from_numpy(step), new_rollout=hard)  # storage format [N] | [N, D]
-        state.clock.acted(self.spec.to_vector(self.spec.as_stored(actions)))  # [N, A] float32
+        for clock, vector in zip(state.clocks, self.spec.to_vector(self.spec.as_stored(actions))):  # [N, A] float32
+            clock.acted(vector)
         env_actions = [agent_to_env_action(self.action_space, a) for a in actions]
         return (env_actions[0] if single else np.stack(env_actions)), state
 
@@ -161,7 +165,8 @@ class InContextPolicy:
         n = state.num_envs
         start = self._flags(episode_start, n, "episode_start", default=first)
         hard = self._flags(new_task, n, "new_task", default=False) | first
-        hard |= start & state.clock.rollout_over()  # the rollout the agent was trained on is over: a new task
+        over = np.array([c.rollout_over() for c in state.clocks], dtype=bool)
+        hard |= start & over  # the rollout the agent was trained on is over: a new task
         return hard, start & ~hard, ~start & ~hard
 
     @staticmethod
@@ -175,9 +180,12 @@ class InContextPolicy:
             raise ValueError("predict(..., reward=None) after the first step: pass the reward the env returned for "
                              "the previous action (an in-context agent reads it), or episode_start=True")
         rewards = np.zeros(n, np.float32) if reward is None else _rewards(reward, n)
-        state.clock.start(hard, inner)
+        for clock, new_task, episode_start in zip(state.clocks, hard, ~cont):
+            if episode_start:
+                clock.start(new_task=bool(new_task))
+        rows = [c.timestep(o, float(r), bool(k)) for c, o, r, k in zip(state.clocks, obs_rows, rewards, cont)]
         obs = {k: np.stack([o[k] for o in obs_rows]) for k in obs_rows[0]}  # each [N, ...]
-        return state.clock.timestep(obs, rewards, cont)
+        return {"obs": obs, **{key: np.stack([row[key] for row in rows]) for key in FIELDS}}  # each [N, ...]
 
     # ------------------------------------------------------------------------------------------ helpers
     @staticmethod

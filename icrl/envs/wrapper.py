@@ -145,53 +145,53 @@ def achieved_slots(env: gym.Env) -> int:
 
 
 class RolloutClock:
-    """The timestep state machine of docs/design.md §2, for N envs: per env, the time index its next timestep
-    gets, the index of its episode inside the rollout, and its previous action. One implementation for both
-    drivers: `TimestepWrapper` (which steps the env, N = 1) and `icrl.policy` (stepped by the caller's env loop).
+    """The timestep state machine of docs/design.md §2 for one env: the time index its next timestep gets, the
+    index of its episode inside the rollout, and its previous action. One implementation for both drivers:
+    `TimestepWrapper` runs one while it steps the env, `icrl.policy` one per env of the caller's own loop.
 
-    At a timestep that starts a new task (`hard`) time and episode go to 0; at one that starts the next
-    episode of the same task (`inner`) the episode index counts on and time keeps counting; at both, the
-    previous action and reward the agent sees are zero and the reset flag is 1. `rollout_over` is the one rule
-    for when the rollout the agent is trained on ends: after `episodes_per_rollout` episodes, or once time
-    reaches `rollout_horizon`.
+    `start(new_task=True)` before a timestep that starts a new task: time and episode go to 0;
+    `start(new_task=False)` before one that starts the next episode of the same task: the episode index counts
+    on and time keeps counting. Either way that timestep shows a zero previous action and reward and the reset
+    flag 1. `acted` after the agent acted; `rollout_over` is the one rule for when the rollout the agent is
+    trained on ends: after `episodes_per_rollout` episodes, or once time reaches `rollout_horizon`.
     """
 
-    def __init__(self, spec: ActionSpec, num_envs: int = 1, episodes_per_rollout: int = 1,
-                 rollout_horizon: int | None = None) -> None:
-        self.episodes_per_rollout, self.rollout_horizon = episodes_per_rollout, rollout_horizon
-        self.prev_action = spec.zero_vector(num_envs)  # [N, A] float32: zeros where a rollout / episode starts
-        self.time = np.zeros(num_envs, np.int64)  # [N]: the time index the next timestep gets
-        self.episode = np.zeros(num_envs, np.int64)  # [N]: episodes begun in the current rollout, minus one
+    __slots__ = ("spec", "episodes_per_rollout", "rollout_horizon", "time", "episode", "prev_action")
 
-    def rollout_over(self) -> np.ndarray:
-        """[N] bool: the current episode is the rollout's last (with a horizon: time has reached it)."""
+    def __init__(self, spec: ActionSpec, episodes_per_rollout: int = 1, rollout_horizon: int | None = None) -> None:
+        self.spec, self.episodes_per_rollout, self.rollout_horizon = spec, episodes_per_rollout, rollout_horizon
+        self.time = 0  # the time index the next timestep gets
+        self.episode = 0  # episodes begun in the current rollout, minus one
+        self.prev_action = spec.zero_vector()  # [A] float32: zeros where a rollout / episode starts
+
+    def rollout_over(self) -> bool:
+        """The current episode is the rollout's last (with a horizon: time has reached it)."""
         if self.rollout_horizon is None:
             return self.episode + 1 >= self.episodes_per_rollout
         return self.time >= self.rollout_horizon
 
-    def start(self, hard: np.ndarray | bool, inner: np.ndarray | bool = False) -> None:
-        """Move the counters of the envs where a new task (`hard`) or the next episode of the same task
-        (`inner`) starts at the coming timestep ([N] bools or one bool for all)."""
-        hard, inner = np.asarray(hard, bool), np.asarray(inner, bool)
-        self.time[hard] = 0
-        self.episode[hard] = 0
-        self.episode[inner] += 1
-        self.prev_action[hard | inner] = 0.0
+    def start(self, new_task: bool) -> None:
+        """The coming timestep starts a new task (`new_task`) or the next episode of the same task."""
+        if new_task:
+            self.time, self.episode = 0, 0
+        else:
+            self.episode += 1
+        self.prev_action = self.spec.zero_vector()
 
-    def timestep(self, obs: dict[str, np.ndarray], rewards: np.ndarray, cont: np.ndarray) -> dict:
-        """The timestep dict ([N, ...] arrays) for observations `obs` (each [N, ...]), the rewards [N] float32 of
-        the previous actions, and `cont` [N] bool: the env continues its episode (else its reset flag is 1)."""
+    def timestep(self, obs: dict[str, np.ndarray], reward: float, cont: bool) -> dict:
+        """The timestep of converted observation `obs` after `reward` (of the previous action; ignored unless
+        `cont`: the episode continues, else the reset flag is 1)."""
         return {
             "obs": obs,
-            "prev_action": self.prev_action.copy(),  # [N, A]
-            "prev_reward": np.where(cont, rewards, 0.0).astype(np.float32),  # [N]
-            "time": self.time.copy(),  # [N]
-            "reset": (~np.asarray(cont, bool)).astype(np.int8),  # [N]
+            "prev_action": self.prev_action,  # [A] float32
+            "prev_reward": _float32(reward if cont else 0.0),  # []
+            "time": np.asarray(self.time, dtype=np.int64),  # []
+            "reset": np.asarray(int(not cont), dtype=np.int8),  # []
         }
 
-    def acted(self, action_vectors: np.ndarray) -> None:
-        """The agent acted: its actions ([N, A] float32 vectors) are the next timestep's previous actions."""
-        self.prev_action[...] = action_vectors
+    def acted(self, action_vector: np.ndarray) -> None:
+        """The agent acted: its action ([A] float32 vector) is the next timestep's previous action."""
+        self.prev_action = action_vector
         self.time += 1
 
 
@@ -236,13 +236,13 @@ class TimestepWrapper(gym.Wrapper):
         )
         if self.achieved_slots:
             self.observation_space["achieved"] = gym.spaces.Box(-1, _TIME_HIGH, (self.achieved_slots,), np.int64)
-        self._clock = RolloutClock(self.action_spec, 1, self.episodes_per_rollout, self.rollout_horizon)
+        self._clock = RolloutClock(self.action_spec, self.episodes_per_rollout, self.rollout_horizon)
         self._pending_reset = False  # last timestep was an inner episode's final obs
 
     @property
     def _t(self) -> int:
         """Actions taken in the current rollout: the time index of the current timestep."""
-        return int(self._clock.time[0])
+        return self._clock.time
 
     # ------------------------------------------------------------------------------------------- helpers
     def convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
@@ -283,8 +283,7 @@ class TimestepWrapper(gym.Wrapper):
             converted = self._convert_obs(obs)
         except ValueError as e:
             raise self._env_error("step" if self._t else "reset", f"returned an {e}", e) from e
-        batch = self._clock.timestep({}, _float32(prev_reward).reshape(1), np.array([not reset]))
-        ts = {"obs": converted, **{k: v[0, ...] for k, v in batch.items() if k != "obs"}}  # [A] | [] each
+        ts = self._clock.timestep(converted, prev_reward, cont=not reset)
         if self.achieved_slots:
             ts["achieved"] = self._achieved(info)  # [K] int64, -1 padded
         return ts
@@ -308,7 +307,7 @@ class TimestepWrapper(gym.Wrapper):
         """Hard reset: a new task (the inner env sees `new_task=True` in multi-episode mode)."""
         if self.multi_episode:
             options = {**(options or {}), "new_task": True}
-        self._clock.start(hard=True)
+        self._clock.start(new_task=True)
         obs, info = self._checked_reset(seed=seed, options=options)
         self._pending_reset = False
         return self._timestep(obs, 0.0, reset=True, info=info), info
@@ -335,10 +334,10 @@ class TimestepWrapper(gym.Wrapper):
             # Bridge step: the action taken on an inner episode's final obs is ignored; the next episode of
             # the same task starts with reset=1 and zero previous action and reward.
             obs, info = self._checked_reset(options={"new_task": False})
-            self._clock.acted(self.action_spec.zero_vector(1))
-            self._clock.start(hard=False, inner=True)
+            self._clock.acted(self.action_spec.zero_vector())  # the ignored action's step counts
+            self._clock.start(new_task=False)
             self._pending_reset = False
-            truncated = self.rollout_horizon is not None and bool(self._clock.rollout_over()[0])
+            truncated = self.rollout_horizon is not None and self._clock.rollout_over()
             # the bridge step achieves nothing: a new episode's first observation is not an agent's doing
             ts = self._timestep(obs, 0.0, reset=True)
             return ts, 0.0, False, truncated, dict(info)
@@ -354,7 +353,7 @@ class TimestepWrapper(gym.Wrapper):
             info["episode_end"] = True
         if not self.multi_episode:
             return ts, reward, terminated, truncated, info
-        over = bool(self._clock.rollout_over()[0])
+        over = self._clock.rollout_over()
         if self.rollout_horizon is not None:
             if over:
                 # The rollout ends on its time limit even if the inner episode terminated right here: the

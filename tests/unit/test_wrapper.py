@@ -312,25 +312,25 @@ def test_rollout_clock_is_the_one_timestep_state_machine():
     from icrl.envs.wrapper import RolloutClock
 
     spec = ActionSpec("discrete", 3)
-    clock = RolloutClock(spec, 2, episodes_per_rollout=2)
-    obs = {"obs": np.zeros((2, 1), np.float32)}
-    clock.start(hard=np.array([True, True]))
-    ts = clock.timestep(obs, np.array([5.0, 5.0], np.float32), cont=np.array([False, False]))
-    assert ts["reset"].tolist() == [1, 1] and ts["prev_reward"].tolist() == [0, 0] and ts["time"].tolist() == [0, 0]
-    clock.acted(spec.to_vector(np.array([1, 2])))
-    ts = clock.timestep(obs, np.array([0.5, 1.0], np.float32), cont=np.array([True, True]))
-    assert ts["time"].tolist() == [1, 1] and ts["prev_reward"].tolist() == [0.5, 1.0]
-    assert ts["prev_action"].tolist() == [[0, 1, 0], [0, 0, 1]] and ts["reset"].tolist() == [0, 0]
-    clock.acted(spec.to_vector(np.array([0, 0])))
-    assert not clock.rollout_over().any()  # each env is in its first of two episodes
-    clock.start(hard=np.array([False, True]), inner=np.array([True, False]))  # env 0: next episode, env 1: new task
-    ts = clock.timestep(obs, np.array([2.0, 2.0], np.float32), cont=np.array([False, False]))
-    assert ts["time"].tolist() == [2, 0] and clock.episode.tolist() == [1, 0]
-    assert not ts["prev_action"].any() and not ts["prev_reward"].any()
-    assert clock.rollout_over().tolist() == [True, False]
-    horizon = RolloutClock(spec, 1, rollout_horizon=2)
-    horizon.start(hard=True)
-    horizon.acted(spec.zero_vector(1))
-    assert not horizon.rollout_over()[0]
-    horizon.acted(spec.zero_vector(1))
-    assert horizon.rollout_over()[0]  # time reached the horizon
+    obs = {"obs": np.zeros(1, np.float32)}
+    clock = RolloutClock(spec, episodes_per_rollout=2)
+    clock.start(new_task=True)
+    ts = clock.timestep(obs, 5.0, cont=False)
+    assert (ts["reset"], ts["prev_reward"], ts["time"]) == (1, 0.0, 0) and not ts["prev_action"].any()
+    assert ts["prev_reward"].dtype == np.float32 and ts["time"].dtype == np.int64 and ts["reset"].dtype == np.int8
+    clock.acted(spec.to_vector(np.array(2)))
+    ts = clock.timestep(obs, 0.5, cont=True)
+    assert (ts["reset"], ts["prev_reward"], ts["time"]) == (0, 0.5, 1) and ts["prev_action"].tolist() == [0, 0, 1]
+    assert not clock.rollout_over()  # the first of two episodes
+    clock.acted(spec.to_vector(np.array(0)))
+    clock.start(new_task=False)  # the next episode of the same task: time counts on
+    ts = clock.timestep(obs, 2.0, cont=False)
+    assert (ts["reset"], ts["prev_reward"], ts["time"], clock.episode) == (1, 0.0, 2, 1) and not ts["prev_action"].any()
+    assert clock.rollout_over()
+    clock.start(new_task=True)
+    assert (clock.time, clock.episode) == (0, 0) and not clock.rollout_over()
+    horizon = RolloutClock(spec, rollout_horizon=2)
+    horizon.acted(spec.zero_vector())
+    assert not horizon.rollout_over()
+    horizon.acted(spec.zero_vector())
+    assert horizon.rollout_over()  # time reached the horizon
