@@ -46,6 +46,7 @@ from safetensors import SafetensorError, safe_open
 from icrl.agent.model import Agent
 from icrl.config import ConfigError
 from icrl.fileio import check_inside, write_text_atomic
+from icrl.run.ckpt_checks import unmatched_names
 from icrl.run.loggers import say
 from icrl.run.results import save_weights
 
@@ -188,9 +189,7 @@ def _fit_error(agent: Agent, tensors: dict[str, torch.Tensor]) -> str | None:
     """What keeps `tensors` from being exactly the agent's weights (a name missing, unexpected, of another
     shape, or holding NaN / inf), or None. Names safetensors dropped as aliases of a stored tensor are fine."""
     own = agent.state_dict()
-    unexpected = sorted(set(tensors) - set(own))
-    stored = {own[k].data_ptr() for k in tensors if k in own}
-    missing = sorted(k for k in set(own) - set(tensors) if own[k].data_ptr() not in stored)
+    missing, unexpected = unmatched_names(agent, tensors)
     if unexpected or missing:
         return f"missing {missing[:3]}, unexpected {unexpected[:3]}"
     shapes = [k for k, t in tensors.items() if tuple(t.shape) != tuple(own[k].shape)]

@@ -12,6 +12,7 @@ caller can fall back to an older one.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,17 @@ def _dict(value: Any, message: str) -> dict[str, Any]:
 def _int(value: Any, what: str, lo: int = 0) -> int:
     _need(isinstance(value, int) and not isinstance(value, bool) and value >= lo, f"{what} must be an integer >= {lo}")
     return value
+
+
+def unmatched_names(agent: torch.nn.Module, names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(missing, unexpected): the agent's state-dict names a weights file's `names` lack, and the file's names
+    the agent does not have, each sorted. A name safetensors dropped because it aliases a stored tensor (shared
+    weights are saved once) is not missing. Checkpoints and the asynchronous run's published weights use it."""
+    own = agent.state_dict()
+    names = set(names)
+    stored = {own[k].data_ptr() for k in names if k in own}
+    missing = sorted(k for k in set(own) - names if own[k].data_ptr() not in stored)
+    return missing, sorted(names - set(own))
 
 
 def check_agent_tensors(tensors: dict[str, torch.Tensor], agent: torch.nn.Module) -> None:
