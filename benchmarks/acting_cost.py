@@ -45,10 +45,8 @@ def measure(context: int) -> dict:
 
     # A full cache, as after `context` steps of a rollout; every later step costs the same.
     state = enc.init_state(BATCH, "cpu")
-    state.k.normal_()
-    state.v.normal_()
+    state.kv.normal_()  # keys and values
     state.count.fill_(context)
-    state.filled = context
 
     x_ctx = torch.randn(BATCH, context, D_IN)
     t_ctx = torch.arange(context).repeat(BATCH, 1)

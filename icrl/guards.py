@@ -2,15 +2,14 @@
 
 Why: one NaN reward or observation reaches every weight within a few updates (through the shared encoder,
 PopArt's moments and the EMA targets), after which the run trains on to exit 0 with garbage weights. So
-values are checked at each door: env outputs as they arrive (`check_env_arrays`, an error naming the env,
-the step and the key), replay files as they are read (the storage layer skips them like corrupt files),
+values are checked at each door: env outputs as they arrive (`first_nonfinite`; the collector's error names
+the env, the step and the key), replay files as they are read (the storage layer skips them like corrupt files),
 each update's loss and gradient norm (`UpdateGuard`: skipped with a warning), and every weights file
 before it is written (`assert_finite_weights`).
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping
 
@@ -55,15 +54,6 @@ def nonfinite_env_error(env: str, step: int, key: str, value: object = None) -> 
         f"env {env} returned a non-finite observation (NaN, inf or beyond float32 in key {key!r}) at step {step} "
         "of a rollout; icrl trains only on finite observations: fix the env before training on it"
     )
-
-
-def check_env_arrays(env: str, step: int, obs: Mapping[str, np.ndarray], reward: float | None = None) -> None:
-    """Raise NonFiniteError when one env's observation or reward at rollout step `step` is not finite."""
-    if reward is not None and not (math.isfinite(reward) and abs(reward) <= FLOAT32_MAX):
-        raise nonfinite_env_error(env, step, "reward", reward)
-    bad = nonfinite_keys(obs)
-    if bad:
-        raise nonfinite_env_error(env, step, bad[0])
 
 
 def first_nonfinite(obs: Mapping[str, np.ndarray], rewards: np.ndarray | None = None) -> tuple[int, str] | None:

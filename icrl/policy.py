@@ -10,16 +10,16 @@
         if start:
             obs, _ = env.reset()
 
-Loading reads config.json, the weights and the env's spaces (RUN_DIR/spaces.json, or the checkpoint's
-state.json): nothing imports, builds or calls the env, so a policy trained on a class defined in a script
-loads in a process that has never seen that class. Acting reuses the collector's path: observations go
-through `TimestepWrapper`'s converters (around a `SpacesOnlyEnv`), the agent steps with its KV cache /
-hidden state through `AgentPolicy`, and actions are mapped back to the env's space as in training.
+Loading (`icrl.run.evaluate.load_run`, the loader `icrl eval` uses too) reads config.json, the weights and
+the env's spaces (RUN_DIR/spaces.json, or the checkpoint's state.json): nothing imports, builds or calls the
+env, so a policy trained on a class defined in a script loads in a process that has never seen that class.
+Acting reuses the collector's path: observations go through `TimestepWrapper`'s converters (around a
+`SpacesOnlyEnv`), the timesteps come from the same state machine (`RolloutClock`), the agent steps with its
+KV cache / hidden state through `AgentPolicy`, and actions are mapped back to the env's space as in training.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,34 +28,48 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from icrl.agent.model import AgentPolicy
+from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ExperimentConfig
+from icrl.envs.wrapper import RolloutClock
 from icrl.guards import nonfinite_keys
-from icrl.run.evaluate import RunDirError, load_config, load_weights, resolve_weights
-from icrl.spaces_json import SPACES_FILE, read_spaces, read_spaces_record, spaces_wrapper
+from icrl.run.evaluate import RunDirError, load_run
+from icrl.spaces_json import SPACES_FILE, spaces_wrapper
 from icrl.types import Timesteps, agent_to_env_action
+
+FIELDS = ("prev_action", "prev_reward", "time", "reset")  # a timestep's entries beside "obs" (RolloutClock)
 
 
 @dataclass
 class PolicyState:
     """What `predict` carries from one call to the next, for N envs: the encoder's memory (Transformer KV
-    cache or RNN hidden state, inside `acting`), each env's previous action (the next timestep's input), its
-    time index inside the rollout, and the index of its current episode inside the rollout."""
+    cache or RNN hidden state, inside `acting`) and each env's timestep state machine (`clocks`, what
+    `TimestepWrapper` runs in training): each env's previous action (the next timestep's input), its time
+    index inside the rollout, and the index of its current episode inside the rollout."""
 
     acting: AgentPolicy
-    prev_action: np.ndarray  # [N, A] float32, zeros at a rollout's / episode's first timestep
-    time: np.ndarray  # [N] int64: the time index the next observation gets
-    episode: np.ndarray  # [N] int64: episodes begun in the current rollout, minus one
+    clocks: list[RolloutClock]  # one per env
+
+    @property
+    def prev_action(self) -> np.ndarray:  # [N, A] float32, zeros at a rollout's / episode's first timestep
+        return np.stack([c.prev_action for c in self.clocks])
+
+    @property
+    def time(self) -> np.ndarray:  # [N] int64: the time index the next observation gets
+        return np.array([c.time for c in self.clocks], dtype=np.int64)
+
+    @property
+    def episode(self) -> np.ndarray:  # [N] int64: episodes begun in the current rollout, minus one
+        return np.array([c.episode for c in self.clocks], dtype=np.int64)
 
     @property
     def num_envs(self) -> int:
-        return len(self.time)
+        return len(self.clocks)
 
 
 class InContextPolicy:
     """A trained agent that maps raw env observations to env actions, one step of N envs at a time."""
 
-    def __init__(self, agent: torch.nn.Module, config: ExperimentConfig, observation_space: gym.Space,
+    def __init__(self, agent: Agent, config: ExperimentConfig, observation_space: gym.Space,
                  action_space: gym.Space, device: torch.device) -> None:
         self.agent, self.config, self.device = agent, config, device
         self.observation_space, self.action_space = observation_space, action_space  # the env's own
@@ -69,11 +83,10 @@ class InContextPolicy:
 
     def initial_state(self, num_envs: int = 1) -> PolicyState:
         """Fresh memory for `num_envs` envs, each at the start of a new task."""
+        e = self.config.env
         return PolicyState(
             acting=AgentPolicy(self.agent, num_envs, greedy=True, device=self.device),
-            prev_action=self.spec.zero_vector(num_envs),
-            time=np.zeros(num_envs, np.int64),
-            episode=np.zeros(num_envs, np.int64),
+            clocks=[RolloutClock(self.spec, e.episodes_per_rollout, e.rollout_horizon) for _ in range(num_envs)],
         )
 
     def predict(
@@ -128,8 +141,8 @@ class InContextPolicy:
         step = self._next_timestep(state, obs_rows, hard, inner, cont, reward)
         state.acting.greedy = bool(deterministic)
         actions = state.acting.act(Timesteps.from_numpy(step), new_rollout=hard)  # storage format [N] | [N, D]
-        state.prev_action = self.spec.to_vector(self.spec.as_stored(actions))  # [N, A] float32
-        state.time += 1
+        for clock, vector in zip(state.clocks, self.spec.to_vector(self.spec.as_stored(actions))):  # [N, A] float32
+            clock.acted(vector)
         env_actions = [agent_to_env_action(self.action_space, a) for a in actions]
         return (env_actions[0] if single else np.stack(env_actions)), state
 
@@ -149,10 +162,10 @@ class InContextPolicy:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where this observation starts a new task (`hard`), the next episode of the same task (`inner`), or
         continues the episode (`cont`): [N] bools each, one of the three true per env."""
-        n, e = state.num_envs, self.config.env
+        n = state.num_envs
         start = self._flags(episode_start, n, "episode_start", default=first)
         hard = self._flags(new_task, n, "new_task", default=False) | first
-        over = state.episode + 1 >= e.episodes_per_rollout if e.rollout_horizon is None else state.time >= e.rollout_horizon
+        over = np.array([c.rollout_over() for c in state.clocks], dtype=bool)
         hard |= start & over  # the rollout the agent was trained on is over: a new task
         return hard, start & ~hard, ~start & ~hard
 
@@ -160,23 +173,19 @@ class InContextPolicy:
     def _next_timestep(state: PolicyState, obs_rows: list[dict[str, np.ndarray]], hard: np.ndarray,
                        inner: np.ndarray, cont: np.ndarray, reward: Any) -> dict:  # fmt: skip
         """The timestep dict the agent sees ([N, ...] arrays), after moving each env's time, episode index and
-        previous action across the boundaries. Raises (leaving `state` as it was) when a reward is missing."""
+        previous action across the boundaries (`RolloutClock`). Raises (leaving `state` as it was) when a reward
+        is missing."""
         n = state.num_envs
         if cont.any() and reward is None:
             raise ValueError("predict(..., reward=None) after the first step: pass the reward the env returned for "
                              "the previous action (an in-context agent reads it), or episode_start=True")
         rewards = np.zeros(n, np.float32) if reward is None else _rewards(reward, n)
-        state.time[hard] = 0
-        state.episode[hard] = 0
-        state.episode[inner] += 1
-        state.prev_action[~cont] = 0.0
-        return {
-            "obs": {k: np.stack([o[k] for o in obs_rows]) for k in obs_rows[0]},  # each [N, ...]
-            "prev_action": state.prev_action.copy(),  # [N, A]
-            "prev_reward": np.where(cont, rewards, 0.0).astype(np.float32),  # [N]
-            "time": state.time.copy(),  # [N]
-            "reset": (~cont).astype(np.int8),  # [N]
-        }
+        for clock, new_task, episode_start in zip(state.clocks, hard, ~cont):
+            if episode_start:
+                clock.start(new_task=bool(new_task))
+        rows = [c.timestep(o, float(r), bool(k)) for c, o, r, k in zip(state.clocks, obs_rows, rewards, cont)]
+        obs = {k: np.stack([o[k] for o in obs_rows]) for k in obs_rows[0]}  # each [N, ...]
+        return {"obs": obs, **{key: np.stack([row[key] for row in rows]) for key in FIELDS}}  # each [N, ...]
 
     # ------------------------------------------------------------------------------------------ helpers
     @staticmethod
@@ -194,20 +203,26 @@ class InContextPolicy:
         """(N, single): a lone observation is N=1, single=True; a batch has a leading axis of N."""
         space, value = self.observation_space, observation
         while isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):  # the first leaf decides
-            key = next(iter(space.spaces)) if isinstance(space, gym.spaces.Dict) else 0
             try:
-                space, value = space[key], value[key]
+                if isinstance(space, gym.spaces.Dict):
+                    name = next(iter(space.spaces))
+                    key: str | int = name
+                    space, value = space.spaces[name], value[name]
+                else:
+                    key = 0
+                    space, value = space.spaces[0], value[0]
             except (KeyError, IndexError, TypeError) as e:
                 raise ValueError(f"observation lacks {key!r} of the env's observation space {self.observation_space}") from e
         shape = np.shape(value)
+        leaf: tuple[int, ...]
         if isinstance(space, gym.spaces.Discrete):
             leaf = ()
         elif isinstance(space, gym.spaces.MultiDiscrete):
             leaf = tuple(np.shape(space.nvec))
         elif isinstance(space, gym.spaces.MultiBinary):
             leaf = tuple(np.atleast_1d(space.n))
-        else:
-            leaf = tuple(space.shape)
+        else:  # a Box: TimestepWrapper accepts no other leaf
+            leaf = tuple(space.shape or ())
         if shape == leaf:
             return 1, True
         if len(shape) == len(leaf) + 1 and shape[1:] == leaf:
@@ -249,40 +264,6 @@ def _rewards(reward: Any, n: int) -> np.ndarray:
     return np.broadcast_to(arr.astype(np.float32).reshape(-1), (n,))
 
 
-def _checkpoint_extra(folder: Path) -> tuple[ExperimentConfig, tuple[gym.Space, gym.Space] | None]:
-    """(config, spaces or None) that `icrl train` stores in a checkpoint's state.json."""
-    state_file = folder / "state.json"
-    try:
-        extra = json.loads(state_file.read_text(encoding="utf-8")).get("extra", {})
-        cfg = ExperimentConfig.from_json(json.dumps(extra["config"])).validate(check_device=False)
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
-        raise RunDirError(f"{state_file} holds no readable run config ({e})") from e
-    return cfg, read_spaces_record(extra["spaces"], str(state_file)) if "spaces" in extra else None
-
-
-def _find_run(path: Path) -> tuple[ExperimentConfig, Path, tuple[gym.Space, gym.Space] | None]:
-    """(config, weights file, spaces or None) of a run dir, a checkpoint folder or a weights file in one."""
-    if path.is_file():
-        folder = path.parent
-        weights = path
-    else:
-        folder, weights = path, None
-    if (folder / "config.json").is_file():  # a run directory
-        cfg = load_config(folder)  # first: a config that cannot work is the error to report, not missing weights
-        weights = weights or resolve_weights(folder)
-        spaces = read_spaces(folder)
-        if spaces is None and (weights.parent / "state.json").is_file():  # its checkpoint has them too
-            spaces = _checkpoint_extra(weights.parent)[1]
-        return cfg, weights, spaces
-    if (folder / "state.json").is_file():  # a checkpoint folder: RUN_DIR/checkpoints/ckpt-N
-        cfg, spaces = _checkpoint_extra(folder)
-        if spaces is None:
-            spaces = read_spaces(folder.parent.parent)
-        return cfg, weights or resolve_weights(folder.parent.parent, folder), spaces
-    raise RunDirError(f"{path} is neither a run directory (config.json), a checkpoint folder (state.json) nor a "
-                      "weights file in one")
-
-
 def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = None) -> InContextPolicy:
     """The policy of a run directory, a checkpoint folder (RUN_DIR/checkpoints/ckpt-N), a weights file in
     either, or a zip written by `icrl export` (checked as hostile input: icrl.run.export), ready to `predict`. The latest checkpoint of a run directory is used (else its final weights), as
@@ -300,8 +281,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
 
         with unpacked(path) as folder:
             return load(folder, device, env=env)
-    cfg, weights, spaces = _find_run(path)
-    if spaces is None:
+
+    def spaces_of(cfg: ExperimentConfig) -> tuple[gym.Space, gym.Space]:
         if env is None:
             raise RunDirError(
                 f"{path} has no {SPACES_FILE} (a run from an older icrl), so the env's spaces are unknown: pass the "
@@ -309,14 +290,12 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
             )
         from icrl.envs.user import env_spaces
 
-        spaces = env_spaces(env, cfg.env.kwargs)
-    from icrl.run.components import build_agent
+        return env_spaces(env, cfg.env.kwargs)
+
     from icrl.run.distributed import resolve_device
 
+    agent, cfg, spaces = load_run(path, device, spaces_of=spaces_of)  # a bad device is refused in there
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    io = spaces_wrapper(*spaces)
-    agent = build_agent(cfg, io.observation_space["obs"], io.action_spec, dev)
-    load_weights(agent, weights, dev)
     return InContextPolicy(agent, cfg, spaces[0], spaces[1], dev)
 
 

@@ -296,7 +296,10 @@ class Batch:
     def shape(self) -> tuple[int, int]:
         return tuple(self.mask.shape)  # type: ignore[return-value]
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+    def to(self, device: torch.device | str, non_blocking: bool = False, *, learner_only: bool = False) -> Batch:
+        """The batch on `device`. `learner_only`: move only what the learning update reads (docs/design.md §4);
+        `truncated` and `achieved` (read by samplers and relabelers on the host, never by the losses) then stay
+        where they are, so no update pays for their copy."""
         def mv(x):
             return None if x is None else x.to(device, non_blocking=non_blocking)
 
@@ -305,14 +308,15 @@ class Batch:
             action=mv(self.action),
             reward=mv(self.reward),
             terminated=mv(self.terminated),
-            truncated=mv(self.truncated),
+            truncated=self.truncated if learner_only else mv(self.truncated),
             mask=mv(self.mask),
             has_action=mv(self.has_action),
-            achieved=mv(self.achieved),
+            achieved=self.achieved if learner_only else mv(self.achieved),
         )
 
     def pin_memory(self) -> Batch:
-        """Called by DataLoader(pin_memory=True) so host-to-GPU copies can overlap compute."""
+        """Called by DataLoader(pin_memory=True) so host-to-GPU copies can overlap compute; `truncated` and
+        `achieved`, which the learner leaves on the host (`to(..., learner_only=True)`), are not pinned."""
 
         def pin(x):
             return None if x is None else x.pin_memory()
@@ -328,10 +332,10 @@ class Batch:
             action=pin(self.action),
             reward=pin(self.reward),
             terminated=pin(self.terminated),
-            truncated=pin(self.truncated),
+            truncated=self.truncated,
             mask=pin(self.mask),
             has_action=pin(self.has_action),
-            achieved=pin(self.achieved),
+            achieved=self.achieved,
         )
 
 

@@ -12,6 +12,7 @@ function of a detached state, so it reaches the encoder only through the actor h
 from __future__ import annotations
 
 import warnings
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -22,8 +23,24 @@ from icrl.config import ExperimentConfig, LossConfig
 from icrl.guards import UpdateGuard
 from icrl.nets.heads import q_at_action
 from icrl.nets.popart import ema_update_
-from icrl.run.distributed import Replicas
 from icrl.types import Batch
+
+
+class Collectives(Protocol):
+    """What a data-parallel update needs of the processes it runs in: the collectives the learner calls.
+    The run layer provides them (`icrl.run.distributed.Replicas`); the learner, a layer below, names only this
+    shape, so it never imports the run layer (docs/design.md §8)."""
+
+    world_size: int
+
+    def wrap(self, module: nn.Module) -> nn.Module: ...
+    def broadcast_(self, module: nn.Module) -> None: ...
+    def max(self, values: list[int]) -> list[int]: ...
+    def gather_rows(self, x: torch.Tensor, max_rows: int) -> torch.Tensor: ...
+    def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+LossOutput = tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]  # loss, metrics, y, valid
 
 
 def compute_loss(
@@ -32,7 +49,7 @@ def compute_loss(
     cfg: LossConfig,
     generator: torch.Generator | None = None,
     members: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+) -> LossOutput:
     """Returns (loss, metrics, y, valid): the unnormalised targets [B, L, G] and their mask feed PopArt.
 
     `members` is REDQ's subset of target critics, drawn from `generator` when not given. The learner draws
@@ -136,7 +153,7 @@ class LossModule(nn.Module):
         super().__init__()
         self.agent, self.loss_fn, self.cfg = agent, loss_fn, cfg
 
-    def forward(self, batch: Batch, members: torch.Tensor):
+    def forward(self, batch: Batch, members: torch.Tensor) -> LossOutput:
         return self.loss_fn(self.agent, batch, self.cfg, members=members)
 
 
@@ -147,13 +164,13 @@ class Learner:
     backward pass follows the forward's dtypes, and parameters, gradients and AdamW stay float32.
     `OptimConfig.compile` wraps `compute_loss` in torch.compile.
 
-    Data parallel (`replicas` of world size > 1, see icrl.run.distributed): the loss runs inside DDP, which
-    averages gradients over the ranks, and the batch statistics (observation RunningNorm, PopArt) are
-    updated from every rank's rows, so all ranks keep identical weights and buffers.
+    Data parallel (`replicas` of world size > 1: `Collectives`, e.g. icrl.run.distributed.Replicas): the loss
+    runs inside DDP, which averages gradients over the ranks, and the batch statistics (observation
+    RunningNorm, PopArt) are updated from every rank's rows, so all ranks keep identical weights and buffers.
     """
 
     def __init__(
-        self, agent: Agent, cfg: ExperimentConfig, device: torch.device, replicas: Replicas | None = None
+        self, agent: Agent, cfg: ExperimentConfig, device: torch.device, replicas: Collectives | None = None
     ) -> None:
         self.agent, self.cfg, self.device = agent, cfg, device
         self.replicas = replicas if replicas is not None and replicas.world_size > 1 else None
@@ -194,14 +211,15 @@ class Learner:
         """One gradient step. Metrics stay tensors (no host sync); the caller logs the ones it keeps."""
         agent, cfg = self.agent, self.cfg
         agent.train()  # acting (AgentPolicy) leaves the agent in eval mode
-        batch = batch.to(self.device, non_blocking=True)
+        batch = batch.to(self.device, non_blocking=True, learner_only=True)  # truncated, achieved: unread
         members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset, self.generator)
         if self.ddp is None:
             agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
                 loss, metrics, y, valid = self._compute_loss(batch, members)
         else:
-            length = self._update_normalization_all_ranks(batch)
+            assert self.replicas is not None  # DDP exists only for world size > 1
+            length = self._update_normalization_all_ranks(batch, self.replicas)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
                 loss, metrics, y, valid = self.ddp(batch, members)
             y, valid = self.replicas.gather_padded(y.float(), valid, length)  # [N*B, L, G]: every rank's targets
@@ -224,7 +242,7 @@ class Learner:
         metrics["popart_sigma"] = agent.popart.sigma[-1]
         return metrics
 
-    def _compute_loss(self, batch: Batch, members: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _compute_loss(self, batch: Batch, members: torch.Tensor) -> LossOutput:
         """`compute_loss`, compiled or not. A compile that fails (an inductor or dynamo error on some torch,
         device or model) warns once and leaves the run eager: the same maths, only slower."""
         try:
@@ -239,12 +257,13 @@ class Learner:
             return compute_loss(self.agent, batch, self.cfg.loss, members=members)
 
     @torch.no_grad()
-    def _update_normalization_all_ranks(self, batch: Batch) -> int:
+    def _update_normalization_all_ranks(self, batch: Batch, replicas: Collectives) -> int:
         """`TimestepEncoder.update_normalization` fed with the real timesteps of every rank's batch; returns
         the longest batch length over the ranks (for gathering PopArt's targets after the step)."""
         enc = self.agent.tstep_encoder
-        rows = enc.vector_obs(batch.inputs)[batch.mask.bool()] if enc.obs_norm is not None else None  # [N, D]
-        max_rows, length = self.replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
-        if rows is not None:
-            enc.obs_norm.update(self.replicas.gather_rows(rows, max_rows))
+        norm = enc.obs_norm
+        rows = enc.vector_obs(batch.inputs)[batch.mask.bool()] if norm is not None else None  # [N, D]
+        max_rows, length = replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
+        if norm is not None and rows is not None:
+            norm.update(replicas.gather_rows(rows, max_rows))
         return length

@@ -23,7 +23,7 @@ from icrl.nets.dists import Categorical, Distribution, TanhGaussian
 
 __all__ = [  # DEFAULT_GAMMAS is re-exported: the loss functions' callers often want the default discounts too
     "DEFAULT_GAMMAS", "Metrics", "actor_loss", "advantage_filter", "align_next", "critic_loss", "frozen_critic",
-    "redq_members", "redq_target_value", "td_targets",
+    "redq_members", "td_targets",
 ]
 
 Metrics = dict[str, torch.Tensor]
@@ -85,24 +85,8 @@ def td_targets(
 
 def redq_members(num_critics: int, subset: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """REDQ's random subset of `subset` of the `num_critics` target critics, drawn once per update on the
-    CPU generator. The learner evaluates only these members; `redq_target_value` reduces over them."""
+    CPU generator. The learner evaluates only these members and reduces over them (min or mean)."""
     return torch.randperm(num_critics, generator=generator)[:subset]
-
-
-def redq_target_value(
-    q_next: torch.Tensor,
-    num_sample: int = 2,
-    generator: torch.Generator | None = None,
-    reduce: Literal["min", "mean"] = "min",
-) -> torch.Tensor:
-    """REDQ: reduce a random subset of `num_sample` target critics, q_next [..., C, G] -> [..., G].
-
-    One subset per call (per update), shared by all timesteps and discounts. `generator` must live on
-    the CPU; the indices are moved to q_next's device.
-    """
-    idx = redq_members(q_next.shape[-2], num_sample, generator).to(q_next.device)
-    q = q_next.index_select(-2, idx)  # [..., num_sample, G]
-    return q.amin(-2) if reduce == "min" else q.mean(-2)
 
 
 def critic_loss(

@@ -22,7 +22,8 @@ from icrl.asynchronous.protocol import (
 from icrl.config import ExperimentConfig
 from icrl.envs import Collector
 from icrl.envs.user import EnvOverride, run_env_config
-from icrl.run.components import build_agent, make_env, open_replay, train_policy
+from icrl.envs.wrapper import agent_obs_space
+from icrl.run.components import build_agent, make_run_envs, open_replay, train_policy
 from icrl.run.episodes import rollout_sums
 from icrl.run.loggers import say
 from icrl.seeding import derive_seed, seed_everything
@@ -57,7 +58,7 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
     seed_everything(seed)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
-    venv = make_env(cfg.env, cfg.env.parallel_envs, asynchronous=cfg.env.async_envs)
+    venv = make_run_envs(cfg.env, cfg.env.parallel_envs, asynchronous=cfg.env.async_envs)
     run = None
     try:
         run = Collecting(cfg, paths, collector_id, venv, torch.device(device), seed, counters, starts)
@@ -102,7 +103,7 @@ class Collecting:
         spec = ActionSpec.from_space(venv.single_action_space)
         self.collector = Collector(venv, spec, chunk_len=e.chunk_len, seed=derive_seed(seed, "envs"))
         self.collector.total_env_steps = int(counters.get("env_steps", 0))
-        self.agent = build_agent(cfg, venv.single_observation_space["obs"], spec, device)
+        self.agent = build_agent(cfg, agent_obs_space(venv), spec, device)
         self.weights = WeightsWatcher(self.agent, paths)
         self.replay = open_replay(cfg, paths.run_dir)
         # the exploration schedule follows this collector's own env copies

@@ -46,6 +46,7 @@ from safetensors import SafetensorError, safe_open
 from icrl.agent.model import Agent
 from icrl.config import ConfigError
 from icrl.fileio import check_inside, write_text_atomic
+from icrl.run.ckpt_checks import unmatched_names
 from icrl.run.loggers import say
 from icrl.run.results import save_weights
 
@@ -107,7 +108,7 @@ def wait_for(path: Path, wait_s: float, what: str, stop: StopFlag | None = None)
 # ------------------------------------------------------------------------------------------- counters
 def read_counters(paths: AsyncPaths) -> list[dict]:
     """Every collector's latest counters (files being replaced are simply read next time)."""
-    out = []
+    out: list[dict] = []
     try:
         names = os.listdir(paths.collectors)
     except FileNotFoundError:
@@ -140,10 +141,12 @@ class RunCounters:
         self.env_steps = self.stored_env_steps = self.rollouts = 0
         self.sums = {"rollouts": 0.0, "return_sum": 0.0, "success_n": 0.0, "success_sum": 0.0}
         self.collectors = 0
+        self.collector_env_steps: list[int] = []  # each collector's own env steps (all its env copies)
 
     def read(self) -> RunCounters:
         counters = read_counters(self.paths)
         self.collectors = sum(c.get("state") == "collecting" for c in counters)
+        self.collector_env_steps = [int(c.get("env_steps", 0)) for c in counters]
         self.env_steps = sum(int(c.get("env_steps", 0)) for c in counters)
         self.stored_env_steps = sum(int(c.get("stored_env_steps", 0)) for c in counters)
         self.rollouts = sum(int(c.get("stored_rollouts", 0)) for c in counters)
@@ -186,9 +189,7 @@ def _fit_error(agent: Agent, tensors: dict[str, torch.Tensor]) -> str | None:
     """What keeps `tensors` from being exactly the agent's weights (a name missing, unexpected, of another
     shape, or holding NaN / inf), or None. Names safetensors dropped as aliases of a stored tensor are fine."""
     own = agent.state_dict()
-    unexpected = sorted(set(tensors) - set(own))
-    stored = {own[k].data_ptr() for k in tensors if k in own}
-    missing = sorted(k for k in set(own) - set(tensors) if own[k].data_ptr() not in stored)
+    missing, unexpected = unmatched_names(agent, tensors)
     if unexpected or missing:
         return f"missing {missing[:3]}, unexpected {unexpected[:3]}"
     shapes = [k for k, t in tensors.items() if tuple(t.shape) != tuple(own[k].shape)]

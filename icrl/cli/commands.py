@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import tyro
 
@@ -84,7 +84,7 @@ class Learn:
 
         try:
             learn(cfg, stop=StopFlag())
-        except (*INPUT_ERRORS, CheckpointError) as e:
+        except INPUT_ERRORS + (CheckpointError,) as e:
             fail_input(e, self.run_dir)
 
 
@@ -158,7 +158,7 @@ class Eval:
                 torch.set_num_threads(threads)
             result = evaluate_run(self.run_dir, self.checkpoint, self.rollouts, self.seed, self.parallel_envs,
                                   self.device, override)
-        except (*INPUT_ERRORS, RuntimeError) as e:  # RunDirError, RunEnvError, env errors, a bad device
+        except INPUT_ERRORS + (RuntimeError,) as e:  # RunDirError, RunEnvError, env errors, a bad device
             fail_input(e, self.run_dir)
         for table in eval_table(result):
             console.print(table)
@@ -208,9 +208,12 @@ class Envs:
 def _popgym_family(builtin: dict) -> dict:
     """POPGym as a family for `icrl envs`: its tasks are built-in names when the package is installed (listed
     by `icrl envs popgym`); without it the family is still shown, with the pip command."""
-    from icrl.envs.make import EnvFamily
+    from icrl.envs.make import EnvFamily, make_env
 
     names = sorted(n.removeprefix("popgym/") for n in builtin if n.startswith("popgym/"))
+
+    def make(member: str, **env_kwargs: Any) -> Any:  # the built-in name; listed here, built by make_env
+        return make_env("popgym/" + member, env_kwargs)
 
     def members() -> list[str]:
         if not names:
@@ -218,7 +221,7 @@ def _popgym_family(builtin: dict) -> dict:
         return names
 
     state = f"{len(names)} tasks, and popgym_multi; icrl envs popgym" if names else "not installed: pip install 'icrl[popgym]'"
-    return {"popgym/": EnvFamily(None, members, f"POPGym memory tasks ({state})")}
+    return {"popgym/": EnvFamily(make, members, f"POPGym memory tasks ({state})")}
 
 
 @dataclass(frozen=True)

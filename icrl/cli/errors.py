@@ -119,7 +119,7 @@ def run_stoppable(fn: Callable[..., Any], *args: Any, log_dir: str | None = None
         print(f"icrl: stopped by {name}; every checkpoint written so far is kept: resume with the same command "
               "and --resume", file=sys.stderr)
         raise SystemExit(143 if name == "SIGTERM" else 130) from None
-    except (*INPUT_ERRORS, CheckpointError) as e:  # ConfigError is a ValueError
+    except INPUT_ERRORS + (CheckpointError,) as e:  # ConfigError is a ValueError
         fail_input(e, log_dir)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -147,11 +147,11 @@ class Collector:
 
     def _env_label(self, i: int) -> str:
         """How errors name env copy i: its Gymnasium id, else its class."""
-        try:
-            spec = self.venv.get_attr("spec")[i]
+        try:  # Sync/AsyncVectorEnv (what icrl builds) have get_attr, SyncVectorEnv has envs; the base class neither
+            spec = self.venv.get_attr("spec")[i]  # type: ignore[attr-defined]
             if spec is not None:
                 return f"{spec.id!r} (copy {i})"
-            return f"{type(self.venv.envs[i].unwrapped).__name__} (copy {i})"  # SyncVectorEnv
+            return f"{type(self.venv.envs[i].unwrapped).__name__} (copy {i})"  # type: ignore[attr-defined]
         except (AttributeError, IndexError, TypeError):
             return f"copy {i}"
 
@@ -161,7 +161,8 @@ class Collector:
         if found is not None:
             i, key = found
             step = len(self._buffers[i].actions) + 1 if rewards is not None else 0
-            raise nonfinite_env_error(self._env_label(i), step, key, float(rewards[i]) if key == "reward" else None)
+            value = float(rewards[i]) if key == "reward" and rewards is not None else None
+            raise nonfinite_env_error(self._env_label(i), step, key, value)
 
     def _hard_reset(self, seed: int | None) -> None:
         obs, _ = self.venv.reset(seed=seed)
@@ -334,8 +335,8 @@ class Collector:
             self.capped_rollouts += 1
 
 
-def _index_object(final: Any) -> dict:
-    """A per-env final timestep from `info["final_obs"]` (already unbatched) -> copied nested dict."""
+def _index_object(final: Any) -> Any:
+    """A per-env final timestep from `info["final_obs"]` (already unbatched) -> copied nested dict (of arrays)."""
     if isinstance(final, dict):
         return {k: _index_object(v) for k, v in final.items()}
     return np.array(final)

@@ -118,11 +118,11 @@ def _vector_source(venv: gym.vector.VectorEnv) -> EnvSource:
     fns = getattr(venv, "env_fns", None)
     n, asynchronous = venv.num_envs, isinstance(venv, gym.vector.AsyncVectorEnv)
     if fns:
-        name = spec.id if by_id else f"<{type(venv).__name__} of {spec.id if spec is not None else 'env_fns'}>"
+        name = spec.id if by_id and spec is not None else f"<{type(venv).__name__} of {spec.id if spec is not None else 'env_fns'}>"
         venv.close()
         subs = tuple(SubEnv(fn, kwargs if by_id else {}) for fn in fns)  # the closures hold their kwargs already
         return EnvSource(name, subs, "gymnasium" if by_id else "none", n, asynchronous, kwargs if by_id else None)
-    if by_id:
+    if by_id and spec is not None:  # by_id implies a spec
         venv.close()
         return EnvSource(spec.id, None, "gymnasium", n, False, kwargs)
     raise ValueError(

@@ -47,13 +47,13 @@ def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConve
         return gym.spaces.Box(0.0, 1.0, (n,), np.float32), lambda x: eye[int(x) - start].copy()
     if isinstance(space, gym.spaces.MultiDiscrete):
         nvec = np.asarray(space.nvec, dtype=np.int64).reshape(-1)  # [K]
-        start = np.asarray(space.start, dtype=np.int64).reshape(-1)  # [K]
+        starts = np.asarray(space.start, dtype=np.int64).reshape(-1)  # [K]
         offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])  # [K] where each one-hot block begins
         width = int(nvec.sum())
 
         def multi_one_hot(x: Any) -> np.ndarray:
             out = np.zeros(width, dtype=np.float32)  # [sum(nvec)]
-            out[offsets + np.asarray(x, dtype=np.int64).reshape(-1) - start] = 1.0
+            out[offsets + np.asarray(x, dtype=np.int64).reshape(-1) - starts] = 1.0
             return out
 
         return gym.spaces.Box(0.0, 1.0, (width,), np.float32), multi_one_hot
@@ -69,7 +69,8 @@ def _convert_space(space: gym.Space, key: str) -> tuple[gym.spaces.Box, ObsConve
     )
 
 
-ObsLeaf = tuple[str, tuple[str, ...], gym.spaces.Box, ObsConverter]  # key "a/b", path ("a", "b"), Box, fn
+# key "a/b", path ("a", "b"): Dict keys (str) and Tuple indices (int), Box, converter
+ObsLeaf = tuple[str, tuple[Any, ...], gym.spaces.Box, ObsConverter]
 
 
 def _flatten_obs_space(space: gym.Space, prefix: str = "") -> list[ObsLeaf]:
@@ -93,6 +94,9 @@ class EnvError(ValueError):
     own exception (the user's bug, with their traceback) is chained as `__cause__`, and its traceback is kept
     as text in `user_traceback` too, which survives the trip from an env subprocess (a vector env re-raises
     `EnvError(the worker's EnvError)` there, which this constructor unpacks)."""
+
+    message: str
+    user_traceback: str
 
     def __init__(self, message: Any, user_traceback: str = "") -> None:
         if isinstance(message, EnvError):
@@ -122,12 +126,73 @@ def env_name(env: gym.Env) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- wrapper
+def agent_obs_space(env: gym.Env | gym.vector.VectorEnv) -> gym.spaces.Dict:
+    """The "obs" entry of a `TimestepWrapper`'d env's (or vector env's: one copy's) timestep space: the
+    observations the agent is built for. TypeError for an env whose timesteps are not icrl's."""
+    space = env.single_observation_space if isinstance(env, gym.vector.VectorEnv) else env.observation_space
+    obs = space.spaces.get("obs") if isinstance(space, gym.spaces.Dict) else None
+    if not isinstance(obs, gym.spaces.Dict):
+        raise TypeError(f"{type(env).__name__} does not give icrl timesteps (wrap its env in TimestepWrapper)")
+    return obs
+
+
 def achieved_slots(env: gym.Env) -> int:
     """K of a goal-conditioned env (`metadata["achieved_slots"]`, docs/CONTRACTS.md), 0 for other envs."""
     k = env.metadata.get("achieved_slots", 0) if isinstance(env.metadata, dict) else 0
     if not isinstance(k, (int, np.integer)) or k < 0:
         raise ValueError(f"metadata['achieved_slots'] must be a non-negative int, got {k!r}")
     return int(k)
+
+
+class RolloutClock:
+    """The timestep state machine of docs/design.md §2 for one env: the time index its next timestep gets, the
+    index of its episode inside the rollout, and its previous action. One implementation for both drivers:
+    `TimestepWrapper` runs one while it steps the env, `icrl.policy` one per env of the caller's own loop.
+
+    `start(new_task=True)` before a timestep that starts a new task: time and episode go to 0;
+    `start(new_task=False)` before one that starts the next episode of the same task: the episode index counts
+    on and time keeps counting. Either way that timestep shows a zero previous action and reward and the reset
+    flag 1. `acted` after the agent acted; `rollout_over` is the one rule for when the rollout the agent is
+    trained on ends: after `episodes_per_rollout` episodes, or once time reaches `rollout_horizon`.
+    """
+
+    __slots__ = ("spec", "episodes_per_rollout", "rollout_horizon", "time", "episode", "prev_action")
+
+    def __init__(self, spec: ActionSpec, episodes_per_rollout: int = 1, rollout_horizon: int | None = None) -> None:
+        self.spec, self.episodes_per_rollout, self.rollout_horizon = spec, episodes_per_rollout, rollout_horizon
+        self.time = 0  # the time index the next timestep gets
+        self.episode = 0  # episodes begun in the current rollout, minus one
+        self.prev_action = spec.zero_vector()  # [A] float32: zeros where a rollout / episode starts
+
+    def rollout_over(self) -> bool:
+        """The current episode is the rollout's last (with a horizon: time has reached it)."""
+        if self.rollout_horizon is None:
+            return self.episode + 1 >= self.episodes_per_rollout
+        return self.time >= self.rollout_horizon
+
+    def start(self, new_task: bool) -> None:
+        """The coming timestep starts a new task (`new_task`) or the next episode of the same task."""
+        if new_task:
+            self.time, self.episode = 0, 0
+        else:
+            self.episode += 1
+        self.prev_action = self.spec.zero_vector()
+
+    def timestep(self, obs: dict[str, np.ndarray], reward: float, cont: bool) -> dict:
+        """The timestep of converted observation `obs` after `reward` (of the previous action; ignored unless
+        `cont`: the episode continues, else the reset flag is 1)."""
+        return {
+            "obs": obs,
+            "prev_action": self.prev_action,  # [A] float32
+            "prev_reward": _float32(reward if cont else 0.0),  # []
+            "time": np.asarray(self.time, dtype=np.int64),  # []
+            "reset": np.asarray(int(not cont), dtype=np.int8),  # []
+        }
+
+    def acted(self, action_vector: np.ndarray) -> None:
+        """The agent acted: its action ([A] float32 vector) is the next timestep's previous action."""
+        self.prev_action = action_vector
+        self.time += 1
 
 
 class TimestepWrapper(gym.Wrapper):
@@ -171,9 +236,13 @@ class TimestepWrapper(gym.Wrapper):
         )
         if self.achieved_slots:
             self.observation_space["achieved"] = gym.spaces.Box(-1, _TIME_HIGH, (self.achieved_slots,), np.int64)
-        self._t = 0  # actions taken in the current rollout
-        self._episode = 0  # index of the current episode inside the rollout
+        self._clock = RolloutClock(self.action_spec, self.episodes_per_rollout, self.rollout_horizon)
         self._pending_reset = False  # last timestep was an inner episode's final obs
+
+    @property
+    def _t(self) -> int:
+        """Actions taken in the current rollout: the time index of the current timestep."""
+        return self._clock.time
 
     # ------------------------------------------------------------------------------------------- helpers
     def convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
@@ -208,20 +277,13 @@ class TimestepWrapper(gym.Wrapper):
         return EnvError(f"env {env_name(self.env)} at step {self._t} of a rollout: {what}() {problem}; fix the env",
                         text)
 
-    def _timestep(
-        self, obs: Any, prev_action: np.ndarray, prev_reward: float, reset: bool, info: dict | None = None
-    ) -> dict:
+    def _timestep(self, obs: Any, prev_reward: float, reset: bool, info: dict | None = None) -> dict:
+        """The timestep of raw observation `obs`, from the clock's time and previous action (`RolloutClock`)."""
         try:
             converted = self._convert_obs(obs)
         except ValueError as e:
             raise self._env_error("step" if self._t else "reset", f"returned an {e}", e) from e
-        ts = {
-            "obs": converted,
-            "prev_action": prev_action,  # [A] float32
-            "prev_reward": _float32(prev_reward),  # []
-            "time": np.asarray(self._t, dtype=np.int64),  # []
-            "reset": np.asarray(int(reset), dtype=np.int8),  # []
-        }
+        ts = self._clock.timestep(converted, prev_reward, cont=not reset)
         if self.achieved_slots:
             ts["achieved"] = self._achieved(info)  # [K] int64, -1 padded
         return ts
@@ -245,10 +307,10 @@ class TimestepWrapper(gym.Wrapper):
         """Hard reset: a new task (the inner env sees `new_task=True` in multi-episode mode)."""
         if self.multi_episode:
             options = {**(options or {}), "new_task": True}
-        self._t = 0
+        self._clock.start(new_task=True)
         obs, info = self._checked_reset(seed=seed, options=options)
-        self._episode, self._pending_reset = 0, False
-        return self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True, info=info), info
+        self._pending_reset = False
+        return self._timestep(obs, 0.0, reset=True, info=info), info
 
     def _checked_reset(self, **kwargs: Any) -> tuple[Any, dict]:
         out = self._call_env("reset", self.env.reset, **kwargs)
@@ -272,18 +334,18 @@ class TimestepWrapper(gym.Wrapper):
             # Bridge step: the action taken on an inner episode's final obs is ignored; the next episode of
             # the same task starts with reset=1 and zero previous action and reward.
             obs, info = self._checked_reset(options={"new_task": False})
-            self._t += 1
-            self._episode += 1
+            self._clock.acted(self.action_spec.zero_vector())  # the ignored action's step counts
+            self._clock.start(new_task=False)
             self._pending_reset = False
-            truncated = self.rollout_horizon is not None and self._t >= self.rollout_horizon
+            truncated = self.rollout_horizon is not None and self._clock.rollout_over()
             # the bridge step achieves nothing: a new episode's first observation is not an agent's doing
-            ts = self._timestep(obs, self.action_spec.zero_vector(), 0.0, reset=True)
+            ts = self._timestep(obs, 0.0, reset=True)
             return ts, 0.0, False, truncated, dict(info)
 
         env_action = agent_to_env_action(self._env_action_space, action)
-        self._t += 1
+        self._clock.acted(action_to_vector(self.action_spec, action))
         obs, reward, terminated, truncated, info = self._checked_step(env_action)
-        ts = self._timestep(obs, action_to_vector(self.action_spec, action), reward, reset=False, info=info)
+        ts = self._timestep(obs, reward, reset=False, info=info)
         if "success" in info:
             info["success"] = float(info["success"])
         episode_done = terminated or truncated
@@ -291,14 +353,15 @@ class TimestepWrapper(gym.Wrapper):
             info["episode_end"] = True
         if not self.multi_episode:
             return ts, reward, terminated, truncated, info
+        over = self._clock.rollout_over()
         if self.rollout_horizon is not None:
-            if self._t >= self.rollout_horizon:
+            if over:
                 # The rollout ends on its time limit even if the inner episode terminated right here: the
                 # rollout would have continued with another episode, so its value is bootstrapped.
                 return ts, reward, False, True, info
             self._pending_reset = episode_done
             return ts, reward, False, False, info
-        if episode_done and self._episode == self.episodes_per_rollout - 1:
+        if episode_done and over:
             return ts, reward, terminated, truncated, info
         self._pending_reset = episode_done
         return ts, reward, False, False, info

@@ -286,24 +286,15 @@ class KVCache:
 
     Row b of the batch has written `count[b]` timesteps since its last reset; its occupied slots are
     0 .. min(count[b], W) - 1 and the next step goes to slot count[b] % W. Rows advance and reset
-    independently. The bookkeeping (`count`, `filled`) lives on the host, so no step waits on the
-    device: `count` is a CPU tensor whatever the cache's device, and `filled` = min(max(count), W) is
-    how many slots the next step attends over (early in a rollout fewer than W).
+    independently. The bookkeeping (`count`) lives on the host, so no step waits on the device: `count`
+    is a CPU tensor whatever the cache's device; a step attends over min(max(count) + 1, W) slots (early
+    in a rollout fewer than W).
     """
 
     kv: torch.Tensor  # [layers, 2, B, H, W, dh]: keys (index 0) and values (1), one tensor per layer
     count: torch.Tensor  # [B] long, on the CPU
-    filled: int
     write_base: np.ndarray  # [B, 2, H] int64: row of (b, k|v, h, slot 0) in one layer's kv.view(-1, dh)
     zero_bias: torch.Tensor  # [B*H, 1, W] zeros: the attention mask when no slot needs masking
-
-    @property
-    def k(self) -> torch.Tensor:  # [layers, B, H, W, dh] view
-        return self.kv[:, 0]
-
-    @property
-    def v(self) -> torch.Tensor:  # [layers, B, H, W, dh] view
-        return self.kv[:, 1]
 
     def reset(self, mask: torch.Tensor | np.ndarray) -> None:
         """Empty the rows where `mask` [B] is True. Stale K/V stay but are never attended to again."""
@@ -311,7 +302,6 @@ class KVCache:
             mask = mask.detach().cpu().numpy()
         count = self.count.numpy()  # shares memory with self.count
         count[np.asarray(mask, dtype=bool)] = 0
-        self.filled = min(int(count.max(initial=0)), self.kv.shape[4])
 
     def take_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Count one more timestep per row and return where it goes: (write_idx [B, 2, H], bias [B*H, 1, n]).
@@ -333,7 +323,6 @@ class KVCache:
         if kv.device.type != "cpu":
             idx = idx.to(kv.device, non_blocking=True)
         count += 1
-        self.filled = n
         return idx, bias
 
 
@@ -401,7 +390,6 @@ class TransformerTrajEncoder(nn.Module):
         return KVCache(
             kv=torch.zeros((L, 2, B, H, W, self.d_model // H), device=device, dtype=p.dtype),
             count=torch.zeros(B, dtype=torch.long),
-            filled=0,
             write_base=((j * B + b) * H + h).astype(np.int64) * W,
             zero_bias=torch.zeros((B * H, 1, W), device=device, dtype=p.dtype),
         )

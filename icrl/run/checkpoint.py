@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_model
 from icrl.fileio import atomic_path, check_inside, fsync_file, write_text_atomic
 from icrl.guards import assert_finite_weights
 from icrl.nets.transformer import refresh_acting_weights
-from icrl.run.ckpt_checks import CheckpointMismatch, check_checkpoint
+from icrl.run.ckpt_checks import CheckpointMismatch, check_checkpoint, unmatched_names
 
 FILES = ("agent.safetensors", "optimizer.pt", "state.json")
 FORMAT_VERSION = 1
@@ -230,11 +230,8 @@ def load_checkpoint(
     CheckpointError (naming the path) and leaves the objects as they were.
     """
     tensors, optim, state = read_checkpoint(path)
-    expected = set(agent.state_dict())
-    # safetensors' save_model drops aliases of shared tensors; load_model-style strictness on the rest
-    missing = sorted(expected - set(tensors))
-    unexpected = sorted(set(tensors) - expected)
-    if unexpected or (missing and not _aliases_only(agent, missing, tensors)):
+    missing, unexpected = unmatched_names(agent, tensors)  # aliases safetensors dropped are not missing
+    if missing or unexpected:
         raise CheckpointError(
             f"checkpoint {path} does not fit this agent (was the model config changed?): "
             f"missing {missing[:5]}, unexpected {unexpected[:5]}"
@@ -265,26 +262,6 @@ def load_checkpoint(
     if restore_rng:
         set_rng_state(state["rng"])
     return state
-
-
-def _aliases_only(agent: torch.nn.Module, missing: list[str], tensors: dict[str, torch.Tensor]) -> bool:
-    """True when every missing key shares storage with a saved key (safetensors stores shared tensors once)."""
-    sd = agent.state_dict()
-    saved_ptrs = {sd[k].data_ptr() for k in tensors if k in sd}
-    return all(sd[k].data_ptr() in saved_ptrs for k in missing)
-
-
-def find_latest_checkpoint(run_dir: str | os.PathLike, log=None) -> Path | None:
-    """The newest checkpoint that reads back whole, skipping torn or corrupt ones (reported via `log`)."""
-    for path in reversed(list_checkpoints(run_dir)):
-        try:
-            read_checkpoint(path)
-        except CheckpointError as e:
-            if log is not None:
-                log(f"icrl: skipping unreadable checkpoint: {e}")
-            continue
-        return path
-    return None
 
 
 def load_latest_checkpoint(run_dir: str | os.PathLike, *, agent: torch.nn.Module, log=None, **objects: Any

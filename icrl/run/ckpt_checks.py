@@ -12,6 +12,7 @@ caller can fall back to an older one.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -27,9 +28,27 @@ def _need(cond: bool, message: str) -> None:
         raise CheckpointMismatch(message)
 
 
+def _dict(value: Any, message: str) -> dict[str, Any]:
+    """`value` (read from a file, so of any type) when it is a dict; CheckpointMismatch(message) otherwise."""
+    if not isinstance(value, dict):
+        raise CheckpointMismatch(message)
+    return value
+
+
 def _int(value: Any, what: str, lo: int = 0) -> int:
     _need(isinstance(value, int) and not isinstance(value, bool) and value >= lo, f"{what} must be an integer >= {lo}")
     return value
+
+
+def unmatched_names(agent: torch.nn.Module, names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(missing, unexpected): the agent's state-dict names a weights file's `names` lack, and the file's names
+    the agent does not have, each sorted. A name safetensors dropped because it aliases a stored tensor (shared
+    weights are saved once) is not missing. Checkpoints and the asynchronous run's published weights use it."""
+    own = agent.state_dict()
+    names = set(names)
+    stored = {own[k].data_ptr() for k in names if k in own}
+    missing = sorted(k for k in set(own) - names if own[k].data_ptr() not in stored)
+    return missing, sorted(names - set(own))
 
 
 def check_agent_tensors(tensors: dict[str, torch.Tensor], agent: torch.nn.Module) -> None:
@@ -46,9 +65,9 @@ def check_agent_tensors(tensors: dict[str, torch.Tensor], agent: torch.nn.Module
 
 def check_optimizer(payload: dict[str, Any], optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
     """The saved optimiser state has this optimiser's groups and, per parameter, moments of its shape."""
-    saved = payload.get("optimizer")
-    _need(isinstance(saved, dict) and isinstance(saved.get("state"), dict)
-          and isinstance(saved.get("param_groups"), list), "optimizer.pt: not an optimizer state dict")
+    not_optimizer = "optimizer.pt: not an optimizer state dict"
+    saved = _dict(payload.get("optimizer"), not_optimizer)
+    _need(isinstance(saved.get("state"), dict) and isinstance(saved.get("param_groups"), list), not_optimizer)
     current = optimizer.state_dict()
     groups = saved["param_groups"]
     _need(len(groups) == len(current["param_groups"]),
@@ -74,8 +93,7 @@ def check_optimizer(payload: dict[str, Any], optimizer: torch.optim.Optimizer, s
             _need(tuple(value.shape) == shape, f"optimizer.pt: {key} of parameter {index} has shape "
                   f"{tuple(value.shape)}, the parameter's is {shape} (written for another model)")
             _need(bool(torch.isfinite(value).all()), f"optimizer.pt: {key} of parameter {index} is not finite")
-    sched = payload.get("scheduler")
-    _need(isinstance(sched, dict), "optimizer.pt: the scheduler state is not a dict")
+    sched = _dict(payload.get("scheduler"), "optimizer.pt: the scheduler state is not a dict")
     missing = sorted(set(scheduler.state_dict()) - set(sched))
     _need(not missing, f"optimizer.pt: the scheduler state lacks {missing}")
     _int(sched.get("last_epoch"), "optimizer.pt: scheduler last_epoch", lo=-1)
@@ -111,33 +129,31 @@ def check_state(state: dict[str, Any], *, learner: Any = None, collector: Any = 
                 restore_rng: bool = True) -> None:
     """Every key of state.json the loader will read is there, with a value of the right kind and size."""
     _int(state.get("epoch"), "state.json: epoch")
-    _need(isinstance(state.get("extra", {}), dict), "state.json: extra must be an object")
-    extra = state.get("extra", {})
+    extra = _dict(state.get("extra", {}), "state.json: extra must be an object")
     _need(isinstance(extra.get("wall_time", 0.0), (int, float)), "state.json: extra.wall_time must be a number")
     _int(extra.get("world_size", 1), "state.json: extra.world_size", lo=1)
     if learner is not None:
-        lst = state.get("learner")
-        _need(isinstance(lst, dict), "state.json: learner state missing")
+        lst = _dict(state.get("learner"), "state.json: learner state missing")
         _int(lst.get("updates"), "state.json: learner.updates")
         _check_byte_state(lst.get("generator"), len(torch.Generator().get_state()), "state.json: learner.generator")
     if collector is not None:
-        c = state.get("collector")
-        _need(isinstance(c, dict), "state.json: collector state missing")
+        c = _dict(state.get("collector"), "state.json: collector state missing")
         for key in ("total_env_steps", "total_rollouts"):
             _int(c.get(key), f"state.json: collector.{key}")
         for key in ("eval_env_steps", "next_rollout_id"):
             if key in c:
                 _int(c[key], f"state.json: collector.{key}")
     if exploration is not None and hasattr(exploration, "scale"):
-        x = state.get("exploration")
-        _need(isinstance(x, dict) and isinstance(x.get("scale"), list), "state.json: exploration state missing")
+        x = _dict(state.get("exploration"), "state.json: exploration state missing")
+        _need(isinstance(x.get("scale"), list), "state.json: exploration state missing")
         scale = x["scale"]
         _need(len(scale) == len(exploration.scale), f"state.json: exploration has {len(scale)} env scales, this "
               f"run has {len(exploration.scale)} (was --parallel-envs changed?)")
         _need(all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in scale), "state.json: exploration scales "
               "must lie in [0, 1]")
+        rng: Any = x.get("rng")  # whatever the file holds: setting it on a throwaway generator is the check
         try:
-            np.random.default_rng().bit_generator.state = x.get("rng")
+            np.random.default_rng().bit_generator.state = rng
         except (TypeError, ValueError, KeyError) as e:
             raise CheckpointMismatch(f"state.json: the exploration generator state is malformed ({e})") from e
     if restore_rng:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import torch
@@ -29,6 +30,7 @@ from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
 from icrl.envs.make import task_context, task_exploration
 from icrl.envs.user import apply_env
+from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
 from icrl.run.distributed import Replicas, init_replicas
 from icrl.run.loggers import say, say_literally
@@ -38,14 +40,16 @@ from icrl.seeding import derive_seed, seed_everything
 from icrl.spaces_json import venv_spaces_record
 from icrl.types import ActionSpec
 
+T = TypeVar("T")
 
-def build_agent(cfg: ExperimentConfig, obs_space: gym.Space, spec: ActionSpec,
+
+def build_agent(cfg: ExperimentConfig, obs_space: gym.spaces.Dict, spec: ActionSpec,
                 device: str | torch.device) -> Agent:
     """A fresh agent (random weights) for observations `obs_space` (the env's "obs" entry) and actions `spec`."""
     return Agent(obs_space, spec, cfg.model, cfg.loss).to(device)
 
 
-def make_env(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
+def make_run_envs(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
              factories: Sequence[Any] | None = None) -> gym.vector.VectorEnv:
     """`num_envs` copies of the run's env, each rollout `episodes_per_rollout` episodes (icrl.envs.make)."""
     return make_vector_env(e.env, e.kwargs, num_envs, asynchronous=asynchronous, factories=factories,
@@ -87,7 +91,8 @@ def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRela
     """The sample-time hindsight relabeler `--relabel` asks for; the env must report achieved goals."""
     if r.relabel == "none":
         return None
-    if "achieved" not in venv.single_observation_space.spaces:
+    space = venv.single_observation_space
+    if not isinstance(space, gym.spaces.Dict) or "achieved" not in space.spaces:
         raise ConfigError(
             f"--relabel {r.relabel}: this env does not report the goals it achieved (docs/CONTRACTS.md, "
             "goal-conditioned tasks such as mazerunner or package_delivery); use --relabel none"
@@ -132,7 +137,7 @@ class Components:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.cfg.run.run_dir)
+        return run_path(self.cfg)
 
     @property
     def device(self) -> torch.device:
@@ -200,32 +205,64 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     check_resume_target(cfg)
     check_run_dir_free(cfg)  # before anything is created or written
     replicas.barrier()  # every rank has checked the run dir before any of them writes to it
-    seed_everything(cfg.run.seed, replicas.rank)
+    seed_process(cfg, replicas.rank)
     seed = replicas.rank_seed(cfg.run.seed)  # this rank's envs, exploration and sampler (the run's seed on rank 0)
-    if cfg.run.threads > 0:
-        torch.set_num_threads(cfg.run.threads)
     main = replicas.is_main
-    opened: list[Any] = []  # what to close if a later step raises (bad offline data, a full disk...)
-    try:
-        venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories)
-        opened.append(venv)
-        eval_venv = make_env(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories) if main else None
-        opened.append(eval_venv)
+    with closed_on_error() as opened:  # what to close if a later step raises (bad offline data, a full disk...)
+        venv = opened(make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories))
+        eval_venv = opened(make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories)
+                           if main else None)
         spaces = venv_spaces_record(venv, e.env, e.kwargs, source.rebuild)
         spec = ActionSpec.from_space(venv.single_action_space)
         relabeler = make_relabeler(cfg.replay, venv)  # before the run dir exists: a wrong --relabel leaves nothing
-        lock = take_run_dir(cfg, main)
-        opened.append(lock)
+        lock = opened(take_run_dir(cfg, main))
         c = _build_learning(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock)
         c.env_factories = source.factories
-        return c
-    except BaseException:  # no env processes left behind, and the run dir free again for the next attempt
-        for thing in reversed(opened):
+    return c
+
+
+@contextmanager
+def closed_on_error() -> Iterator[Callable[[T], T]]:
+    """`with closed_on_error() as opened:` a run's setup; `opened(thing)` returns `thing` and, should the block
+    raise, closes it (a RunLock: released), newest first: no env processes left behind, and the run dir free
+    again for the next attempt. `icrl train` and the asynchronous learner build their runs inside one."""
+    things: list[Any] = []
+
+    def opened(thing: T) -> T:
+        things.append(thing)
+        return thing
+
+    try:
+        yield opened
+    except BaseException:
+        for thing in reversed(things):
             if isinstance(thing, RunLock):
                 thing.release()
             elif thing is not None:
                 thing.close()
         raise
+
+
+@contextmanager
+def run_scope(lock: RunLock | None, close: Callable[[], None]) -> Iterator[None]:
+    """The body of a run once its run dir is taken (`icrl train`, the asynchronous learner): on an error or
+    Ctrl-C anywhere in it (resuming, the first log writes, the epochs) the run lock is released at once, so the
+    run dir is free for the next attempt; always, `close` runs (no orphaned env processes)."""
+    try:
+        yield
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    finally:
+        close()
+
+
+def seed_process(cfg: ExperimentConfig, rank: int = 0) -> None:
+    """Seed every RNG of this process (rank) from the run's seed, and cap torch's threads (--threads)."""
+    seed_everything(cfg.run.seed, rank)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
 
 
 def _build_learning(cfg: ExperimentConfig, replicas: Replicas, seed: int, steps_per_rank: int,
@@ -234,10 +271,10 @@ def _build_learning(cfg: ExperimentConfig, replicas: Replicas, seed: int, steps_
     """The second half of `build_components`, once the run dir is taken."""
     main, device = replicas.is_main, replicas.device
     collector = Collector(venv, spec, chunk_len=cfg.env.chunk_len, seed=derive_seed(seed, "train-envs"))
-    eval_collector = Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs")) if main else None
-    agent = build_agent(cfg, venv.single_observation_space["obs"], spec, device)
+    eval_collector = None if eval_venv is None else Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
+    agent = build_agent(cfg, agent_obs_space(venv), spec, device)
     learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
-    replay = open_replay(cfg, Path(cfg.run.run_dir))
+    replay = open_replay(cfg, run_path(cfg))
     # --offline-data: loaded once into replay/protected (rank 0); --offline-updates: epochs without env steps
     offline_epochs = prepare_offline(cfg, replay.root, log=say, import_data=main)
     replicas.barrier()  # the offline data is on disk before any rank samples

@@ -7,6 +7,7 @@ and its success is that of its last episode (after adapting), so short episodes 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -65,7 +66,7 @@ def train_stats_all_ranks(episodes: list[EpisodeStats], replicas: Replicas) -> d
     return {"return_mean": ret / n if n else None, "success_rate": succ_sum / n_succ if n_succ else None}
 
 
-def train_stats(episodes: list[EpisodeStats], replicas: Replicas) -> dict[str, float | None]:
+def train_stats(episodes: list[EpisodeStats], replicas: Replicas) -> Mapping[str, float | None | list]:
     """The train row's return and success rate: this process's rollouts, or every rank's in a data-parallel
     run (one process keeps `summarize_episodes`' own arithmetic)."""
     if replicas.world_size == 1:

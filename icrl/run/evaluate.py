@@ -1,22 +1,26 @@
 """Evaluate a finished (or running) run: load its config and weights, act greedily, summarise.
 
 `evaluate` is the greedy evaluation every path runs (`eval_row`: the training-time one, seeded by the epoch);
-`load_agent` rebuilds the agent exactly as training does (`icrl.run.components.build_agent`) and loads the
-weights of a checkpoint; `evaluate_run` evaluates them and `write_eval` stores the result in RUN_DIR/eval.json
+`load_run` is the one run loader (`icrl.load`, `icrl eval`): it rebuilds the agent exactly as training does
+(`icrl.run.components.build_agent`) and loads the weights of a checkpoint; `evaluate_run` evaluates them and `write_eval` stores the result in RUN_DIR/eval.json
 atomically. Used by `icrl train`, `icrl learn` and `icrl eval RUN_DIR`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from icrl.config import ExperimentConfig
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import write_text_atomic
+
+if TYPE_CHECKING:
+    from icrl.agent.model import Agent
 
 WEIGHTS = "agent.safetensors"
 
@@ -128,26 +132,20 @@ def resolve_weights(run_dir: str | Path, checkpoint: str | Path | None = None) -
     )
 
 
-def run_io(cfg: ExperimentConfig, spaces: tuple | None = None) -> tuple[Any, Any]:
-    """The agent's observation space (the env's "obs" entry) and action spec for a run.
+def run_spaces(cfg: ExperimentConfig) -> tuple[Any, Any]:
+    """The env's own (observation space, action space) for a run without RUN_DIR/spaces.json (older icrl): the
+    env of `cfg` is built once to read them (check it with `run_env_config` first)."""
+    from icrl.run.components import make_run_envs
 
-    `spaces` (the env's (observation space, action space), e.g. from RUN_DIR/spaces.json) gives them without
-    the env; otherwise the env of `cfg` is built once to read them (check it with `run_env_config` first)."""
-    from icrl.run.components import make_env
-    from icrl.spaces_json import spaces_wrapper
-    from icrl.types import ActionSpec
-
-    if spaces is not None:
-        io = spaces_wrapper(*spaces)
-        return io.observation_space["obs"], io.action_spec
-    venv = make_env(cfg.env, 1)
-    try:
-        return venv.single_observation_space["obs"], ActionSpec.from_space(venv.single_action_space)
+    venv = make_run_envs(cfg.env, 1)
+    try:  # get_attr: the SyncVectorEnv make_run_envs builds has it; the VectorEnv base class does not
+        return (venv.get_attr("env_observation_space")[0],  # type: ignore[attr-defined]
+                venv.get_attr("env_action_space")[0])  # type: ignore[attr-defined]
     finally:
         venv.close()
 
 
-def load_weights(agent: torch.nn.Module, path: Path, device: str | torch.device = "cpu") -> None:
+def load_weights(agent: Agent, path: Path, device: str | torch.device = "cpu") -> None:
     """Load a weights file into `agent` strictly; RunDirError (one line) when it is unreadable or does not fit."""
     from safetensors import SafetensorError
     from safetensors.torch import load_model
@@ -168,7 +166,72 @@ def load_weights(agent: torch.nn.Module, path: Path, device: str | torch.device 
     if bad:
         raise RunDirError(f"weights {path} hold NaN or inf in {len(bad)} tensor(s) (first: {bad[0]}); pick a "
                           "finite checkpoint with --checkpoint (icrl.load: a checkpoint folder)")
+    agent.refresh_acting_weights()  # acting multiplies by σReparam snapshots: of these weights, not earlier ones
     agent.eval()
+
+
+def _checkpoint_extra(folder: Path) -> tuple[ExperimentConfig, tuple[Any, Any] | None]:
+    """(config, spaces or None) that `icrl train` stores in a checkpoint's state.json."""
+    from icrl.spaces_json import read_spaces_record
+
+    state_file = folder / "state.json"
+    try:
+        extra = json.loads(state_file.read_text(encoding="utf-8")).get("extra", {})
+        cfg = ExperimentConfig.from_json(json.dumps(extra["config"])).validate(check_device=False)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise RunDirError(f"{state_file} holds no readable run config ({e})") from e
+    return cfg, read_spaces_record(extra["spaces"], str(state_file)) if "spaces" in extra else None
+
+
+def find_run(path: Path, checkpoint: str | Path | None = None) -> tuple[ExperimentConfig, Path, tuple | None]:
+    """(config, weights file, the env's spaces or None) of a run directory (its latest weights, or
+    `checkpoint`'s: `resolve_weights`), a checkpoint folder (RUN_DIR/checkpoints/ckpt-N) or a weights file in
+    either. The spaces come from RUN_DIR/spaces.json, else from the checkpoint's state.json."""
+    from icrl.spaces_json import read_spaces
+
+    folder, weights = (path.parent, path) if path.is_file() else (path, None)
+    if (folder / "config.json").is_file():  # a run directory
+        cfg = load_config(folder)  # first: a config that cannot work is the error to report, not missing weights
+        weights = weights or resolve_weights(folder, checkpoint)
+        try:
+            spaces = read_spaces(folder)
+        except ValueError as e:
+            raise RunDirError(str(e)) from e
+        if spaces is None and (weights.parent / "state.json").is_file():  # its checkpoint has them too
+            spaces = _checkpoint_extra(weights.parent)[1]
+        return cfg, weights, spaces
+    if (folder / "state.json").is_file():  # a checkpoint folder: RUN_DIR/checkpoints/ckpt-N
+        cfg, spaces = _checkpoint_extra(folder)
+        if spaces is None:
+            spaces = read_spaces(folder.parent.parent)
+        return cfg, weights or resolve_weights(folder.parent.parent, folder), spaces
+    raise RunDirError(f"{path} is neither a run directory (config.json), a checkpoint folder (state.json) nor a "
+                      "weights file in one")
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu", *, checkpoint: str | Path | None = None,
+             spaces_of: Callable[[ExperimentConfig], tuple] | None = None) -> tuple[Agent, ExperimentConfig, tuple]:
+    """The one run loader (`icrl.load`, `icrl eval`, `icrl video`): (agent with the run's weights, in eval
+    mode; config; the env's (observation, action) spaces) of whatever `find_run` takes. The agent is built
+    exactly as training builds it (`icrl.run.components.build_agent`) from the recorded spaces; a run that
+    recorded none (older icrl) asks `spaces_of(config)` for them. RunDirError (a ValueError, one line) for a
+    missing or broken config, weights file or checkpoint, weights that do not fit, or no spaces to build with.
+    """
+    from icrl.envs.wrapper import agent_obs_space
+    from icrl.run.components import build_agent
+    from icrl.run.distributed import resolve_device
+    from icrl.spaces_json import spaces_wrapper
+
+    cfg, weights, spaces = find_run(Path(path), checkpoint)
+    if spaces is None:
+        if spaces_of is None:
+            raise RunDirError(f"{path} records no env spaces (a run from an older icrl)")
+        spaces = spaces_of(cfg)
+    dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
+    io = spaces_wrapper(*spaces)
+    agent = build_agent(cfg, agent_obs_space(io), io.action_spec, dev)
+    load_weights(agent, weights, dev)
+    return agent, cfg, spaces
 
 
 def load_agent(
@@ -176,27 +239,16 @@ def load_agent(
     checkpoint: str | Path | None = None,
     device: str | torch.device = "cpu",
     override: EnvOverride = EnvOverride(),
-) -> tuple[Any, ExperimentConfig]:
-    """The agent of a run with its trained weights (in eval mode), and the run's config.
+) -> tuple[Agent, ExperimentConfig]:
+    """The agent of a run directory with its trained weights (in eval mode), and the run's config (`load_run`).
 
-    The agent is built from RUN_DIR/spaces.json; a run without one (older icrl) builds its env, which
-    `override` must allow when config.json names code (`run_env_config`). Raises RunDirError (a ValueError)
-    with a one-line message for a missing config or weights file, a bad checkpoint path, or weights that
-    do not fit the config.
+    A run without recorded spaces (older icrl) builds its env, which `override` must allow when config.json
+    names code (`run_env_config`). Raises RunDirError (a ValueError) with a one-line message for a missing
+    config or weights file, a bad checkpoint path, or weights that do not fit the config.
     """
-    from icrl.spaces_json import read_spaces
-
-    cfg = load_config(run_dir)
-    path = resolve_weights(run_dir, checkpoint)
-    try:
-        spaces = read_spaces(run_dir)
-    except ValueError as e:
-        raise RunDirError(str(e)) from e
-    from icrl.run.components import build_agent
-
-    obs_space, spec = run_io(cfg if spaces else run_env_config(cfg, run_dir, override), spaces)
-    agent = build_agent(cfg, obs_space, spec, device)
-    load_weights(agent, path, device)
+    load_config(run_dir)  # a run directory, not a checkpoint folder: the CLI's RUN_DIR argument
+    agent, cfg, _ = load_run(run_dir, device, checkpoint=checkpoint,
+                             spaces_of=lambda c: run_spaces(run_env_config(c, run_dir, override)))
     return agent, cfg
 
 
@@ -228,7 +280,7 @@ def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: tor
     import dataclasses
 
     from icrl.envs.user import resolve_env
-    from icrl.run.components import make_env
+    from icrl.run.components import make_run_envs
 
     if n_episodes < 1:
         raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
@@ -238,7 +290,7 @@ def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: tor
     if env_kwargs is None:
         env_kwargs = src.env_kwargs or (cfg.env.kwargs if src.name == cfg.env.env else {})
     e = dataclasses.replace(cfg.env, env=src.name, env_kwargs=json.dumps(env_kwargs))
-    venv = make_env(e, min(parallel_envs or src.parallel_envs or e.parallel_envs, n_episodes), factories=src.factories)
+    venv = make_run_envs(e, min(parallel_envs or src.parallel_envs or e.parallel_envs, n_episodes), factories=src.factories)
     try:
         check_env_fits(venv, spaces, src.name)
         return play(agent, venv, device, n_episodes, seed=seed, deterministic=deterministic,
@@ -277,7 +329,7 @@ def evaluate_run(
     Defaults come from the run's config: its eval_rollouts, parallel_envs and seed (the eval envs are
     seeded with derive_seed(seed, "eval-cli"), apart from the training-time evaluations).
     """
-    from icrl.run.components import make_env
+    from icrl.run.components import make_run_envs
     from icrl.seeding import seed_everything
     from icrl.spaces_json import read_spaces
 
@@ -293,7 +345,7 @@ def evaluate_run(
     rollouts = cfg.eval.eval_rollouts if rollouts is None else rollouts
     n_envs = min(parallel_envs or e.parallel_envs, rollouts)
     seed_everything(seed)
-    venv = make_env(e, n_envs)
+    venv = make_run_envs(e, n_envs)
     try:
         check_env_fits(venv, read_spaces(run_dir), e.env)
         stats = play(agent, venv, dev, rollouts, seed=seed, max_steps=cfg.eval.eval_max_steps)

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from icrl.config import ExperimentConfig
+from icrl.envs.wrapper import agent_obs_space
 from icrl.run.callbacks import Callbacks, TrainingRun
 from icrl.run.checkpoint import save_checkpoint
-from icrl.run.components import Components, build_components
+from icrl.run.components import Components, build_components, run_scope
 from icrl.run.episodes import train_stats
 from icrl.run.evaluate import eval_row, evaluate
 from icrl.run.loggers import Logger, MultiLogger, progress_bar, progress_line, say
@@ -48,48 +49,54 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Seque
     hooks = Callbacks(callbacks)  # a callback without any hook is refused before anything is built
     c = build_components(cfg, env)  # every refusal, the seeds, envs, agent, learner, replay; the run dir locked
     cfg, main = c.cfg, c.replicas.is_main
-    start_epoch, wall_offset = resume(c) if cfg.run.resume else (0, 0.0)
-    log = start_log(c, hooks)
-    batches = LazyLoader(lambda: make_train_loader(
-        cfg, c.replay.root, c.spec, c.device, obs_space=c.venv.single_observation_space["obs"], transform=c.relabeler,
-        # a resumed run draws a fresh sample stream rather than replaying the first one's
-        seed=derive_seed(c.seed, "loader", *(("resume", start_epoch) if start_epoch else ()))))
-    budget = UpdateBudget(cfg, c.replicas.world_size)
-    bar, bar_task = progress_bar(cfg.schedule.total_env_steps)
-    bar.disable = bar.disable or not main
-    bar.start()
-    try:
-        num_epochs = max(1, c.offline_epochs + cfg.schedule.total_env_steps // cfg.schedule.steps_per_epoch)
-        start, last_eval, said, stop, epoch = time.perf_counter() - wall_offset, None, frozenset(), False, start_epoch
-        for epoch in range(start_epoch + 1, num_epochs + 1):
-            timer, steps0, policy_s0 = Timer(), c.env_steps(), c.policy.seconds
-            with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
-                rollouts, episodes = collect(c, epoch)
-            with timer("replay_write"):
-                store(c, rollouts, batches)
-            said = hint_once(c, epoch, rollouts, said, last=epoch == num_epochs)
-            metrics, n_updates = update(c, batches, timer, budget, epoch)
-            row = train_row(c, epoch, start, episodes, metrics, timer, steps0, policy_s0, n_updates)
-            new_eval = report(c, log, row, epoch, num_epochs, start, lambda r, ev: bar.update(  # noqa: B023
-                bar_task, completed=c.env_steps(), description=progress_line(r, ev, live=True))) if main else None
-            stop = c.replicas.max([int(main and hooks.epoch_end(row, new_eval))])[0] > 0  # every rank stops
-            last_eval = new_eval or (None if stop else last_eval)  # a run stopped between evaluations: one more
-            if stop or due(epoch, cfg.run.checkpoint_every, num_epochs):
-                checkpoint(c, epoch, start)
-            if stop:
-                break
-        if main and last_eval is None:  # resumed a run that had already reached its last epoch, or stopped early
-            last_eval = final_eval(c, epoch if stop else max(start_epoch, num_epochs), num_epochs, start)
-    except BaseException:  # an error or Ctrl-C: the run dir is free again at once
-        if c.lock is not None:
-            c.lock.release()
-        raise
-    finally:  # also on errors and Ctrl-C: no orphaned env processes or loader workers
-        bar.stop()
-        log.close()
-        batches.close()
-        c.close()
+    with run_scope(c.lock, c.close):  # an error or Ctrl-C: the run dir is free again at once; no orphaned envs
+        start_epoch, wall_offset = resume(c) if cfg.run.resume else (0, 0.0)
+        log = start_log(c, hooks)
+        batches = LazyLoader(lambda: make_train_loader(
+            cfg, c.replay.root, c.spec, c.device, obs_space=agent_obs_space(c.venv),
+            transform=c.relabeler,
+            # a resumed run draws a fresh sample stream rather than replaying the first one's
+            seed=derive_seed(c.seed, "loader", *(("resume", start_epoch) if start_epoch else ()))))
+        bar, bar_task = progress_bar(cfg.schedule.total_env_steps)
+        bar.disable = bar.disable or not main
+        bar.start()
+        try:
+            last_eval = epochs(c, hooks, log, batches, bar, bar_task, start_epoch, wall_offset)
+        finally:  # also on errors and Ctrl-C: no loader workers left
+            bar.stop()
+            log.close()
+            batches.close()
     return finish(c, last_eval, hooks) if main else {}
+
+
+def epochs(c: Components, hooks: Callbacks, log: Logger, batches: LazyLoader, bar: Any, bar_task: Any,
+           start_epoch: int, wall_offset: float) -> dict | None:
+    """The epochs after `start_epoch`; returns the last evaluation (rank 0; None on the other ranks)."""
+    cfg, main = c.cfg, c.replicas.is_main
+    budget = UpdateBudget(cfg, c.replicas.world_size)
+    num_epochs = max(1, c.offline_epochs + cfg.schedule.total_env_steps // cfg.schedule.steps_per_epoch)
+    said: frozenset[str] = frozenset()  # the hints said so far (hint_once)
+    start, last_eval, stop, epoch = time.perf_counter() - wall_offset, None, False, start_epoch
+    for epoch in range(start_epoch + 1, num_epochs + 1):
+        timer, steps0, policy_s0 = Timer(), c.env_steps(), c.policy.seconds
+        with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
+            rollouts, episodes = collect(c, epoch)
+        with timer("replay_write"):
+            store(c, rollouts, batches)
+        said = hint_once(c, epoch, rollouts, said, last=epoch == num_epochs)
+        metrics, n_updates = update(c, batches, timer, budget, epoch)
+        row = train_row(c, epoch, start, episodes, metrics, timer, steps0, policy_s0, n_updates)
+        new_eval = report(c, log, row, epoch, num_epochs, start, lambda r, ev: bar.update(  # noqa: B023
+            bar_task, completed=c.env_steps(), description=progress_line(r, ev, live=True))) if main else None
+        stop = c.replicas.max([int(main and hooks.epoch_end(row, new_eval))])[0] > 0  # every rank stops
+        last_eval = new_eval or (None if stop else last_eval)  # a run stopped between evaluations: one more
+        if stop or due(epoch, cfg.run.checkpoint_every, num_epochs):
+            checkpoint(c, epoch, start)
+        if stop:
+            break
+    if main and last_eval is None:  # resumed a run that had already reached its last epoch, or stopped early
+        last_eval = final_eval(c, epoch if stop else max(start_epoch, num_epochs), num_epochs, start)
+    return last_eval
 
 
 def report(c: Components, log: Logger, row: dict, epoch: int, num_epochs: int, start: float,
@@ -144,7 +151,7 @@ def store(c: Components, rollouts: list[Rollout], batches: LazyLoader) -> None:
     batches.refresh()  # new files become visible now, not at a timing-dependent moment
 
 
-def hint_once(c: Components, epoch: int, rollouts: list[Rollout], said: frozenset, last: bool) -> frozenset:
+def hint_once(c: Components, epoch: int, rollouts: list[Rollout], said: frozenset[str], last: bool) -> frozenset[str]:
     """The hints said so far (`said`), plus those that apply now and were not said before: each only once."""
     if "stored" not in said and hint_nothing_stored(c, epoch, rollouts, last):
         said |= {"stored"}

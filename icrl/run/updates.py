@@ -29,6 +29,13 @@ def training_window(cfg: ExperimentConfig) -> int:
     return cfg.model.context + 1
 
 
+def _shape(key: str, space: gym.Space) -> tuple[int, ...]:
+    """The shape of one of the agent's observation entries (Boxes, TimestepWrapper's; a Box always has one)."""
+    if space.shape is None:
+        raise TypeError(f"observation entry {key!r} is a {type(space).__name__} without a shape, not a Box")
+    return tuple(space.shape)
+
+
 def make_train_loader(
     cfg: ExperimentConfig, replay_root: Path, spec: ActionSpec, device: torch.device, seed: int,
     obs_space: gym.spaces.Dict | None = None, **kwargs
@@ -37,7 +44,7 @@ def make_train_loader(
     files whose observations do not fit `obs_space` (the agent's) are skipped with a warning; `kwargs` go to
     `make_loader` (e.g. `auto_refresh`)."""
     if obs_space is not None:
-        kwargs["obs_shapes"] = {key: tuple(space.shape) for key, space in obs_space.spaces.items()}
+        kwargs["obs_shapes"] = {key: _shape(key, space) for key, space in obs_space.spaces.items()}
     return make_loader(
         replay_root,
         batch_size=cfg.optim.batch_size,

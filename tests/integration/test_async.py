@@ -14,7 +14,7 @@ import pytest
 from safetensors import SafetensorError, safe_open
 
 from icrl.data import list_rollout_files, load_rollout
-from icrl.run.checkpoint import find_latest_checkpoint, read_checkpoint
+from icrl.run.checkpoint import list_checkpoints, read_checkpoint
 from icrl.run.loggers import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -106,7 +106,7 @@ def test_learn_and_collect_exchange_data_and_weights_under_the_utd_throttle(tmp_
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    ckpt = find_latest_checkpoint(run)
+    ckpt = list_checkpoints(run)[-1]
     _, _, state = read_checkpoint(ckpt)
     assert state["updates"] == cap == int(utd * stored)  # consumed every stored step the ratio allows
     assert (run / "config.json").is_file() and (run / "async" / "weights.safetensors").is_file()
@@ -138,5 +138,5 @@ def test_sigkill_loses_no_stored_rollout_and_a_restarted_collector_continues(tmp
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    _, _, state = read_checkpoint(find_latest_checkpoint(run))  # written at the stop, reads back whole
+    _, _, state = read_checkpoint(list_checkpoints(run)[-1])  # written at the stop, reads back whole
     assert state["updates"] > 0

@@ -90,7 +90,7 @@ def _max_lead_collect_uses(monkeypatch, cfg, flag):
     counters: dict = {}
     monkeypatch.setattr(collect_module, "wait_for_run", lambda *args: cfg)
     monkeypatch.setattr(collect_module, "read_own_counters", lambda *args: counters)
-    monkeypatch.setattr(collect_module, "make_env", lambda *args, **kw: type("V", (), {"close": lambda self: None})())
+    monkeypatch.setattr(collect_module, "make_run_envs", lambda *args, **kw: type("V", (), {"close": lambda self: None})())
     monkeypatch.setattr(collect_module, "Collecting", OneRound)
     collect_module.collect(cfg.run.run_dir, 0, max_lead=flag)
     monkeypatch.undo()

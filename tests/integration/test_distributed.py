@@ -14,7 +14,7 @@ from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig
 from icrl.data import list_rollout_files
 from icrl.envs import make_vector_env
-from icrl.run.checkpoint import find_latest_checkpoint, load_checkpoint
+from icrl.run.checkpoint import list_checkpoints, load_checkpoint
 from icrl.run.distributed import Replicas, init_replicas, state_sha256
 from icrl.run.loggers import read_metrics
 from icrl.types import ActionSpec
@@ -43,7 +43,7 @@ def _checkpoint_state(run: Path) -> tuple[str, dict]:
     spec = ActionSpec.from_space(venv.single_action_space)
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss)
     venv.close()
-    state = load_checkpoint(find_latest_checkpoint(run), agent=agent, restore_rng=False)
+    state = load_checkpoint(list_checkpoints(run)[-1], agent=agent, restore_rng=False)
     return state_sha256(agent), state
 
 

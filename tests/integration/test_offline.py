@@ -305,8 +305,8 @@ def test_bad_offline_data_leaves_no_env_open(tmp_path, monkeypatch):
         opened.append(make_env(*args, **kwargs))
         return opened[-1]
 
-    make_env = components.make_env
-    monkeypatch.setattr(components, "make_env", recording_make_env)
+    make_env = components.make_run_envs
+    monkeypatch.setattr(components, "make_run_envs", recording_make_env)
     cfg = ExperimentConfig(
         env=EnvConfig(env="tmaze", env_kwargs='{"length": 2}', parallel_envs=2),
         model=ModelConfig(d_model=16, layers=1, heads=2, max_seq_len=8),

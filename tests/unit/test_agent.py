@@ -638,9 +638,9 @@ def test_bf16_learner_update_keeps_float32_state(tmp_path):
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])
 def test_redq_target_from_the_sampled_members_only_equals_the_full_ensemble(kind, reduce, tmp_path):
     """compute_loss evaluates only REDQ's sampled target critics; its targets equal the reference that
-    evaluates all C and reduces with icrl.agent.losses.redq_target_value (same generator draw), for either
+    evaluates all C and reduces over the members `redq_members` draws (same generator draw), for either
     `LossConfig.redq_reduce`."""
-    from icrl.agent.losses import align_next, redq_target_value, td_targets
+    from icrl.agent.losses import align_next, redq_members, td_targets
 
     batch, obs_space, spec = real_batch(kind, tmp_path / "replay")
     agent = build_agent(obs_space, spec)
@@ -660,7 +660,8 @@ def test_redq_target_from_the_sampled_members_only_equals_the_full_ensemble(kind
             v = (dist.probs.unsqueeze(-3) * q).sum(-1)
         else:
             v = agent.popart.denormalize(agent.target_critic(s, dist.sample()))
-        v = redq_target_value(v, cfg.redq_subset, torch.Generator().manual_seed(9), reduce=reduce)
+        v = v.index_select(-2, redq_members(v.shape[-2], cfg.redq_subset, torch.Generator().manual_seed(9)))
+        v = v.amin(-2) if reduce == "min" else v.mean(-2)  # [B, L, G]
         ref = td_targets(batch.reward, batch.terminated, valid, align_next(v), agent.gammas, cfg.reward_scale)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
     other = loss_cfg(redq_reduce="mean" if reduce == "min" else "min")

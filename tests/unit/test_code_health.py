@@ -1,5 +1,6 @@
 """Static checks that keep the code base readable: short functions, small modules, the training loop as a
-leaf that nothing else imports, and a README layout section that names every module that exists."""
+leaf that nothing else imports, layers that import only downwards, and a README layout section that names
+every module that exists."""
 
 import ast
 import re
@@ -58,6 +59,54 @@ def test_nothing_imports_from_the_training_loop():
         if _name(p) not in entry_points and any(m.startswith("icrl.run.loop") for m in _imports(p))
     ]
     assert not offenders, f"these import from icrl.run.loop: {offenders}; import the shared piece instead"
+
+
+# The layers, lowest first (docs/design.md §8, README's layout): a module may import its own layer and those
+# below it, never one above. "base" holds the format and config modules every layer reads; the package root
+# counts as base because it only maps public names to modules lazily (`from icrl import __version__`).
+LAYERS = ["base", "envs", "data", "nets", "agent", "run", "asynchronous", "api", "cli"]
+LAYER_OF = {
+    "icrl": "base", "icrl.types": "base", "icrl.guards": "base", "icrl.fileio": "base", "icrl.dicts": "base",
+    "icrl.seeding": "base", "icrl.config": "base",
+    "icrl.envs": "envs", "icrl.spaces_json": "envs",  # the env's spaces as JSON, read through the env wrapper
+    "icrl.data": "data", "icrl.nets": "nets", "icrl.agent": "agent", "icrl.run": "run",
+    "icrl.asynchronous": "asynchronous", "icrl.policy": "api", "icrl.cli": "cli", "icrl.__main__": "cli",
+}
+
+
+def _layer(module: str) -> str | None:
+    """The layer of an icrl module (the longest prefix in LAYER_OF), None for other packages."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in LAYER_OF:
+            return LAYER_OF[".".join(parts[:n])]
+    return None
+
+
+def _icrl_imports(path: Path) -> set[str]:
+    """Every icrl module `path` imports, at the top or inside a function (a deferred import is a dependency)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m == "icrl" or m.startswith("icrl.")}
+
+
+def test_every_module_has_a_layer():
+    unplaced = [_name(p) for p in MODULES if _layer(_name(p)) is None or _name(p) == "icrl.__init__"]
+    assert not unplaced, f"place these modules in a layer (LAYER_OF): {unplaced}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_no_module_imports_a_higher_layer(path):
+    """envs -> data -> nets -> agent -> run -> asynchronous -> api -> cli: a lower layer never imports a higher one
+    (the learner names the collectives it needs as a Protocol instead of importing icrl.run.distributed)."""
+    own = LAYERS.index(_layer(_name(path)))
+    upward = sorted(m for m in _icrl_imports(path) if LAYERS.index(_layer(m)) > own)
+    assert not upward, f"{_name(path)} (layer {LAYERS[own]}) imports a higher layer: {upward}"
 
 
 def _layout_modules(readme: str) -> set[str]:

@@ -17,7 +17,7 @@ from icrl.config.validation import RULES, field_errors
 from icrl.data import DiskReplay, make_loader
 from icrl.data.storage import CorruptRolloutError, load_rollout, save_rollout
 from icrl.envs import Collector, RandomPolicy, make_env, make_vector_env
-from icrl.guards import NonFiniteError, assert_finite_weights, check_env_arrays
+from icrl.guards import NonFiniteError, assert_finite_weights, first_nonfinite, nonfinite_env_error
 from icrl.run.runlock import RunDirLockedError, RunLock, check_not_locked
 from icrl.types import ActionSpec
 
@@ -64,11 +64,15 @@ def test_device_checked_unless_asked_not_to():
 
 
 def test_env_outputs_must_be_finite():
-    check_env_arrays("E", 1, {"obs": np.ones(2, np.float32), "img": np.zeros((2, 2), np.uint8)}, 0.5)
+    """The collector's door: the first env (and key) of a step whose reward or observation is not finite."""
+    obs = {"obs": np.ones((2, 2), np.float32), "img": np.zeros((2, 2, 2), np.uint8)}
+    assert first_nonfinite(obs, np.array([0.5, 1.0])) is None
+    assert first_nonfinite(obs, np.array([0.5, float("inf")])) == (1, "reward")
+    assert first_nonfinite({"obs/pos": np.array([[0.0], [np.nan]], np.float32)}) == (1, "obs/pos")
     with pytest.raises(NonFiniteError, match=r"reward \(inf\) at step 4"):
-        check_env_arrays("E", 4, {"obs": np.ones(2, np.float32)}, float("inf"))
+        raise nonfinite_env_error("E", 4, "reward", float("inf"))
     with pytest.raises(NonFiniteError, match="key 'obs/pos'"):
-        check_env_arrays("E", 0, {"obs/pos": np.array([np.nan], np.float32)})
+        raise nonfinite_env_error("E", 0, "obs/pos")
 
 
 def _batch(tmp_path: Path):

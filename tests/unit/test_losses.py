@@ -19,7 +19,7 @@ from icrl.agent.losses import (
     align_next,
     critic_loss,
     frozen_critic,
-    redq_target_value,
+    redq_members,
     td_targets,
 )
 from icrl.agent.model import Agent
@@ -152,20 +152,19 @@ def test_align_next():
 # ---------------------------------------------------------------- REDQ
 
 
-def test_redq_subset_min_and_mean():
+def test_redq_members_are_a_fresh_random_subset_per_draw():
+    """One subset of `subset` distinct critics per draw (per update), reproducible from the generator."""
     C = 4
-    q = torch.randn(2, 3, C, 5)
     gen = torch.Generator().manual_seed(0)
     seen = set()
     for _ in range(60):
-        out = redq_target_value(q, num_sample=2, generator=gen)
-        pairs = [p for p in itertools.combinations(range(C), 2) if torch.equal(out, q[:, :, list(p)].amin(2))]
-        assert len(pairs) == 1  # one subset of size 2, the same for every timestep and discount
-        seen.add(pairs[0])
-    assert len(seen) == 6  # every pair gets drawn
-    out = redq_target_value(q, num_sample=2, generator=torch.Generator().manual_seed(1), reduce="mean")
-    assert any(torch.allclose(out, q[:, :, list(p)].mean(2)) for p in itertools.combinations(range(C), 2))
-    assert torch.equal(redq_target_value(q, num_sample=C), q.amin(2))
+        idx = redq_members(C, 2, gen)
+        assert idx.shape == (2,) and len(set(idx.tolist())) == 2 and all(0 <= i < C for i in idx.tolist())
+        seen.add(tuple(sorted(idx.tolist())))
+    assert seen == set(itertools.combinations(range(C), 2))  # every pair gets drawn
+    again = torch.Generator().manual_seed(1)
+    assert torch.equal(redq_members(C, 2, torch.Generator().manual_seed(1)), redq_members(C, 2, again))
+    assert sorted(redq_members(C, C).tolist()) == list(range(C))
 
 
 # ---------------------------------------------------------------- critic loss
