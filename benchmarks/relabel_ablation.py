@@ -24,7 +24,8 @@ from pathlib import Path
 
 from learning_suite import run_one  # benchmarks/ is on sys.path when this file runs as a script
 
-from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
+from icrl.config import ExperimentConfig
+from icrl.config.presets import goal_grid
 
 MODES = ("none", "some", "all")
 PUBLISHED = {
@@ -35,8 +36,15 @@ PUBLISHED = {
 
 
 def task_config(task: str) -> ExperimentConfig:
-    """The `goal_grid` preset's small Transformer (CPU budgets) for every task; the context holds a whole
-    episode."""
+    """The `goal_grid` preset (`icrl.config.presets.goal_grid`: its small Transformer, loss, exploration,
+    optimiser and schedule) on every task; only the env, the context (a whole episode) and, for Crafter, the
+    batch differ.
+
+    Built from the preset rather than restated: the script once listed the preset's fields itself but not its
+    learning rate, so when the library default went from 3e-4 to 1e-4 (commit 7a711a8, measured on T-Maze 100
+    at the official update ratio) the ablation silently trained at 1e-4 and goal_grid's `all` fell from 0.97
+    to 0.56 at 12,000 env steps while the preset kept 3e-4 (docs/results.md, hindsight relabeling).
+    `tests/unit/test_relabel_ablation.py` checks that the two stay the same."""
     kwargs: dict = {
         "goal_grid": {"size": 5, "num_goals": 3},
         "mazerunner": {"size": 7, "num_goals": 2},
@@ -51,12 +59,12 @@ def task_config(task: str) -> ExperimentConfig:
     # Crafter's 32x32 images make whole-episode windows too slow for a CPU budget: a 64-step context there
     # (the instruction is in every observation, so the agent needs no memory to follow it).
     seq_len, batch = (64, 16) if task == "crafter" else (min(horizon + 1, 512), 32)
-    return ExperimentConfig(
-        env=EnvConfig(env=task, env_kwargs=json.dumps(kwargs), parallel_envs=8),
-        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=seq_len, head_hidden=64),
-        loss=LossConfig(entropy_coeff=0.02),
-        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=500),  # per env: 4,000 env steps of the 8
-    ).replace(eval_rollouts=32, steps_per_epoch=200, updates_per_epoch=40, batch_size=batch, warmup_updates=50)
+    base = goal_grid(relabel="none")
+    return dataclasses.replace(
+        base,
+        env=dataclasses.replace(base.env, env=task, env_kwargs=json.dumps(kwargs)),
+        model=dataclasses.replace(base.model, max_seq_len=seq_len),
+    ).replace(batch_size=batch)
 
 
 def plot(out: Path, runs: list[dict]) -> Path:
