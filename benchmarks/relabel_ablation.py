@@ -9,6 +9,11 @@ prints a markdown table. Runs go to `<run-root>/<task>/<mode>_seed<k>`.
     python benchmarks/relabel_ablation.py --tasks goal_grid mazerunner package_delivery --steps 20000 --seeds 0 1
 
 The paper's numbers (GPU, millions of steps) are quoted in the table header, not reproduced here.
+
+    python benchmarks/relabel_ablation.py --probe RUN_DIR [RUN_DIR ...] [--probe-mode none|some|all]
+
+probes finished runs (train with --keep-replay): relabeled windows per batch and the critic's Q beside the
+discounted return (`probe`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from pathlib import Path
 
 from learning_suite import run_one  # benchmarks/ is on sys.path when this file runs as a script
 
-from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
+from icrl.config import ExperimentConfig
+from icrl.config.presets import goal_grid
 
 MODES = ("none", "some", "all")
 PUBLISHED = {
@@ -35,8 +41,15 @@ PUBLISHED = {
 
 
 def task_config(task: str) -> ExperimentConfig:
-    """The `goal_grid` preset's small Transformer (CPU budgets) for every task; the context holds a whole
-    episode."""
+    """The `goal_grid` preset (`icrl.config.presets.goal_grid`: its small Transformer, loss, exploration,
+    optimiser and schedule) on every task; only the env, the context (a whole episode) and, for Crafter, the
+    batch differ.
+
+    Built from the preset rather than restated: the script once listed the preset's fields itself but not its
+    learning rate, so when the library default went from 3e-4 to 1e-4 (commit 7a711a8, measured on T-Maze 100
+    at the official update ratio) the ablation silently trained at 1e-4 and goal_grid's `all` fell from 0.97
+    to 0.56 at 12,000 env steps while the preset kept 3e-4 (docs/results.md, hindsight relabeling).
+    `tests/unit/test_relabel_ablation.py` checks that the two stay the same."""
     kwargs: dict = {
         "goal_grid": {"size": 5, "num_goals": 3},
         "mazerunner": {"size": 7, "num_goals": 2},
@@ -51,12 +64,12 @@ def task_config(task: str) -> ExperimentConfig:
     # Crafter's 32x32 images make whole-episode windows too slow for a CPU budget: a 64-step context there
     # (the instruction is in every observation, so the agent needs no memory to follow it).
     seq_len, batch = (64, 16) if task == "crafter" else (min(horizon + 1, 512), 32)
-    return ExperimentConfig(
-        env=EnvConfig(env=task, env_kwargs=json.dumps(kwargs), parallel_envs=8),
-        model=ModelConfig(d_model=32, layers=2, heads=2, max_seq_len=seq_len, head_hidden=64),
-        loss=LossConfig(entropy_coeff=0.02),
-        explore=ExploreConfig(eps_start=0.5, eps_anneal_steps=500),  # per env: 4,000 env steps of the 8
-    ).replace(eval_rollouts=32, steps_per_epoch=200, updates_per_epoch=40, batch_size=batch, warmup_updates=50)
+    base = goal_grid(relabel="none")
+    return dataclasses.replace(
+        base,
+        env=dataclasses.replace(base.env, env=task, env_kwargs=json.dumps(kwargs)),
+        model=dataclasses.replace(base.model, max_seq_len=seq_len),
+    ).replace(batch_size=batch)
 
 
 def plot(out: Path, runs: list[dict]) -> Path:
@@ -105,6 +118,53 @@ def markdown(runs: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def probe(run_dir: Path, mode: str | None = None, batches: int = 20, seed: int = 1) -> dict:
+    """What a finished run (kept with --keep-replay) trains on and what its critic predicts: `batches` batches
+    drawn from its replay through the relabeler of `mode` (default: the run's own). Per window: whether it
+    holds a reward and ends in a success; for the windows that start a rollout and end in a success, the
+    critic's Q(s_0, a_0) at the policy's discount (ensemble mean, unnormalised, in units of the run's reward
+    scale) beside the window's discounted return, which is what a policy that follows the instruction earns."""
+    import numpy as np
+    import torch
+
+    import icrl
+    from icrl.data.relabel import HindsightRelabeler
+    from icrl.data.sampler import make_loader
+    from icrl.envs.make import make_env
+    from icrl.types import ActionSpec
+
+    cfg = json.loads((run_dir / "config.json").read_text())
+    mode = mode or cfg["replay"]["relabel"]
+    env = make_env(cfg["env"]["env"], json.loads(cfg["env"]["env_kwargs"]))
+    spec = ActionSpec.from_space(env.action_space)
+    env.close()
+    agent = icrl.load(str(run_dir)).agent.eval()
+    scale, gamma = cfg["loss"]["reward_scale"], cfg["loss"]["gammas"][-1]
+    loader = iter(make_loader(run_dir / "replay", batch_size=32, max_seq_len=cfg["model"]["max_seq_len"] + 1,
+                              action_spec=spec, seed=seed,
+                              transform=None if mode == "none" else HindsightRelabeler(mode)))  # fmt: skip
+    windows = rewarded = succeeded = 0
+    q0: list[float] = []
+    ret0: list[float] = []
+    for _ in range(batches):
+        b = next(loader)
+        reward = b.reward * b.has_action  # [B, L]
+        success = (b.terminated & b.has_action).any(1)  # [B]
+        windows, rewarded, succeeded = windows + len(success), rewarded + int((reward.sum(1) > 0).sum()), \
+            succeeded + int(success.sum())  # fmt: skip
+        with torch.no_grad():
+            q = agent.critic(agent(b.inputs))  # [B, L, C, G, A] normalised
+            q = agent.popart.denormalize(q.transpose(-1, -2)).transpose(-1, -2).mean(2)[:, 0, -1]  # [B, A]
+        for i in np.flatnonzero(success.numpy() & (b.inputs.time[:, 0] == 0).numpy()):
+            T = int(b.has_action[i].sum())
+            q0.append(float(q[i, int(b.action[i, 0].argmax())]))
+            ret0.append(float(sum(scale * float(reward[i, t]) * gamma**t for t in range(T))))
+    return {"run_dir": str(run_dir), "mode": mode, "windows": windows, "with_reward": rewarded,
+            "ending_in_success": succeeded, "success_windows_from_t0": len(q0),
+            "critic_q0": statistics.fmean(q0) if q0 else None,
+            "discounted_return0": statistics.fmean(ret0) if ret0 else None}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=["goal_grid", "mazerunner", "package_delivery"])
@@ -117,7 +177,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--run-root", default="runs/relabel_ablation")
     p.add_argument("--keep-replay", action="store_true")
     p.add_argument("--out", default="benchmarks/results/relabel_ablation/relabel_ablation")
+    p.add_argument("--probe", nargs="+", type=Path, metavar="RUN_DIR",
+                   help="train nothing: count what these runs' replays hold per batch and what their critics predict")
+    p.add_argument("--probe-mode", choices=MODES, help="--probe: the relabeling to sample with (default: the run's)")
     args = p.parse_args(argv)
+    if args.probe:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        probes = [probe(run, args.probe_mode) for run in args.probe]
+        for row in probes:
+            print(json.dumps(row))
+        return {"probes": probes}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = []
