@@ -15,9 +15,10 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from icrl.config.experiment import GROUPS, ExperimentConfig
+if TYPE_CHECKING:  # experiment.py calls these checks: importing it here would make a cycle
+    from icrl.config.experiment import ExperimentConfig
 
 
 def flag(name: str) -> str:
@@ -164,8 +165,8 @@ def field_errors(cfg: ExperimentConfig) -> list[str]:
     """One message per field of `cfg` (an ExperimentConfig) whose value has the wrong type, is not finite
     or is out of its range; empty when every field is fine. Devices are checked by `device_error`."""
     errors: list[str] = []
-    for group in GROUPS:
-        sub = getattr(cfg, group)
+    for group_field in dataclasses.fields(cfg):  # the config's groups: env, model, loss, ...
+        group, sub = group_field.name, getattr(cfg, group_field.name)
         hints = typing.get_type_hints(type(sub))
         for f in dataclasses.fields(sub):
             value, hint = getattr(sub, f.name), hints.get(f.name, Any)
