@@ -39,7 +39,6 @@ class ExperimentConfig:
         if errors:
             raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
         self.env.kwargs  # noqa: B018 - parses the JSON, raising a clear error
-        self.explore.validate()
         error = (combination_error(self) or memory_error(self, update=check_device)
                  or (device_error(self.run.device) if check_device else None))
         if error is not None:

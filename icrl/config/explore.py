@@ -94,9 +94,3 @@ class ExploreConfig:
         if values["eps_shape"] == "window" and values["window_eps"] is None and values["shape_horizon"]:
             values["window_eps"] = 0.5 / values["shape_horizon"]
         return dataclasses.replace(self, **values)
-
-    def validate(self) -> None:
-        """The combination checks (each field's own range is in icrl.config.validation.RULES)."""
-        r = self.resolve()
-        if r.eps_shape != "flat" and r.shape_horizon is None:
-            raise ConfigError(f"--eps-shape {r.eps_shape} needs --shape-horizon N (the rollout length the shape is laid over)")

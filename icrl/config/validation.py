@@ -41,11 +41,10 @@ def _in(lo: float, hi: float, *, open_hi: bool = False, open_lo: bool = False) -
     return ok, f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}"
 
 
-# "group.field" -> (predicate, what the value must be). None values of optional fields are not checked. Fields
-# whose range `ExperimentConfig.validate` already checks with its own message (tau, n_step, batch_size, ...) are
-# not repeated here. Counts that cost time or processes rather than memory have an upper bound too (an
-# `--eval-rollouts 1e12` would evaluate for ever, silently); sizes that cost memory are bounded by
-# `memory_error`, against what this machine has.
+# "group.field" -> (predicate, what the value must be): every single field's range lives here; the checks
+# below are only of combinations of fields. None values of optional fields are not checked. Counts that cost
+# time or processes rather than memory have an upper bound too (an `--eval-rollouts 1e12` would evaluate for
+# ever, silently); sizes that cost memory are bounded by `memory_error`, against what this machine has.
 MAX_ROLLOUTS = 1_000_000
 MAX_PARALLEL_ENVS = 65_536
 
@@ -108,6 +107,15 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "asynchronous.utd": _gt(0.0),
     "asynchronous.publish_every": _ge(1),
     "asynchronous.max_lead": _ge(0),
+    "env.episodes_per_rollout": _ge(1),
+    "env.chunk_len": _ge(2),
+    "loss.tau": _in(0.0, 1.0, open_lo=True),
+    "optim.batch_size": _ge(1),
+    "schedule.updates_per_epoch": _ge(0),
+    "run.checkpoint_every": _ge(1),
+    "run.keep_checkpoints": _ge(1),
+    "replay.offline_updates": _ge(0),
+    "replay.offline_fraction": _in(0.0, 1.0),
 }
 
 
@@ -195,13 +203,20 @@ Check = tuple[bool, str]  # (the combination is fine, the message naming its fla
 def _env_checks(cfg: ExperimentConfig) -> list[Check]:
     e = cfg.env
     return [
-        (e.parallel_envs >= 1, "--parallel-envs must be >= 1"),
-        (e.episodes_per_rollout >= 1, "--episodes-per-rollout must be >= 1"),
         (
             not (e.episodes_per_rollout > 1 and e.rollout_horizon is not None),
             "--episodes-per-rollout and --rollout-horizon both set: choose one way to end a rollout",
         ),
-        (e.chunk_len is None or e.chunk_len >= 2, "--chunk-len must be >= 2"),
+    ]
+
+
+def _explore_checks(cfg: ExperimentConfig) -> list[Check]:
+    x = cfg.explore.resolve()  # the shape fields as exploration will use them
+    return [
+        (
+            x.eps_shape == "flat" or x.shape_horizon is not None,
+            f"--eps-shape {x.eps_shape} needs --shape-horizon N (the rollout length the shape is laid over)",
+        ),
     ]
 
 
@@ -210,29 +225,22 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
     return [
         (m.d_model % m.heads == 0, f"--d-model {m.d_model} is not divisible by --heads {m.heads}"),
         (m.context >= 2, "--max-seq-len must be >= 2 (a TD transition needs two timesteps)"),
-        (m.goal_dim >= 1, "--goal-dim must be >= 1"),
         (len(lo.gammas) >= 1 and all(0 <= g < 1 for g in lo.gammas), "--gammas must lie in [0, 1)"),
         (
             1 <= lo.redq_subset <= lo.num_critics,
             f"--redq-subset {lo.redq_subset} must be between 1 and --num-critics {lo.num_critics}",
         ),
-        (lo.n_step >= 1, "--n-step must be >= 1"),
         (
             m.max_seq_len is None or lo.n_step < m.max_seq_len,  # unset: checked once the task's context is known
             f"--n-step {lo.n_step} must be below --max-seq-len {m.max_seq_len} (an n-step return needs n + 1 "
             "timesteps of the training window)",
         ),
-        (0 < lo.tau <= 1, "--tau must lie in (0, 1]"),
     ]
 
 
 def _schedule_checks(cfg: ExperimentConfig) -> list[Check]:
     e, r, sc = cfg.env, cfg.replay, cfg.schedule
     return [
-        (
-            cfg.optim.batch_size >= 1 and (sc.updates_per_epoch is None or sc.updates_per_epoch >= 0),
-            "--batch-size must be >= 1, --updates-per-epoch >= 0",
-        ),
         (
             sc.steps_per_epoch >= e.parallel_envs,
             f"--steps-per-epoch {sc.steps_per_epoch} is below --parallel-envs {e.parallel_envs}: "
@@ -242,19 +250,12 @@ def _schedule_checks(cfg: ExperimentConfig) -> list[Check]:
             sc.total_env_steps >= sc.steps_per_epoch or (sc.total_env_steps == 0 and r.offline_updates > 0),
             "--total-env-steps must be >= --steps-per-epoch (or 0 with --offline-updates: offline training)",
         ),
-        (cfg.run.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
-        (cfg.run.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
     ]
 
 
 def _replay_checks(cfg: ExperimentConfig) -> list[Check]:
     e, r, sc = cfg.env, cfg.replay, cfg.schedule
     return [
-        (r.offline_updates >= 0, "--offline-updates must be >= 0"),
-        (
-            r.offline_fraction is None or 0.0 <= r.offline_fraction <= 1.0,
-            f"--offline-fraction {r.offline_fraction} must lie in [0, 1]",
-        ),
         (
             r.offline_data is not None or (r.offline_updates == 0 and r.offline_fraction is None),
             "--offline-updates and --offline-fraction need --offline-data PATH_OR_MINARI_ID",
@@ -275,7 +276,7 @@ def _replay_checks(cfg: ExperimentConfig) -> list[Check]:
 def combination_error(cfg: ExperimentConfig) -> str | None:
     """The message of the first impossible combination of (individually valid) fields, or None. Assumes
     `field_errors(cfg)` is empty."""
-    for checks in (_env_checks, _model_loss_checks, _schedule_checks, _replay_checks):
+    for checks in (_env_checks, _explore_checks, _model_loss_checks, _schedule_checks, _replay_checks):
         for ok, message in checks(cfg):
             if not ok:
                 return message

@@ -87,7 +87,7 @@ def test_config_validates_the_offline_fields():
 
     cfg(offline_data="x", total_env_steps=0, offline_updates=10)  # purely offline is valid
     for kwargs, match in [
-        (dict(offline_data="x", offline_fraction=1.5), "--offline-fraction 1.5 must lie in"),
+        (dict(offline_data="x", offline_fraction=1.5), "--offline-fraction must be in \\[0.0, 1.0\\], got 1.5"),
         (dict(offline_updates=10), "need --offline-data"),
         (dict(offline_fraction=0.5), "need --offline-data"),
         (dict(offline_data="x", total_env_steps=0), "--total-env-steps must be >="),
