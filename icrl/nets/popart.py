@@ -76,7 +76,7 @@ class PopArt(nn.Module):
 
     mu: torch.Tensor  # buffers, registered in __init__
     nu: torch.Tensor
-    max_dev: torch.Tensor
+    max_dev: torch.Tensor | None  # a buffer only with the floor, so default state dicts are as before it
     count: torch.Tensor
 
     def __init__(
@@ -93,19 +93,23 @@ class PopArt(nn.Module):
         self.max_ratio = max_ratio  # None: no floor (the plain standard deviation)
         self.register_buffer("mu", torch.zeros(num_gammas))
         self.register_buffer("nu", torch.ones(num_gammas))
-        self.register_buffer("max_dev", torch.zeros(num_gammas))  # EMA of the batch's largest |y - μ|
+        if max_ratio is not None:
+            self.register_buffer("max_dev", torch.zeros(num_gammas))  # EMA of the batch's largest |y - μ|
+        else:
+            self.max_dev = None
         self.register_buffer("count", torch.zeros((), dtype=torch.long))  # updates folded in so far
 
     @property
     def sigma(self) -> torch.Tensor:
         std = (self.nu - self.mu.square()).clamp_min(0.0).sqrt()
-        if self.max_ratio is not None:
+        if self.max_ratio is not None and self.max_dev is not None:
             std = torch.maximum(std, self.max_dev / self.max_ratio)
         return std.clamp(self.min_std, self.max_std)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
-        # Weights saved before the floor existed have no max_dev: zero, i.e. no floor until the next update.
-        state_dict.setdefault(prefix + "max_dev", torch.zeros_like(self.max_dev))
+        # Weights saved without the floor have no max_dev: zero, i.e. no floor until the next update.
+        if self.max_dev is not None:
+            state_dict.setdefault(prefix + "max_dev", torch.zeros_like(self.max_dev))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def normalize(self, y: torch.Tensor) -> torch.Tensor:
@@ -150,8 +154,9 @@ class PopArt(nn.Module):
         mu_old, sigma_old = self.mu.clone(), self.sigma
         self.mu.lerp_(batch_mean.to(self.mu), beta)
         self.nu.lerp_(batch_sq.to(self.nu), beta)
-        dev = torch.where(w > 0, (y - self.mu).abs(), torch.zeros_like(y)).amax(0)  # [G]
-        self.max_dev.lerp_(dev.to(self.max_dev), beta)
+        if self.max_dev is not None:
+            dev = torch.where(w > 0, (y - self.mu).abs(), torch.zeros_like(y)).amax(0)  # [G]
+            self.max_dev.lerp_(dev.to(self.max_dev), beta)
         sigma_new = self.sigma
         if critics is None:
             return

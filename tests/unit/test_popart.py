@@ -128,7 +128,8 @@ def test_popart_empty_batch_and_disabled_and_state_dict():
     popart.update_(torch.randn(2, 3, G), torch.zeros(2, 3, dtype=torch.bool))
     assert torch.equal(popart.mu, torch.zeros(G)) and torch.equal(popart.nu, torch.ones(G))
     assert int(popart.count) == 0  # an empty batch is not counted either
-    assert set(popart.state_dict()) == {"mu", "nu", "max_dev", "count"}
+    assert set(popart.state_dict()) == {"mu", "nu", "count"}  # the default: no floor, no floor statistic
+    assert set(PopArt(G, max_ratio=5.0).state_dict()) == {"mu", "nu", "max_dev", "count"}
 
     off = PopArt(G, enabled=False)
     y = torch.randn(2, 3, G)
