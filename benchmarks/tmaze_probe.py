@@ -70,8 +70,7 @@ def optimal_walk(length: int, cue_up: bool) -> Timesteps:
 
 
 @torch.no_grad()
-def critic_at_junction(run: Path, length: int) -> dict:
-    agent = icrl.load(str(run)).agent
+def critic_at_junction(agent: torch.nn.Module, length: int) -> dict:
     agent.eval()
     out = {}
     for cue_up in (True, False):
@@ -91,9 +90,8 @@ def chose_at_junction(rollout) -> bool:
     return bool(len(at)) and int(at[0]) < len(rollout.action) and int(rollout.action[int(at[0])]) in (UP, DOWN)
 
 
-def gradient_split(run: Path, batches: int, seed: int = 0) -> dict:
+def gradient_split(run: Path, agent: torch.nn.Module, batches: int, seed: int = 0) -> dict:
     cfg = ExperimentConfig.from_json((run / "config.json").read_text())
-    agent = icrl.load(str(run)).agent
     agent.train()
     rollouts = [r for f in list_rollout_files(run / "replay" / "fifo") if chose_at_junction(r := load_rollout(f.path))]
     if not rollouts:
@@ -138,12 +136,12 @@ def main() -> None:
     args = p.parse_args()
     cfg = json.loads((args.run_dir / "config.json").read_text())
     length = int(json.loads(cfg["env"]["env_kwargs"])["length"])
+    agent = icrl.load(str(args.run_dir)).agent  # loaded once: the critic probe, PopArt and the gradients read it
     result = {"run_dir": str(args.run_dir), "length": length, "replay": replay_counts(args.run_dir),
-              "critic": critic_at_junction(args.run_dir, length)}
-    popart = icrl.load(str(args.run_dir)).agent.popart
-    result["popart_sigma"] = [round(float(x), 4) for x in popart.sigma]
+              "critic": critic_at_junction(agent, length)}
+    result["popart_sigma"] = [round(float(x), 4) for x in agent.popart.sigma]
     if args.gradients:
-        result["gradients"] = gradient_split(args.run_dir, args.batches)
+        result["gradients"] = gradient_split(args.run_dir, agent, args.batches)
     print(json.dumps(result))
 
 
