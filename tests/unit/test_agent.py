@@ -728,3 +728,63 @@ def test_fused_adam_choice(choice, fused):
     agent = Agent(obs_space, ActionSpec.from_space(gym.spaces.Discrete(4)), model_cfg(), loss_cfg())
     learner = Learner(agent, _experiment(fused_adam=choice), torch.device("cpu"))
     assert bool(learner.optimizer.defaults["fused"]) is fused
+
+
+def _hand_update(agent: Agent, opt: torch.optim.Optimizer, sched, generator: torch.Generator, batch: Batch,
+                 cfg: ExperimentConfig) -> dict[str, torch.Tensor]:
+    """One learner step written out by hand, in the order the method prescribes (docs/design.md §4): the
+    reference `Learner.update` must reproduce bit for bit in one process, whatever collectives it runs on."""
+    from icrl.agent.losses import redq_members
+    from icrl.nets.popart import ema_update_
+
+    agent.train()
+    members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset, generator)
+    agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.optim.dtype == "bf16"):
+        loss, metrics, y, valid = compute_loss(agent, batch, cfg.loss, members=members)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.optim.grad_clip)
+    if bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm)):
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
+            ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
+            ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
+    agent.refresh_acting_weights()
+    metrics.update(loss=loss.detach(), grad_norm=grad_norm, lr=torch.tensor(sched.get_last_lr()[0]))
+    metrics["popart_mu"], metrics["popart_sigma"] = agent.popart.mu[-1], agent.popart.sigma[-1]
+    return metrics
+
+
+@pytest.mark.parametrize(("kind", "dtype"), [(k, "fp32") for k in KINDS] + [("continuous", "bf16")])
+def test_single_process_update_is_the_hand_run_step_bit_for_bit(kind, dtype, tmp_path):
+    """`Learner.update` in one process (no collectives given: the trivial ones) equals the hand-run step above
+    exactly, over three steps: every weight, buffer, optimiser moment and logged metric, bit for bit. The
+    data-parallel code path is the same code, so nothing of it may leak into one process's numbers."""
+    from icrl.agent.learner import param_groups
+
+    batch, obs_space, spec = real_batch(kind, tmp_path / "replay")
+    cfg = _experiment(dtype=dtype, grad_clip=0.05)  # a small clip: the clipping is exercised too
+    torch.manual_seed(0)
+    agent = Agent(obs_space, spec, cfg.model, cfg.loss)
+    ref = copy.deepcopy(agent)
+    learner = Learner(agent, cfg, torch.device("cpu"))
+    opt = torch.optim.AdamW(param_groups(ref, cfg.optim.weight_decay), lr=cfg.optim.lr,
+                            fused=learner.optimizer.defaults["fused"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / max(cfg.optim.warmup_updates, 1)))
+    generator = torch.Generator().manual_seed(cfg.run.seed)
+    for step in range(3):
+        torch.manual_seed(step)  # the continuous heads sample from the global generator: the same draws
+        got = learner.update(batch)
+        torch.manual_seed(step)
+        want = _hand_update(ref, opt, sched, generator, batch, cfg)
+        assert sorted(got) == sorted(want)
+        assert [k for k in want if not torch.equal(got[k], want[k])] == []
+        assert float(want["grad_norm"]) > cfg.optim.grad_clip  # clipped
+    assert [k for k, v in ref.state_dict().items() if not torch.equal(agent.state_dict()[k], v)] == []
+    got_opt, want_opt = learner.optimizer.state_dict()["state"], opt.state_dict()["state"]
+    assert sorted(got_opt) == sorted(want_opt) and all(
+        torch.equal(got_opt[i][k], want_opt[i][k]) for i in want_opt for k in want_opt[i])
+    assert learner.scheduler.last_epoch == sched.last_epoch == 3 and learner.updates == 3
