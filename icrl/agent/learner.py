@@ -12,7 +12,7 @@ function of a detached state, so it reaches the encoder only through the actor h
 from __future__ import annotations
 
 import warnings
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import nn
@@ -29,15 +29,50 @@ from icrl.types import Batch
 class Collectives(Protocol):
     """What a data-parallel update needs of the processes it runs in: the collectives the learner calls.
     The run layer provides them (`icrl.run.distributed.Replicas`); the learner, a layer below, names only this
-    shape, so it never imports the run layer (docs/design.md §8)."""
+    shape, so it never imports the run layer (docs/design.md §8). One process is `OneProcess`: the same
+    update with every collective the identity."""
 
     world_size: int
 
     def wrap(self, module: nn.Module) -> nn.Module: ...
     def broadcast_(self, module: nn.Module) -> None: ...
     def max(self, values: list[int]) -> list[int]: ...
+    def reduce_sum(self, x: torch.Tensor) -> torch.Tensor: ...
     def gather_rows(self, x: torch.Tensor, max_rows: int) -> torch.Tensor: ...
     def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class OneProcess:
+    """The `Collectives` of a single process: every collective is the identity (no copy, no host sync), so
+    the learner has one update for one process and for N, and one process computes exactly what it would
+    without any collective. `icrl.run.distributed.Replicas` extends it with what the run loop needs."""
+
+    world_size: int = 1
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """`module` whose backward averages gradients over the ranks."""
+        return module
+
+    def broadcast_(self, module: nn.Module) -> None:
+        """Copy rank 0's parameters and buffers into every rank's `module`, in place."""
+
+    def max(self, values: list[int]) -> list[int]:
+        """Element-wise maximum of a list of integers over the ranks."""
+        return list(values)
+
+    def reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` summed over the ranks, on its device (no host sync); non-finite if any rank's `x` is."""
+        return x
+
+    def gather_rows(self, x: torch.Tensor, max_rows: int) -> torch.Tensor:
+        """Concatenate every rank's float rows `x` [N_rank, D] in rank order: [sum N, D]. `max_rows`: the
+        largest N_rank (from `max`), so one collective suffices."""
+        return x
+
+    def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Concatenate float batches [B, L_rank, ...] and their bool masks [B, L_rank] along B, padded to
+        `length` (the largest L_rank, from `max`; padding masked out): [N B, length, ...], [N B, length]."""
+        return x, mask
 
 
 LossOutput = tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]  # loss, metrics, y, valid
@@ -145,16 +180,17 @@ def param_groups(agent: Agent, weight_decay: float) -> list[dict]:
 
 
 class LossModule(nn.Module):
-    """`compute_loss` as a module's forward, so DistributedDataParallel can wrap it: DDP averages the
+    """The learner's loss as a module's forward, so DistributedDataParallel can wrap it: DDP averages the
     gradients of the parameters used in its own forward call, and the loss reaches the agent's parts
-    (encoder, heads, targets) directly rather than through `Agent.forward`."""
+    (encoder, heads, targets) directly rather than through `Agent.forward`. In one process the wrap is the
+    identity and calling the module is calling `loss_fn`."""
 
-    def __init__(self, agent: Agent, loss_fn, cfg: LossConfig) -> None:
+    def __init__(self, agent: Agent, loss_fn: Callable[[Batch, torch.Tensor], LossOutput]) -> None:
         super().__init__()
-        self.agent, self.loss_fn, self.cfg = agent, loss_fn, cfg
+        self.agent, self.loss_fn = agent, loss_fn  # `agent` registered: DDP sees its parameters
 
     def forward(self, batch: Batch, members: torch.Tensor) -> LossOutput:
-        return self.loss_fn(self.agent, batch, self.cfg, members=members)
+        return self.loss_fn(batch, members)
 
 
 class Learner:
@@ -164,16 +200,19 @@ class Learner:
     backward pass follows the forward's dtypes, and parameters, gradients and AdamW stay float32.
     `OptimConfig.compile` wraps `compute_loss` in torch.compile.
 
-    Data parallel (`replicas` of world size > 1: `Collectives`, e.g. icrl.run.distributed.Replicas): the loss
-    runs inside DDP, which averages gradients over the ranks, and the batch statistics (observation
-    RunningNorm, PopArt) are updated from every rank's rows, so all ranks keep identical weights and buffers.
+    `replicas` (`Collectives`, e.g. icrl.run.distributed.Replicas; default `OneProcess`): the processes of a
+    data-parallel run. There is one update for any world size: the loss runs inside `replicas.wrap` (DDP,
+    which averages gradients over the ranks), the batch statistics (observation RunningNorm, PopArt) are
+    updated from every rank's rows, and a step is skipped on every rank when any rank's loss or the
+    all-reduced gradient norm is not finite, so all ranks keep identical weights and buffers. In one process
+    every collective is the identity and the update is the plain single-process step.
     """
 
     def __init__(
         self, agent: Agent, cfg: ExperimentConfig, device: torch.device, replicas: Collectives | None = None
     ) -> None:
         self.agent, self.cfg, self.device = agent, cfg, device
-        self.replicas = replicas if replicas is not None and replicas.world_size > 1 else None
+        self.replicas: Collectives = replicas if replicas is not None else OneProcess()
         self.optimizer = torch.optim.AdamW(
             param_groups(agent, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=use_fused_adam(cfg.optim.fused_adam, device)
         )
@@ -184,12 +223,10 @@ class Learner:
         self.guard = UpdateGuard()  # skipped updates: self.guard.skipped
         self.autocast_enabled = cfg.optim.dtype == "bf16"
         self.compute_loss = torch.compile(compute_loss) if cfg.compiles else compute_loss
-        self.ddp = None
-        if self.replicas is not None:
-            # Rank 0's initial weights and buffers on every rank (in place: the optimiser's parameters stay
-            # the same objects), then DDP for the gradients.
-            self.replicas.broadcast_(agent)
-            self.ddp = self.replicas.wrap(LossModule(agent, self.compute_loss, cfg.loss))
+        # Rank 0's initial weights and buffers on every rank (in place: the optimiser's parameters stay the
+        # same objects), then DDP for the gradients (one process: neither does anything).
+        self.replicas.broadcast_(agent)
+        self.loss = self.replicas.wrap(LossModule(agent, self._compute_loss))
 
     def state_dict(self) -> dict:
         """Optimiser and scheduler state dicts (tensors, for a weights-only file), the update counter and
@@ -213,22 +250,16 @@ class Learner:
         agent.train()  # acting (AgentPolicy) leaves the agent in eval mode
         batch = batch.to(self.device, non_blocking=True, learner_only=True)  # truncated, achieved: unread
         members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset, self.generator)
-        if self.ddp is None:
-            agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
-                loss, metrics, y, valid = self._compute_loss(batch, members)
-        else:
-            assert self.replicas is not None  # DDP exists only for world size > 1
-            length = self._update_normalization_all_ranks(batch, self.replicas)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
-                loss, metrics, y, valid = self.ddp(batch, members)
-            y, valid = self.replicas.gather_padded(y.float(), valid, length)  # [N*B, L, G]: every rank's targets
+        length = self._update_normalization(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
+            loss, metrics, y, valid = self.loss(batch, members)
+        y, valid = self.replicas.gather_padded(y.float(), valid, length)  # [N*B, L, G]: every rank's targets
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.optim.grad_clip)
-        # A non-finite loss or gradient applies nothing (icrl.guards). Under DDP only the all-reduced gradient
-        # norm decides, so every rank skips the same updates.
-        if self.guard.ok(grad_norm) if self.ddp is not None else self.guard.ok(loss, grad_norm):
+        # A non-finite loss or gradient applies nothing (icrl.guards). The gradient norm is all-reduced and the
+        # losses are summed over the ranks, so every rank decides alike and skips the same updates.
+        if self.guard.ok(self.replicas.reduce_sum(loss), grad_norm):
             self.optimizer.step()
             self.scheduler.step()  # the warm-up counts applied steps
             with torch.no_grad():
@@ -257,13 +288,14 @@ class Learner:
             return compute_loss(self.agent, batch, self.cfg.loss, members=members)
 
     @torch.no_grad()
-    def _update_normalization_all_ranks(self, batch: Batch, replicas: Collectives) -> int:
+    def _update_normalization(self, batch: Batch) -> int:
         """`TimestepEncoder.update_normalization` fed with the real timesteps of every rank's batch; returns
-        the longest batch length over the ranks (for gathering PopArt's targets after the step)."""
+        the longest batch length over the ranks (for gathering PopArt's targets after the step). Row count and
+        length travel in one `max`, so a data-parallel update pays one collective for both."""
         enc = self.agent.tstep_encoder
         norm = enc.obs_norm
         rows = enc.vector_obs(batch.inputs)[batch.mask.bool()] if norm is not None else None  # [N, D]
-        max_rows, length = replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
+        max_rows, length = self.replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
         if norm is not None and rows is not None:
-            norm.update(replicas.gather_rows(rows, max_rows))
+            norm.update(self.replicas.gather_rows(rows, max_rows))
         return length

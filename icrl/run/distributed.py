@@ -30,6 +30,7 @@ import warnings
 import torch
 from torch import nn
 
+from icrl.agent.learner import OneProcess
 from icrl.config import ConfigError
 from icrl.seeding import derive_seed
 
@@ -46,12 +47,13 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-class Replicas:
+class Replicas(OneProcess):
     """The processes of one data-parallel run and the few collectives the training loop needs.
 
-    The base class is the single process (world size 1): every collective is the identity, so code
-    written against `Replicas` reads the same in both cases. `init_replicas` returns the multi-process
-    subclass under a launcher.
+    The base class is the single process (world size 1): every collective is the identity (the learner's
+    own ones come from `OneProcess`, the learner's single-process collectives), so code written against
+    `Replicas` reads the same in both cases. `init_replicas` returns the multi-process subclass under a
+    launcher.
     """
 
     rank: int = 0
@@ -69,33 +71,12 @@ class Replicas:
         """This rank's seed for its envs, exploration and sampler: the run's seed on rank 0."""
         return seed if self.rank == 0 else derive_seed(seed, "rank", self.rank)
 
-    def wrap(self, module: nn.Module) -> nn.Module:
-        """`module` whose backward averages gradients over the ranks."""
-        return module
-
     def barrier(self) -> None:
         """Wait until every rank gets here."""
-
-    def broadcast_(self, module: nn.Module) -> None:
-        """Copy rank 0's parameters and buffers into every rank's `module`, in place."""
 
     def sum(self, values: list[float]) -> list[float]:
         """Element-wise sum of a list of numbers over the ranks."""
         return list(values)
-
-    def max(self, values: list[int]) -> list[int]:
-        """Element-wise maximum of a list of integers over the ranks."""
-        return list(values)
-
-    def gather_rows(self, x: torch.Tensor, max_rows: int) -> torch.Tensor:
-        """Concatenate every rank's float rows `x` [N_rank, D] in rank order: [sum N, D]. `max_rows`: the
-        largest N_rank (from `max`), so one collective suffices."""
-        return x
-
-    def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Concatenate float batches [B, L_rank, ...] and their bool masks [B, L_rank] along B, padded to
-        `length` (the largest L_rank, from `max`; padding masked out): [N B, length, ...], [N B, length]."""
-        return x, mask
 
     def all_ready(self, ready: bool) -> bool:
         """True when every rank is `ready`: all ranks update or none, since DDP steps in lockstep."""
@@ -172,6 +153,11 @@ class _Ranks(Replicas):
         t = torch.tensor(values, dtype=torch.int64, device=self.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return t.tolist()
+
+    def reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.detach().float().clone()  # float32: every back-end sums it; a NaN or inf on any rank stays one
+        torch.distributed.all_reduce(t)
+        return t
 
     # Each gather is one collective (collectives cost ~1 ms each on a CPU, more when it is shared): the row
     # count travels in an extra first row, the mask as an extra channel.

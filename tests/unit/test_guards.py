@@ -125,6 +125,36 @@ def test_non_finite_update_is_skipped_and_applies_nothing(tmp_path):
         assert_finite_weights(agent, "checkpoint ckpt-000001")
 
 
+def test_a_non_finite_loss_on_another_rank_skips_the_update_here_too(tmp_path):
+    """Data parallel: each rank sees only its own loss, but every rank must take the same steps or their
+    weights part. The learner skips when the losses summed over the ranks are not finite, so a finite
+    update on this rank applies nothing when another rank's loss was NaN (its gradients may still be finite,
+    e.g. a NaN in a masked-out term), exactly as one process skips its own NaN loss."""
+    from icrl.agent.learner import Learner, OneProcess
+    from icrl.agent.model import Agent
+
+    class OtherRankNaN(OneProcess):
+        """Rank 0's view of two ranks whose gradients agree (the all-reduce of identical batches) and whose
+        other rank's loss was NaN."""
+
+        world_size = 2
+
+        def reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+            return x + float("nan")
+
+    venv, spec, batch, _ = _batch(tmp_path)
+    agent = Agent(venv.single_observation_space["obs"], spec, CFG.model, CFG.loss)
+    venv.close()
+    learner = Learner(agent, CFG, torch.device("cpu"), OtherRankNaN())
+    learned = [k for k in agent.state_dict() if not k.endswith((".u", ".v")) and "obs_norm" not in k]
+    before = {k: agent.state_dict()[k].clone() for k in learned}
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        metrics = learner.update(batch)
+    assert torch.isfinite(metrics["loss"]) and torch.isfinite(metrics["grad_norm"])  # this rank's were fine
+    assert [k for k in learned if not torch.equal(before[k], agent.state_dict()[k])] == []
+    assert learner.guard.skipped == 1 and learner.scheduler.last_epoch == 0
+
+
 def test_run_lock_excludes_other_processes(tmp_path):
     run = tmp_path / "run"
     lock = RunLock.acquire(run)
