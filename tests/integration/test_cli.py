@@ -2,11 +2,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import run_icrl
 
 from icrl.cli import _preset_arg
+from icrl.config import ExperimentConfig
 from icrl.config.presets import PRESETS
 
 
@@ -60,70 +62,142 @@ def test_wandb_backend_logs_offline(tmp_path, monkeypatch):
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
 
 
-def _max_lead_collect_uses(monkeypatch, cfg, flag):
-    """The max_lead `icrl.asynchronous.collect.collect` throttles with, once the learner's config.json is read
-    (the config is read after the collector waited for the learner, so a collector started first gets it)."""
-    import icrl.asynchronous.collect as collect_module
-
-    used = []
-
-    class OneRound:
-        waited, weights = 0.0, type("W", (), {"reloads": 0})()
-
-        def __init__(self, *args):
-            self.rounds = 0
-
-        def wants_more(self, stop, max_env_steps):
-            self.rounds += 1
-            return self.rounds == 1
-
-        def ahead_of_learner(self, max_lead):
-            used.append(max_lead)
-            return False
-
-        def collect_round(self, stop):
-            pass
-
-        def finish(self, stop):
-            counters.update(state="done", env_steps=0, stored_rollouts=0)
-
-    counters: dict = {}
-    monkeypatch.setattr(collect_module, "wait_for_run", lambda *args: cfg)
-    monkeypatch.setattr(collect_module, "read_own_counters", lambda *args: counters)
-    monkeypatch.setattr(collect_module, "make_run_envs", lambda *args, **kw: type("V", (), {"close": lambda self: None})())
-    monkeypatch.setattr(collect_module, "Collecting", OneRound)
-    collect_module.collect(cfg.run.run_dir, 0, max_lead=flag)
-    monkeypatch.undo()
-    return used[0]
-
-
-def test_learn_and_collect_take_the_asynchronous_group(tmp_path, monkeypatch):
-    """`icrl learn --utd --publish-every` reach `learn` in the config's asynchronous group; `icrl collect`
-    passes --max-lead on, and without the flag `collect` takes the run's config.json value."""
-    import icrl.asynchronous.collect as collect_module
+def test_learn_takes_the_asynchronous_group(tmp_path, monkeypatch):
+    """`icrl learn --utd --publish-every --max-lead` reach `learn` in the config's asynchronous group (what
+    config.json records for the collectors); a bad value exits 2."""
     import icrl.asynchronous.learn as learn_module
     from icrl.cli import main
 
     seen: dict = {}
-    monkeypatch.setattr(collect_module, "StopFlag", lambda: None)  # no signal handlers in the test process
     monkeypatch.setattr(learn_module, "learn", lambda cfg, **kw: seen.update(learn=kw, cfg=cfg))
-    monkeypatch.setattr(collect_module, "collect", lambda run_dir, cid, **kw: seen.update(collect=kw))
     run = tmp_path / "run"
     main(["learn", str(run), "--utd", "0.5", "--publish-every", "3", "--max-lead", "7", "--device", "cpu"])
     a = seen["cfg"].asynchronous
-    assert (a.utd, a.publish_every) == (0.5, 3)
-    assert seen["cfg"].run.run_dir == str(run) and a.max_lead == 7
-    main(["collect", str(run)])
-    assert seen["collect"]["max_lead"] is None  # no flag: collect reads the run's value
-    main(["collect", str(run), "--max-lead", "2"])
-    assert seen["collect"]["max_lead"] == 2
-    monkeypatch.undo()
-    assert _max_lead_collect_uses(monkeypatch, seen["cfg"], None) == 7  # the run's config.json
-    assert _max_lead_collect_uses(monkeypatch, seen["cfg"], 2) == 2  # the flag wins
-    monkeypatch.setattr(learn_module, "learn", lambda cfg, **kw: seen.update(learn=kw, cfg=cfg))
+    assert (a.utd, a.publish_every, a.max_lead) == (0.5, 3, 7) and seen["cfg"].run.run_dir == str(run)
     with pytest.raises(SystemExit) as stop:
         main(["learn", str(run), "--publish-every", "0"])
     assert stop.value.code == 2
+
+
+# ------------------------------------------------------------------ icrl collect --max-lead, the real collector
+# T-Maze of length 1: every rollout is one 2-step episode, and a round (steps_per_epoch = 8 over 2 env copies)
+# ends exactly at rollout ends, so a collector's stored env steps are its env steps, 8 per round.
+ROUND = 8
+UTD = 0.5
+
+
+class _Stop:
+    """The collector's stop flag (a StopFlag without signal handlers), set by the test's learner."""
+
+    signal: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.signal is not None
+
+
+class _Learner:
+    """The learner's side of the asynchronous protocol, driven by the collector's waits instead of a clock:
+    `icrl.asynchronous.collect` calls `sleep` only while it pauses for newer weights, so each call is one
+    look at a paused collector. At each new pause it records (published updates, stored env steps), then
+    publishes `updates` more updates, or stops the collector after `pauses` pauses."""
+
+    def __init__(self, run, agent, pauses: int, updates: int) -> None:
+        from icrl.asynchronous.protocol import AsyncPaths
+
+        self.paths, self.agent, self.pauses_left, self.step = AsyncPaths(run), agent, pauses, updates
+        self.updates, self.seen, self.stop, self.sleeps = 0, [], _Stop(), 0
+        self.paths.make_collectors_dir()  # async/, where the weights are published
+        self.publish()
+
+    def publish(self) -> None:
+        from icrl.asynchronous.protocol import publish_weights
+
+        before = self.paths.weights.stat().st_mtime_ns if self.paths.weights.exists() else None
+        publish_weights(self.agent, self.paths, self.updates, UTD)
+        after = self.paths.weights.stat()
+        if after.st_mtime_ns == before:  # collectors reload on an mtime change: two publishes in one clock tick
+            os.utime(self.paths.weights, ns=(after.st_atime_ns, before + 1))
+
+    def stored(self) -> int:
+        from icrl.data import list_rollout_files
+
+        return sum(f.num_timesteps - 1 for f in list_rollout_files(self.paths.replay / "fifo"))
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        assert self.sleeps < 100, f"the collector stayed paused after {self.seen}: it never took the new weights"
+        pause = (self.updates, self.stored())
+        if self.seen and self.seen[-1] == pause:  # the same pause, looked at again
+            return
+        self.seen.append(pause)
+        self.pauses_left -= 1
+        if self.pauses_left == 0:
+            self.stop.signal = "the test"
+        else:
+            self.updates += self.step
+            self.publish()
+
+
+def _async_run(tmp_path, name: str, max_lead: int | None, monkeypatch, pauses: int = 2, updates: int = 8):
+    """A run directory as `icrl learn` leaves it for collectors (config.json, published weights after 0
+    updates at utd 0.5), and the learner that answers the collector's pauses."""
+    import types
+
+    import icrl.asynchronous.collect as collect_module
+    from icrl.envs.wrapper import agent_obs_space
+    from icrl.run.components import build_agent, make_run_envs, with_task_defaults
+    from icrl.types import ActionSpec
+
+    run = tmp_path / name
+    cfg = with_task_defaults(ExperimentConfig().replace(
+        env="tmaze", env_kwargs='{"length": 1}', parallel_envs=2, d_model=16, layers=1, heads=2, max_seq_len=8,
+        max_time=16, head_hidden=16, head_layers=1, num_critics=2, steps_per_epoch=ROUND, total_env_steps=200,
+        max_lead=max_lead, run_dir=str(run), device="cpu"))
+    run.mkdir()
+    (run / "config.json").write_text(cfg.to_json())
+    venv = make_run_envs(cfg.env, 1)
+    agent = build_agent(cfg, agent_obs_space(venv), ActionSpec.from_space(venv.single_action_space), "cpu")
+    venv.close()
+    learner = _Learner(run, agent, pauses, updates)
+    fake_time = types.SimpleNamespace(sleep=learner.sleep, time=time.time, monotonic=time.monotonic)
+    monkeypatch.setattr(collect_module, "time", fake_time)
+    monkeypatch.setattr(collect_module, "StopFlag", lambda: learner.stop)  # no signal handlers in pytest
+    return run, learner
+
+
+def _counters(run, collector_id: int = 0) -> dict:
+    return json.loads((run / "async" / "collectors" / f"{collector_id}.json").read_text())
+
+
+@pytest.mark.parametrize(("flag", "lead"), [(None, 12), ("4", 4)])
+def test_collect_pauses_max_lead_steps_ahead_of_the_published_updates(tmp_path, monkeypatch, flag, lead):
+    """What --max-lead promises: a collector stores no round once the stored env steps exceed the learner's
+    published updates / utd by more than max_lead, so it is never more than max_lead + one round ahead; it
+    waits with the weights it has and goes on when newer ones allow. Without the flag it takes the run's
+    max_lead from config.json (12 here); the flag wins over it."""
+    from icrl.cli import main
+
+    run, learner = _async_run(tmp_path, "run", 12, monkeypatch)
+    main(["collect", str(run), *([] if flag is None else ["--max-lead", flag])])
+    assert len(learner.seen) == 2, learner.seen
+    for updates, stored in learner.seen:  # paused once ahead, not before and not later than the next round
+        assert updates / UTD + lead < stored <= updates / UTD + lead + ROUND, (learner.seen, lead)
+    assert learner.seen[1][1] > learner.seen[0][1]  # the newer weights let it collect again
+    counters = _counters(run)
+    assert counters["stored_env_steps"] == learner.seen[-1][1] and counters["state"] == "stopped by the test"
+    assert counters["weights_updates"] == learner.seen[-1][0]  # it acted with the weights that allowed the round
+
+
+def test_collect_without_max_lead_never_waits_for_the_learner(tmp_path, monkeypatch):
+    """Unset in config.json and on the command line: the collector runs free of the learner's updates, here
+    until --max-env-steps, far beyond any lead (the learner stays at 0 updates: a pause would fail the test)."""
+    from icrl.cli import main
+
+    run, learner = _async_run(tmp_path, "run", None, monkeypatch, pauses=1)
+    main(["collect", str(run), "--max-env-steps", str(6 * ROUND)])
+    assert learner.sleeps == 0 and learner.seen == []
+    counters = _counters(run)
+    assert counters["stored_env_steps"] == learner.stored() == 6 * ROUND and counters["state"] == "finished"
 
 
 def test_train_help_lists_the_flags_by_group():
