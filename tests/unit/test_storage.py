@@ -400,24 +400,48 @@ def _wait_for(cond, timeout: float, proc: subprocess.Popen) -> bool:
     return False
 
 
+def _freeze_mid_write(proc: subprocess.Popen, fifo: Path, timeout: float) -> bool:
+    """Stop `proc` (SIGSTOP) at a moment it has a temp file in `fifo`, i.e. mid-write; True once it is
+    frozen there. A temp file seen just before the stop may be renamed before the stop lands, so the check
+    is repeated on the frozen process, which is thawed to try again when the write had finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _wait_for(lambda: any(n.endswith(".tmp") for n in os.listdir(fifo)), deadline - time.monotonic(), proc):
+            return False
+        proc.send_signal(signal.SIGSTOP)
+        if not _stopped(proc):
+            return False
+        if any(n.endswith(".tmp") for n in os.listdir(fifo)):
+            return True
+        proc.send_signal(signal.SIGCONT)
+    return False
+
+
+def _stopped(proc: subprocess.Popen) -> bool:
+    """Block until `proc` has stopped (SIGSTOP is asynchronous); False if it exited instead. WUNTRACED
+    reports the stop without reaping the process, so Popen still owns it."""
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    return os.WIFSTOPPED(status)
+
+
 @pytest.mark.slow
 def test_sigkill_mid_write_leaves_only_complete_files(tmp_path: Path) -> None:
-    """A writer killed while writing ~10 MB rollouts: every listed file loads; the temp file is ignored."""
-    killed_mid_write = 0
+    """A writer killed while writing ~10 MB rollouts: every listed file loads; the temp file is ignored.
+    Each kill lands mid-write by construction, not by timing: the writer is frozen (SIGSTOP) and killed
+    only if a temp file is there while it is frozen, else it is thawed and caught at a later write."""
     for trial in range(3):
         root = tmp_path / f"b{trial}"
         fifo = root / "fifo"
         proc = _spawn_writer("forever", trial, 0, (root, 1200))
         try:
             assert _wait_for(lambda: len(list_rollout_files(fifo)) >= 1, 60, proc), "writer never wrote"  # noqa: B023 - called within this iteration
-            mid = _wait_for(lambda: any(n.endswith(".tmp") for n in os.listdir(fifo)), 5, proc)  # noqa: B023
-            time.sleep(0.003 * trial)
+            assert _freeze_mid_write(proc, fifo, 60), "never caught the writer with a temp file open"
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.communicate()  # reap it and close its stderr pipe
         assert proc.returncode == -signal.SIGKILL
         leftovers = [n for n in os.listdir(fifo) if n.endswith(".tmp")]
-        killed_mid_write += bool(mid and leftovers)
+        assert leftovers  # killed mid-write: the half-written temp file is still there
         replay = DiskReplay(root, capacity_timesteps=1200, stale_tmp_seconds=3600)
         files = replay.files()
         assert files and len(files) <= 3
@@ -430,7 +454,6 @@ def test_sigkill_mid_write_leaves_only_complete_files(tmp_path: Path) -> None:
             assert name not in {f.name for f in files}
         DiskReplay(root, capacity_timesteps=1200, stale_tmp_seconds=0)
         assert not [n for n in os.listdir(fifo) if n.endswith(".tmp")]
-    assert killed_mid_write >= 1, "no trial killed the writer mid-write; the test proved nothing"
 
 
 @pytest.mark.slow
