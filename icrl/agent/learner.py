@@ -147,7 +147,7 @@ def target_values(
         v_next = agent.popart.denormalize(q_next)
     v_next = v_next.amin(-2) if cfg.redq_reduce == "min" else v_next.mean(-2)  # [B, L, G]
     return td_targets(
-        batch.reward, batch.terminated, valid, align_next(v_next), agent.gammas, cfg.reward_scale, cfg.n_step
+        batch.reward, batch.terminated, valid, align_next(v_next), agent.gammas, cfg.reward_scale, cfg.td_steps
     )
 
 

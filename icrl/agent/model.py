@@ -65,7 +65,7 @@ class Agent(nn.Module):
         # Targets never receive gradients; they move only by EMA (icrl.nets.popart.ema_update_).
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
-        self.popart = PopArt(num_gammas, beta=loss.popart_beta, enabled=loss.popart, max_ratio=loss.popart_max_ratio)
+        self.popart = PopArt(num_gammas, beta=loss.popart_beta, enabled=loss.popart, max_ratio=loss.popart_floor)
         self.register_buffer("gammas", torch.tensor(loss.gammas, dtype=torch.float32))
 
     def forward(self, ts: Timesteps) -> torch.Tensor:

@@ -124,7 +124,7 @@ class Collecting:
         others = sum(int(c.get("env_steps", 0)) for c in rest)  # the run's env steps end every collector
         self.others_stored = sum(int(c.get("stored_env_steps", 0)) for c in rest)
         mine = self.collector.total_env_steps
-        return not (stop or self.paths.done.exists() or others + mine >= self.cfg.schedule.total_env_steps or (
+        return not (stop or self.paths.done.exists() or others + mine >= self.cfg.schedule.env_steps or (
             max_env_steps is not None and mine - self.start_steps >= max_env_steps))
 
     def ahead_of_learner(self, max_lead: int | None) -> bool:

@@ -139,7 +139,7 @@ class Learning:
         self.schedule = Exploration(cfg.explore, self.spec, cfg.env.parallel_envs, seed=0)
         self.counts = RunCounters(self.paths).read()
         # --offline-updates come on top of the ratio: they may run before any env step is stored
-        self.total_updates = cfg.replay.offline_updates + math.floor(self.ratio * cfg.schedule.total_env_steps)
+        self.total_updates = cfg.replay.offline_updates + math.floor(self.ratio * cfg.schedule.env_steps)
         self.published = 0
 
     def epochs(self, batches: LazyLoader, log: Any, start_epoch: int, wall_offset: float,
@@ -212,7 +212,7 @@ class Learning:
     def allowed(self) -> int:
         """The updates the stored data allows now."""
         counts, cfg = self.counts, self.cfg
-        if counts.env_steps >= cfg.schedule.total_env_steps:  # collection is over: finish the run's updates
+        if counts.env_steps >= cfg.schedule.env_steps:  # collection is over: finish the run's updates
             return self.total_updates
         if counts.env_steps < cfg.schedule.start_updates_after or counts.rollouts == 0:
             return cfg.replay.offline_updates

@@ -51,7 +51,7 @@ class ExperimentConfig:
         batches, >= 1,000 planned updates; the field's docstring has the measurement)."""
         if self.optim.compile is not None:
             return self.optim.compile
-        planned = (self.schedule.total_env_steps // max(self.schedule.steps_per_epoch, 1)) * self.epoch_updates
+        planned = (self.schedule.env_steps // max(self.schedule.steps_per_epoch, 1)) * self.epoch_updates
         tokens = self.optim.batch_size * (self.model.context + 1)
         return self.model.traj_encoder == "transformer" and tokens >= 4096 and planned >= 1000
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
+
+LONG_CONTEXT = 256
+"""Contexts longer than this get n-step returns and PopArt's floor unless set (`LossConfig.resolved`)."""
 
 DEFAULT_GAMMAS: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
 """The official AMAGO's discounts: short horizons learn fast and shape the encoder, 0.999 is the policy's."""
@@ -47,8 +51,12 @@ class LossConfig:
     it exactly); exploration comes from `ExploreConfig`."""
     critic_weight: float = 10.0
     """Weight of the critic loss against the actor loss."""
-    n_step: int = 1
-    """n-step TD returns."""
+    n_step: int | None = None
+    """n-step TD returns. Unset: 1, or for a context longer than 256 timesteps one step per 64 of them
+    (T-Maze 500, context 501: 7), so the value of a reward reaches the start of a long rollout in ~64
+    bootstrap hops instead of one per timestep (`resolved`). Measured on T-Maze 500 (docs/results.md): with
+    1-step returns the long discount's targets at t = 0 were still -0.1 after 1,434 updates where the
+    converged value is ~2.5, and the corridor's slowly propagating fit outweighed the cue at the junction."""
     tau: float = 0.003
     """EMA rate of the target actor and critics."""
     popart: bool = True
@@ -57,7 +65,26 @@ class LossConfig:
     """PopArt statistics step size (bias-corrected: the first update takes the first batch's moments)."""
     popart_max_ratio: float | None = None
     """A floor on PopArt's scale: at least (largest |target - mean| of a batch, averaged) / this, so rare large
-    targets (sparse rewards, long corridors) are at most this many scale units away (icrl.nets.popart). None
-    (default): the plain standard deviation, as the official code. At 5, T-Maze 500's junction value was fitted
-    within 1,434 updates (not at 700 without), but T-Maze 100 took 80,800 env steps instead of 68,680 on two
-    seeds (docs/results.md), so it is not the default."""
+    targets (sparse rewards, long corridors) are at most this many scale units away (icrl.nets.popart). 0: no
+    floor (the plain standard deviation, as the official code). Unset: 5 for a context longer than 256
+    timesteps, else no floor (`resolved`). On T-Maze 500 the junction's value was fitted within 1,434 updates
+    with it and not at 700 without; on T-Maze 100 (context 101) it took 80,800 env steps to solve instead of
+    68,680 (two seeds; docs/results.md), so short contexts keep the plain scale."""
+
+    @property
+    def td_steps(self) -> int:
+        """`n_step`, or 1 where it is unset (a run resolves it first, from its context)."""
+        return 1 if self.n_step is None else self.n_step
+
+    @property
+    def popart_floor(self) -> float | None:
+        """`popart_max_ratio` as PopArt takes it: None for no floor (unset or 0)."""
+        return self.popart_max_ratio or None
+
+    def resolved(self, context: int) -> LossConfig:
+        """This config with `n_step` and `popart_max_ratio` set where they are unset, for a run whose context is
+        `context` timesteps: the long-context rule of their docstrings (a set value is kept)."""
+        long = context > LONG_CONTEXT
+        n_step = self.n_step if self.n_step is not None else (max(1, context // 64) if long else 1)
+        ratio = self.popart_max_ratio if self.popart_max_ratio is not None else (5.0 if long else 0.0)
+        return dataclasses.replace(self, n_step=n_step, popart_max_ratio=ratio)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+DEFAULT_ENV_STEPS = 100_000  # the budget of a task that recommends none
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -71,8 +73,10 @@ class ReplayConfig:
 class ScheduleConfig:
     """How long to train and how collection and updates alternate (one epoch = collect, then update)."""
 
-    total_env_steps: int = 100_000
-    """Stop after this many env steps."""
+    total_env_steps: int | None = None
+    """Stop after this many env steps. Unset: what the task recommends for itself (`recommended_budget`,
+    icrl.envs.make.task_budget: T-Maze's grows with its corridor), else 100,000. A run records the
+    resolved number in config.json."""
     steps_per_epoch: int = 1_000
     """Env steps collected per epoch (across all parallel envs)."""
     updates_per_epoch: int | None = None
@@ -89,3 +93,8 @@ class ScheduleConfig:
     Transformer forward and backward, so on a CPU this ratio sets the wall time per env step."""
     start_updates_after: int = 0
     """Collect at least this many env steps before the first update."""
+
+    @property
+    def env_steps(self) -> int:
+        """`total_env_steps`, or the library's default budget where it is unset (a run resolves it first)."""
+        return DEFAULT_ENV_STEPS if self.total_env_steps is None else self.total_env_steps

@@ -77,7 +77,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "loss.num_value_samples": _in(1, 1024),
     "loss.critic_weight": _gt(0.0),
     "loss.popart_beta": _in(0.0, 1.0, open_lo=True),
-    "loss.popart_max_ratio": _gt(0.0),
+    "loss.popart_max_ratio": _ge(0.0),
     "explore.eps_start": _in(0.0, 1.0),
     "explore.eps_end": _in(0.0, 1.0),
     "explore.eps_anneal_steps": _ge(1),
@@ -231,8 +231,8 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
             f"--redq-subset {lo.redq_subset} must be between 1 and --num-critics {lo.num_critics}",
         ),
         (
-            m.max_seq_len is None or lo.n_step < m.max_seq_len,  # unset: checked once the task's context is known
-            f"--n-step {lo.n_step} must be below --max-seq-len {m.max_seq_len} (an n-step return needs n + 1 "
+            m.max_seq_len is None or lo.td_steps < m.max_seq_len,  # unset: checked once the task's context is known
+            f"--n-step {lo.td_steps} must be below --max-seq-len {m.max_seq_len} (an n-step return needs n + 1 "
             "timesteps of the training window)",
         ),
     ]
@@ -247,7 +247,7 @@ def _schedule_checks(cfg: ExperimentConfig) -> list[Check]:
             "each epoch steps every env at least once",
         ),
         (
-            sc.total_env_steps >= sc.steps_per_epoch or (sc.total_env_steps == 0 and r.offline_updates > 0),
+            sc.env_steps >= sc.steps_per_epoch or (sc.env_steps == 0 and r.offline_updates > 0),
             "--total-env-steps must be >= --steps-per-epoch (or 0 with --offline-updates: offline training)",
         ),
     ]

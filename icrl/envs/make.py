@@ -281,7 +281,8 @@ def task_recommendation(
 
     Hooks (each called with the env kwargs, read without building the env; for a class a staticmethod or
     classmethod): `recommended_exploration(**kw) -> dict` (`ExploreConfig` field -> value) and
-    `recommended_context(**kw) -> int` (the timesteps of memory the task needs: T-Maze's whole rollout).
+    `recommended_context(**kw) -> int` (the timesteps of memory the task needs: T-Maze's whole rollout) and
+    `recommended_budget(**kw) -> int` (the env steps a run needs: T-Maze's grow with its corridor).
     `factory` (an env class or factory the user passed) is asked first; then built-in names and
     'module:factory' forms are looked up. Gymnasium ids have none.
     """
@@ -309,3 +310,9 @@ def task_context(name: str, env_kwargs: dict[str, Any] | None = None, factory: A
     """The context (`ModelConfig.max_seq_len`) a task recommends for itself, or None."""
     rec = task_recommendation("recommended_context", name, env_kwargs, factory)
     return rec if type(rec) is int and rec >= 2 else None
+
+
+def task_budget(name: str, env_kwargs: dict[str, Any] | None = None, factory: Any = None) -> int | None:
+    """The env steps (`ScheduleConfig.total_env_steps`) a task recommends for a run, or None."""
+    rec = task_recommendation("recommended_budget", name, env_kwargs, factory)
+    return rec if type(rec) is int and rec >= 1 else None

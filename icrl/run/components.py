@@ -24,11 +24,12 @@ from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
 from icrl.config.model import DEFAULT_CONTEXT
+from icrl.config.training import DEFAULT_ENV_STEPS
 from icrl.data import DiskReplay
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
-from icrl.envs.make import task_context, task_exploration
+from icrl.envs.make import task_budget, task_context, task_exploration
 from icrl.envs.user import apply_env
 from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
@@ -65,15 +66,19 @@ def open_replay(cfg: ExperimentConfig, run_dir: Path) -> DiskReplay:
 
 
 def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
-    """`cfg` with its unset fields resolved, so config.json records exactly what ran: exploration and the
-    context from the task's recommendations (asked of `factory`, the user's env class or factory, when given),
-    else the library defaults (`ExploreConfig.resolve`, `DEFAULT_CONTEXT`); then whether the learner compiles
-    (`ExperimentConfig.compiles`, which depends on the context)."""
+    """`cfg` with its unset fields resolved, so config.json records exactly what ran: exploration, the
+    context and the env-step budget from the task's recommendations (asked of `factory`, the user's env class
+    or factory, when given), else the library defaults (`ExploreConfig.resolve`, `DEFAULT_CONTEXT`,
+    `DEFAULT_ENV_STEPS`); n-step returns and PopArt's floor from the context (`LossConfig.resolved`); then
+    whether the learner compiles (`ExperimentConfig.compiles`, which depends on the context and the budget)."""
     e = cfg.env
     rec = task_exploration(e.env, e.kwargs, factory) if cfg.explore.task_recommendation else {}
     cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
     if cfg.model.max_seq_len is None:
         cfg = cfg.replace(max_seq_len=rollout_context(task_context(e.env, e.kwargs, factory), e))
+    cfg = dataclasses.replace(cfg, loss=cfg.loss.resolved(cfg.model.context))
+    if cfg.schedule.total_env_steps is None:
+        cfg = cfg.replace(total_env_steps=task_budget(e.env, e.kwargs, factory) or DEFAULT_ENV_STEPS)
     return cfg.replace(compile=cfg.compiles)
 
 

@@ -57,7 +57,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Seque
             transform=c.relabeler,
             # a resumed run draws a fresh sample stream rather than replaying the first one's
             seed=derive_seed(c.seed, "loader", *(("resume", start_epoch) if start_epoch else ()))))
-        bar, bar_task = progress_bar(cfg.schedule.total_env_steps)
+        bar, bar_task = progress_bar(cfg.schedule.env_steps)
         bar.disable = bar.disable or not main
         bar.start()
         try:
@@ -74,7 +74,7 @@ def epochs(c: Components, hooks: Callbacks, log: Logger, batches: LazyLoader, ba
     """The epochs after `start_epoch`; returns the last evaluation (rank 0; None on the other ranks)."""
     cfg, main = c.cfg, c.replicas.is_main
     budget = UpdateBudget(cfg, c.replicas.world_size)
-    num_epochs = max(1, c.offline_epochs + cfg.schedule.total_env_steps // cfg.schedule.steps_per_epoch)
+    num_epochs = max(1, c.offline_epochs + cfg.schedule.env_steps // cfg.schedule.steps_per_epoch)
     said: frozenset[str] = frozenset()  # the hints said so far (hint_once)
     start, last_eval, stop, epoch = time.perf_counter() - wall_offset, None, False, start_epoch
     for epoch in range(start_epoch + 1, num_epochs + 1):

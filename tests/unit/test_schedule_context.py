@@ -4,6 +4,8 @@ its eager fallback."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -11,8 +13,9 @@ import torch
 from icrl.agent.learner import Learner
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ModelConfig
 from icrl.config.model import DEFAULT_CONTEXT
+from icrl.config.training import DEFAULT_ENV_STEPS
 from icrl.config.presets import preset_config
-from icrl.envs.make import task_context
+from icrl.envs.make import task_budget, task_context
 from icrl.run.components import rollout_context, with_task_defaults
 from icrl.run.updates import UpdateBudget
 
@@ -42,6 +45,24 @@ def test_an_unset_context_resolves_from_the_task_and_meta_rl_rollouts_hold_every
     assert rollout_context(11, meta) == 3 * 12  # each episode's final timestep stays in the rollout
     assert rollout_context(11, EnvConfig(env="tmaze", rollout_horizon=40)) == 40
     assert rollout_context(None, meta) == DEFAULT_CONTEXT
+
+
+def test_an_unset_budget_resolves_from_the_task_and_a_set_one_is_kept():
+    cfg = ExperimentConfig(env=EnvConfig(env="tmaze", env_kwargs='{"length": 500}'))
+    assert cfg.schedule.total_env_steps is None and cfg.schedule.env_steps == DEFAULT_ENV_STEPS
+    assert with_task_defaults(cfg).schedule.total_env_steps == 1_000_000  # 2,000 per cell
+    assert task_budget("tmaze", {"length": 20}) == DEFAULT_ENV_STEPS  # short corridors: the floor
+    assert with_task_defaults(cfg.replace(total_env_steps=5_000)).schedule.total_env_steps == 5_000
+    gym_id = with_task_defaults(cfg.replace(env="CartPole-v1", env_kwargs="{}"))
+    assert gym_id.schedule.total_env_steps == DEFAULT_ENV_STEPS  # Gymnasium ids recommend nothing
+
+    class OwnTask:  # a user's env class recommends its own budget through the same hook
+        @staticmethod
+        def recommended_budget(size: int = 1, **_: object) -> int:
+            return 3_000 * size
+
+    assert task_budget("mine", {"size": 4}, factory=OwnTask) == 12_000
+    assert task_budget("mine", {}, factory=type("Bad", (), {"recommended_budget": staticmethod(lambda: -1)})) is None
 
 
 def test_presets_follow_the_env_kwargs_they_are_given():
@@ -126,3 +147,19 @@ def test_the_compiled_learner_computes_what_the_eager_one_does(tmp_path):
             torch.manual_seed(0)
             losses[compile] = [float(learner.update(batch)["loss"]) for _ in range(3)]
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
+
+
+def test_long_contexts_get_n_step_returns_and_the_popart_floor_short_ones_keep_the_plain_loss():
+    tmaze = lambda length: ExperimentConfig(env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": length})))  # noqa: E731
+    short, long = with_task_defaults(tmaze(100)).loss, with_task_defaults(tmaze(500)).loss
+    assert (short.n_step, short.popart_max_ratio, short.popart_floor) == (1, 0.0, None)  # context 101
+    assert (long.n_step, long.popart_max_ratio, long.popart_floor) == (7, 5.0, 5.0)  # context 501: 501 // 64
+    assert with_task_defaults(tmaze(1000)).loss.n_step == 15
+    at_default = with_task_defaults(ExperimentConfig(env=EnvConfig(env="CartPole-v1"))).loss
+    assert (at_default.n_step, at_default.popart_floor) == (1, None)  # the default context, 256, is not long
+    kept = with_task_defaults(tmaze(500).replace(n_step=3, popart_max_ratio=0.0)).loss  # set values are kept
+    assert (kept.n_step, kept.popart_floor) == (3, None)
+    unresolved = ExperimentConfig().loss  # the Python API without a run: the short-context loss
+    assert (unresolved.td_steps, unresolved.popart_floor) == (1, None)
+    with pytest.raises(ConfigError, match="--n-step 64 must be below --max-seq-len 64"):
+        ExperimentConfig().replace(n_step=64, max_seq_len=64).validate()

@@ -152,6 +152,16 @@ class TMaze(RenderModes, gym.Env):
         """The whole rollout: the last decision (at step horizon - 1) must still see the cue of step 0."""
         return cls(length=length, horizon=horizon).horizon
 
+    @classmethod
+    def recommended_budget(cls, length: int = 10, horizon: int | None = None, **_: Any) -> int:
+        """Env steps for a run at the library's defaults: 2,000 per corridor cell, at least 100,000.
+
+        The updates a corridor needs grow with it, and so do the env steps per update (the replay ratio
+        counts timesteps: one update trains 24 whole rollouts). Measured at the defaults (docs/results.md):
+        T-Maze 200 solved at 120,000 env steps, T-Maze 500 at 310,000 and 390,000 (seeds 0, 1); the library's
+        flat 100,000 would stop T-Maze 500 after ~500 updates, long before it can be solved."""
+        return max(100_000, 2_000 * cls(length=length, horizon=horizon).length)
+
     def _ansi(self) -> str:
         row = ["."] * self.length + ["+"]
         if self.start_pos > 0:
