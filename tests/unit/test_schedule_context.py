@@ -13,8 +13,8 @@ import torch
 from icrl.agent.learner import Learner
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ModelConfig
 from icrl.config.model import DEFAULT_CONTEXT
-from icrl.config.training import DEFAULT_ENV_STEPS
 from icrl.config.presets import preset_config
+from icrl.config.training import DEFAULT_ENV_STEPS
 from icrl.envs.make import task_budget, task_context
 from icrl.run.components import rollout_context, with_task_defaults
 from icrl.run.updates import UpdateBudget
