@@ -193,6 +193,19 @@ def test_existing_run_needs_resume_and_same_config(tmp_path):
         train(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, d_model=32)))
 
 
+def test_a_run_saved_before_the_long_context_rule_still_resumes(tmp_path):
+    """Its config.json has `popart_max_ratio: null`, which meant no floor then (0 now) and is never written now."""
+    run = tmp_path / "run"
+    train(tiny(run, total=8))
+    path = run / "config.json"
+    saved = json.loads(path.read_text())
+    assert saved["loss"]["popart_max_ratio"] == 0.0 and saved["loss"]["n_step"] == 1  # resolved, not null
+    saved["loss"]["popart_max_ratio"] = None
+    path.write_text(json.dumps(saved))
+    train(_resume(tiny(run, total=16)))
+    assert json.loads(path.read_text())["schedule"]["total_env_steps"] == 16
+
+
 def test_sigkill_then_resume_reaches_the_target(tmp_path):
     run = tmp_path / "run"
     args = [
