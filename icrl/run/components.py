@@ -69,14 +69,15 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     """`cfg` with its unset fields resolved, so config.json records exactly what ran: exploration, the
     context and the env-step budget from the task's recommendations (asked of `factory`, the user's env class
     or factory, when given), else the library defaults (`ExploreConfig.resolve`, `DEFAULT_CONTEXT`,
-    `DEFAULT_ENV_STEPS`); n-step returns and PopArt's floor from the context (`LossConfig.resolved`); then
+    `DEFAULT_ENV_STEPS`); n-step returns and PopArt's floor from the context and the exploration
+    (`LossConfig.resolved`); then
     whether the learner compiles (`ExperimentConfig.compiles`, which depends on the context and the budget)."""
     e = cfg.env
     rec = task_exploration(e.env, e.kwargs, factory) if cfg.explore.task_recommendation else {}
     cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
     if cfg.model.max_seq_len is None:
         cfg = cfg.replace(max_seq_len=rollout_context(task_context(e.env, e.kwargs, factory), e))
-    cfg = dataclasses.replace(cfg, loss=cfg.loss.resolved(cfg.model.context))
+    cfg = dataclasses.replace(cfg, loss=cfg.loss.resolved(cfg.model.context, cfg.explore.eps_shape))
     if cfg.schedule.total_env_steps is None:
         cfg = cfg.replace(total_env_steps=task_budget(e.env, e.kwargs, factory) or DEFAULT_ENV_STEPS)
     return cfg.replace(compile=cfg.compiles)

@@ -149,7 +149,7 @@ def test_the_compiled_learner_computes_what_the_eager_one_does(tmp_path):
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4)
 
 
-def test_long_contexts_get_n_step_returns_and_the_popart_floor_short_ones_keep_the_plain_loss():
+def test_long_contexts_get_the_popart_floor_and_n_step_returns_where_exploration_keeps_windows_greedy():
     tmaze = lambda length: ExperimentConfig(env=EnvConfig(env="tmaze", env_kwargs=json.dumps({"length": length})))  # noqa: E731
     short, long = with_task_defaults(tmaze(100)).loss, with_task_defaults(tmaze(500)).loss
     assert (short.n_step, short.popart_max_ratio, short.popart_floor) == (1, 0.0, None)  # context 101
@@ -157,6 +157,10 @@ def test_long_contexts_get_n_step_returns_and_the_popart_floor_short_ones_keep_t
     assert with_task_defaults(tmaze(1000)).loss.n_step == 15
     at_default = with_task_defaults(ExperimentConfig(env=EnvConfig(env="CartPole-v1"))).loss
     assert (at_default.n_step, at_default.popart_floor) == (1, None)  # the default context, 256, is not long
+    flat = with_task_defaults(ExperimentConfig(env=EnvConfig(env="CartPole-v1"), model=ModelConfig(max_seq_len=500))).loss
+    assert (flat.n_step, flat.popart_floor) == (1, 5.0)  # long, but flat ε-greedy: n-step windows hold random actions
+    flat_tmaze = with_task_defaults(tmaze(500).replace(eps_shape="flat")).loss
+    assert (flat_tmaze.n_step, flat_tmaze.popart_floor) == (1, 5.0)
     kept = with_task_defaults(tmaze(500).replace(n_step=3, popart_max_ratio=0.0)).loss  # set values are kept
     assert (kept.n_step, kept.popart_floor) == (3, None)
     unresolved = ExperimentConfig().loss  # the Python API without a run: the short-context loss
