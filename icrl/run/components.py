@@ -70,8 +70,8 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     context and the env-step budget from the task's recommendations (asked of `factory`, the user's env class
     or factory, when given), else the library defaults (`ExploreConfig.resolve`, `DEFAULT_CONTEXT`,
     `DEFAULT_ENV_STEPS`); n-step returns and PopArt's floor from the context and the exploration
-    (`LossConfig.resolved`); then
-    whether the learner compiles (`ExperimentConfig.compiles`, which depends on the context and the budget)."""
+    (`LossConfig.resolved`); then whether the learner compiles (`ExperimentConfig.compiles`, which depends on
+    the context and the budget)."""
     e = cfg.env
     rec = task_exploration(e.env, e.kwargs, factory) if cfg.explore.task_recommendation else {}
     cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
