@@ -159,7 +159,7 @@ class TMaze(RenderModes, gym.Env):
         The updates a corridor needs grow with it, and so do the env steps per update (the replay ratio
         counts timesteps: one update trains 24 whole rollouts). Measured at the defaults (docs/results.md):
         T-Maze 200 solved at 120,000 env steps, T-Maze 500 at 320,000 and 350,000 (seeds 0, 1) and T-Maze
-        1,000 at 560,000 (seed 0), each within a third of this budget; the library's flat 100,000 stopped
+        1,000 at 560,000 (seed 0), each within 40% of this budget; the library's flat 100,000 stopped
         T-Maze 500 after ~500 updates, long before it can be solved."""
         return max(100_000, 2_000 * cls(length=length, horizon=horizon).length)
 
