@@ -12,7 +12,8 @@ function of a detached state, so it reaches the encoder only through the actor h
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -293,9 +294,8 @@ class Learner:
         the longest batch length over the ranks (for gathering PopArt's targets after the step). Row count and
         length travel in one `max`, so a data-parallel update pays one collective for both."""
         enc = self.agent.tstep_encoder
-        norm = enc.obs_norm
-        rows = enc.vector_obs(batch.inputs)[batch.mask.bool()] if norm is not None else None  # [N, D]
+        rows = enc.normalization_rows(batch.inputs, batch.mask)  # [N, D] | None
         max_rows, length = self.replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
-        if norm is not None and rows is not None:
-            norm.update(self.replicas.gather_rows(rows, max_rows))
+        if rows is not None and enc.obs_norm is not None:
+            enc.obs_norm.update(self.replicas.gather_rows(rows, max_rows))
         return length

@@ -9,6 +9,10 @@ from typing import Literal
 LONG_CONTEXT = 256
 """Contexts longer than this get PopArt's floor, and n-step returns where exploration leaves the rollout greedy,
 unless set (`LossConfig.resolved`)."""
+LONG_CONTEXT_MAX_RATIO = 5.0
+"""PopArt's floor for long contexts (`popart_max_ratio`)."""
+TIMESTEPS_PER_N_STEP = 64
+"""Long contexts with greedy windows take n = context // this: a reward crosses the context in ~64 hops."""
 
 DEFAULT_GAMMAS: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
 """The official AMAGO's discounts: short horizons learn fast and shape the encoder, 0.999 is the policy's."""
@@ -92,6 +96,7 @@ class LossConfig:
         long-context rule of their docstrings (a set value is kept)."""
         long = context > LONG_CONTEXT
         greedy_windows = eps_shape == "window"
-        n_step = self.n_step if self.n_step is not None else (max(1, context // 64) if long and greedy_windows else 1)
-        ratio = self.popart_max_ratio if self.popart_max_ratio is not None else (5.0 if long else 0.0)
+        auto_n = max(1, context // TIMESTEPS_PER_N_STEP) if long and greedy_windows else 1
+        n_step = self.n_step if self.n_step is not None else auto_n
+        ratio = self.popart_max_ratio if self.popart_max_ratio is not None else (LONG_CONTEXT_MAX_RATIO if long else 0.0)
         return dataclasses.replace(self, n_step=n_step, popart_max_ratio=ratio)

@@ -247,5 +247,11 @@ class TimestepEncoder(nn.Module):
 
         Called by the learner once per batch; padding never enters the statistics.
         """
-        if self.obs_norm is not None:
-            self.obs_norm.update(self.vector_obs(ts)[mask.bool()])  # [N, vector_dim]
+        rows = self.normalization_rows(ts, mask)
+        if rows is not None and self.obs_norm is not None:
+            self.obs_norm.update(rows)
+
+    def normalization_rows(self, ts: Timesteps, mask: torch.Tensor) -> torch.Tensor | None:
+        """The rows the running statistics take from a batch, [N, vector_dim] (real timesteps only), or None
+        without normalisation. The data-parallel learner gathers them over the ranks before updating."""
+        return self.vector_obs(ts)[mask.bool()] if self.obs_norm is not None else None
