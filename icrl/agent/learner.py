@@ -184,14 +184,30 @@ class LossModule(nn.Module):
     """The learner's loss as a module's forward, so DistributedDataParallel can wrap it: DDP averages the
     gradients of the parameters used in its own forward call, and the loss reaches the agent's parts
     (encoder, heads, targets) directly rather than through `Agent.forward`. In one process the wrap is the
-    identity and calling the module is calling `loss_fn`."""
+    identity and calling the module is calling `compute_loss`.
 
-    def __init__(self, agent: Agent, loss_fn: Callable[[Batch, torch.Tensor], LossOutput]) -> None:
+    It holds no reference to the Learner: a cycle learner -> DDP wrapper -> learner would leave the wrapper, and
+    the gloo work its reducer keeps, to the garbage collector, which may first run at interpreter shutdown,
+    where freeing that work aborts the process (SIGABRT after a finished data-parallel run)."""
+
+    def __init__(self, agent: Agent, cfg: LossConfig, compiled: bool) -> None:
         super().__init__()
-        self.agent, self.loss_fn = agent, loss_fn  # `agent` registered: DDP sees its parameters
+        self.agent, self.cfg = agent, cfg  # `agent` registered: DDP sees its parameters
+        self.compute_loss = torch.compile(compute_loss) if compiled else compute_loss
 
     def forward(self, batch: Batch, members: torch.Tensor) -> LossOutput:
-        return self.loss_fn(batch, members)
+        """`compute_loss`, compiled or not. A compile that fails (an inductor or dynamo error on some torch,
+        device or model) warns once and leaves the run eager: the same maths, only slower."""
+        try:
+            return self.compute_loss(self.agent, batch, self.cfg, members=members)
+        except Exception as e:  # noqa: BLE001 - any compiler failure; eager below re-raises a real error
+            if self.compute_loss is compute_loss:
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            warnings.warn(f"icrl: torch.compile of the learner failed ({type(e).__name__}: {first}); "
+                          "training continues eager (pass --compile False to skip compiling)", stacklevel=2)
+            self.compute_loss = compute_loss
+            return compute_loss(self.agent, batch, self.cfg, members=members)
 
 
 class Learner:
@@ -223,11 +239,24 @@ class Learner:
         self.updates = 0
         self.guard = UpdateGuard()  # skipped updates: self.guard.skipped
         self.autocast_enabled = cfg.optim.dtype == "bf16"
-        self.compute_loss = torch.compile(compute_loss) if cfg.compiles else compute_loss
         # Rank 0's initial weights and buffers on every rank (in place: the optimiser's parameters stay the
         # same objects), then DDP for the gradients (one process: neither does anything).
         self.replicas.broadcast_(agent)
-        self.loss = self.replicas.wrap(LossModule(agent, self._compute_loss))
+        self.loss_module = LossModule(agent, cfg.loss, compiled=cfg.compiles)
+        self.loss = self.replicas.wrap(self.loss_module)
+
+    def release_wrapper(self) -> None:
+        """Free the data-parallel wrapper now, before the process group is left: its reducer holds gloo work
+        that must not outlive the group, and anything still referring to the learner (a cycle, a traceback)
+        would otherwise keep it until interpreter shutdown, where freeing it aborts the process. Updates after
+        this run unwrapped, as in one process. No-op in one process."""
+        self.loss = self.loss_module
+
+    @property
+    def compute_loss(self) -> Callable[..., LossOutput]:
+        """The loss function the updates run: `compute_loss`, compiled where `OptimConfig.compile` says (eager
+        again once a compile has failed)."""
+        return self.loss_module.compute_loss
 
     def state_dict(self) -> dict:
         """Optimiser and scheduler state dicts (tensors, for a weights-only file), the update counter and
@@ -273,20 +302,6 @@ class Learner:
         metrics["popart_mu"] = agent.popart.mu[-1]
         metrics["popart_sigma"] = agent.popart.sigma[-1]
         return metrics
-
-    def _compute_loss(self, batch: Batch, members: torch.Tensor) -> LossOutput:
-        """`compute_loss`, compiled or not. A compile that fails (an inductor or dynamo error on some torch,
-        device or model) warns once and leaves the run eager: the same maths, only slower."""
-        try:
-            return self.compute_loss(self.agent, batch, self.cfg.loss, members=members)
-        except Exception as e:  # noqa: BLE001 - any compiler failure; eager below re-raises a real error
-            if self.compute_loss is compute_loss:
-                raise
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            warnings.warn(f"icrl: torch.compile of the learner failed ({type(e).__name__}: {first}); "
-                          "training continues eager (pass --compile False to skip compiling)", stacklevel=2)
-            self.compute_loss = compute_loss
-            return compute_loss(self.agent, batch, self.cfg.loss, members=members)
 
     @torch.no_grad()
     def _update_normalization(self, batch: Batch) -> int:

@@ -154,10 +154,11 @@ class Components:
         return self.replicas.world_size * self.collector.total_env_steps
 
     def close(self) -> None:
-        """No orphaned env processes, and the process group left."""
+        """No orphaned env processes, the data-parallel wrapper freed, and the process group left."""
         self.venv.close()
         if self.eval_venv is not None:
             self.eval_venv.close()
+        self.learner.release_wrapper()
         self.replicas.close()
 
 

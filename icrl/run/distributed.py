@@ -198,7 +198,11 @@ class _Ranks(Replicas):
         return [digest] * self.world_size
 
     def close(self) -> None:
+        """Leave the process group (no barrier: on an error the other ranks may never arrive). Accelerate's
+        reference to the DDP wrapper is dropped, so the wrapper is freed with the run rather than at
+        interpreter shutdown (see agent.learner.LossModule)."""
         if torch.distributed.is_initialized():
+            self.accelerator.free_memory()
             torch.distributed.destroy_process_group()
 
 

@@ -76,9 +76,9 @@ def _open_lock(lock_path: Path, flags: int) -> int:
                           "own file; remove it, then run again") from e
 
 
-def _try_lock(fd: int) -> bool:
+def _try_lock(fd: int, shared: bool = False) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
         return False
@@ -138,14 +138,17 @@ class RunLock:
 
 def check_not_locked(run_dir: str | os.PathLike) -> None:
     """Refuse early (before any env is built) when another process holds RUN_DIR's lock. Writes nothing:
-    a folder without a lock file is free, and an existing lock file is only opened and tested."""
+    a folder without a lock file is free, and an existing lock file is only opened and tested.
+
+    The test takes a shared lock: it fails only against a holder's exclusive one, so the ranks of a
+    data-parallel run, which all check the folder at once, never see each other's test as a holder."""
     run_dir = Path(run_dir)
     lock_path = run_dir / LOCK_NAME
     if fcntl is None or not os.path.lexists(lock_path) or os.path.realpath(run_dir) in _HELD:
         return
     fd = _open_lock(lock_path, os.O_RDONLY)
     try:
-        if not _try_lock(fd):
+        if not _try_lock(fd, shared=True):
             raise _refusal(run_dir, lock_path)
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:

@@ -169,6 +169,26 @@ def test_run_lock_excludes_other_processes(tmp_path):
     RunLock.acquire(run).release()
 
 
+def test_ranks_checking_a_run_dir_at_once_do_not_see_each_other_as_holders(tmp_path):
+    """Every rank of a data-parallel run tests the lock before the barrier; one rank's test in progress (a
+    shared lock on its own descriptor, here) is not a holder to another, while an exclusive holder is."""
+    import fcntl
+    import os
+
+    run = tmp_path / "run"
+    RunLock.acquire(run).release()  # leaves RUN_DIR/.lock, as a finished run does
+    fd = os.open(run / ".lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # another rank's test, mid-way
+        check_not_locked(run)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a real holder
+        with pytest.raises(RunDirLockedError, match="in use by"):
+            check_not_locked(run)
+    finally:
+        os.close(fd)
+
+
 def test_lock_error_is_a_config_error():
     assert issubclass(RunDirLockedError, ConfigError)
 

@@ -167,3 +167,35 @@ def test_long_contexts_get_the_popart_floor_and_n_step_returns_where_exploration
     assert (unresolved.td_steps, unresolved.popart_floor) == (1, None)
     with pytest.raises(ConfigError, match="--n-step 64 must be below --max-seq-len 64"):
         ExperimentConfig().replace(n_step=64, max_seq_len=64).validate()
+
+
+def test_the_learner_is_freed_by_reference_counting(tmp_path):
+    """No cycle through the learner: a data-parallel learner's DDP wrapper (and the gloo work its reducer
+    holds) is freed with the run, not by a garbage collection that may first run at interpreter shutdown,
+    where freeing it aborts the process. A loss module holding the learner's bound method was such a cycle."""
+    import gc
+    import weakref
+
+    from test_agent import _experiment, build_agent, real_batch
+
+    batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # torch's first optimizer leaks its frames: not ours
+    gc.collect()
+    learner = Learner(build_agent(obs_space, spec), _experiment(), torch.device("cpu"))
+    learner.update(batch)
+    alive, loss = weakref.ref(learner), weakref.ref(learner.loss)
+    gc.disable()
+    try:
+        del learner
+        assert alive() is None and loss() is None
+    finally:
+        gc.enable()
+
+
+def test_release_wrapper_leaves_a_learner_that_still_updates(tmp_path):
+    from test_agent import _experiment, build_agent, real_batch
+
+    batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
+    learner = Learner(build_agent(obs_space, spec), _experiment(), torch.device("cpu"))
+    learner.release_wrapper()
+    assert learner.loss is learner.loss_module and np.isfinite(float(learner.update(batch)["loss"]))
