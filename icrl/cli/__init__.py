@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import io
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Union
@@ -167,6 +168,23 @@ def _fresh(run_dir: str | None) -> str | None:
     return f"{run_dir}-{n}"
 
 
+def show_icrl_warnings_in_one_line() -> None:
+    """icrl's own warnings (their text starts with "icrl:", e.g. bf16 on a CPU that emulates it) print as the
+    one line they are, without Python's file:line prefix and source line; other warnings print as usual."""
+    default = warnings.showwarning
+    if getattr(default, "__name__", "") == "show_icrl_warning":  # main() ran before in this process
+        return
+
+    def show_icrl_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if str(message).startswith("icrl:"):
+            print(str(message), file=file if file is not None else sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show_icrl_warning
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -179,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from icrl.config.errors import speak_again, speak_cli
 
+    show_icrl_warnings_in_one_line()
     token = speak_cli()  # errors name flags (--resume), not Python arguments (resume=True)
     try:
         with stopped_in_one_line(argv[0]):  # Ctrl-C / SIGTERM at any moment: one line, exit 130 / 143

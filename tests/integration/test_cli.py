@@ -207,3 +207,20 @@ def test_train_help_lists_the_flags_by_group():
     for group in ("env options", "model options", "loss options", "asynchronous options"):
         assert group in out.stdout
     assert "--d-model INT" in out.stdout and "(default: 32)" in out.stdout  # the preset's value is the default
+
+
+def test_icrl_warnings_print_as_one_line(capsys, monkeypatch):
+    import warnings
+
+    from icrl.cli import show_icrl_warnings_in_one_line
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # restored after the test
+    show_icrl_warnings_in_one_line()
+    show_icrl_warnings_in_one_line()  # idempotent: main() may run twice in one process
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("icrl: --dtype bf16 on a CPU without bf16 instructions", RuntimeWarning, stacklevel=1)
+        warnings.warn("someone else's warning", UserWarning, stacklevel=1)
+    err = capsys.readouterr().err
+    assert "icrl: --dtype bf16 on a CPU without bf16 instructions\n" in err
+    assert "RuntimeWarning" not in err and err.count("icrl:") == 1  # the other one goes to the usual display

@@ -11,12 +11,14 @@ import copy
 import dataclasses
 import functools
 import re
+import warnings
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from icrl.agent import learner as learner_module
 from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner, compute_loss
 from icrl.agent.model import Agent, AgentPolicy
@@ -632,6 +634,32 @@ def test_bf16_learner_update_keeps_float32_state(tmp_path):
     assert all(p.dtype == torch.float32 for p in agent.parameters())
     assert all(p.grad is None or p.grad.dtype == torch.float32 for p in agent.parameters())
     assert agent.popart.mu.dtype == torch.float32
+
+
+@pytest.mark.parametrize(("native", "dtype", "device", "warns"), [
+    (False, "bf16", "cpu", True), (True, "bf16", "cpu", False), (None, "bf16", "cpu", False),
+    (False, "fp32", "cpu", False), (False, "bf16", "cuda", False)])
+def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, native, dtype, device, warns):
+    """A bf16 run on a CPU without bf16 instructions is ~10x slower than fp32 and nothing else says why."""
+    monkeypatch.setattr(learner_module, "cpu_bf16_is_native", lambda: native)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        said = learner_module.warn_if_bf16_is_emulated(dtype, torch.device(device))
+    assert said is warns and len(caught) == int(warns)
+    if warns:
+        assert "--dtype fp32" in str(caught[0].message) and "emulates" in str(caught[0].message)
+
+
+def test_cpu_bf16_features_follow_what_torch_reports(monkeypatch):
+    caps = {"architecture": "x86_64", "avx2": True, "avx512_bf16": False, "amx_bf16": False}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps, raising=False)
+    assert learner_module.cpu_bf16_is_native() is False
+    caps["amx_bf16"] = True
+    assert learner_module.cpu_bf16_is_native() is True
+    caps["architecture"] = "riscv64"
+    assert learner_module.cpu_bf16_is_native() is None
+    monkeypatch.delattr(torch.cpu, "get_capabilities")
+    assert learner_module.cpu_bf16_is_native() is None
 
 
 @pytest.mark.parametrize("reduce", ["min", "mean"])
