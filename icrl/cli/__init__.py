@@ -175,8 +175,8 @@ def show_icrl_warnings_in_one_line() -> None:
     if getattr(default, "__name__", "") == "show_icrl_warning":  # main() ran before in this process
         return
 
-    def show_icrl_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
-             line: str | None = None) -> None:
+    def show_icrl_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                          file: Any = None, line: str | None = None) -> None:
         if str(message).startswith("icrl:"):
             print(str(message), file=file if file is not None else sys.stderr)
         else:
