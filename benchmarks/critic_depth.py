@@ -11,9 +11,9 @@ discount gamma, Q(k) = s r (1 - gamma^k) / (1 - gamma) (s: --reward-scale), grow
 (docs/results.md, continuous control), so early in a run Q stops growing at a depth of about tau x updates
 (x n for n-step returns) and a decision whose consequence lies further ahead has no value signal.
 
-Per bin of k: the ensemble-mean Q of the best action for three discounts (denormalised), its depth in reward steps (the h with
-s r (1 - gamma^h) / (1 - gamma) = Q, r the stored rollouts' mean reward; meaningful for a constant reward per
-step), the mean |Q(a0) - Q(a1)| of the policy's discount (discrete actions) and the policy's largest action
+Per bin of k: the ensemble-mean Q of the best action for three discounts (denormalised), its depth in reward
+steps (the h with s r (1 - gamma^h) / (1 - gamma) = Q, r the stored rollouts' mean reward; meaningful for a
+constant reward per step), the mean |Q(a0) - Q(a1)| of the policy's discount (discrete actions) and the policy's largest action
 probability. A policy near probability 1 everywhere while |A| is flat in k has collapsed onto a bias of the
 critic rather than a learned advantage.
 """
@@ -29,29 +29,23 @@ import numpy as np
 import torch
 
 import icrl
+from icrl.agent.model import Agent
+from icrl.data.collate import collate_windows
 from icrl.data.storage import list_rollout_files, load_rollout
-from icrl.types import Rollout, Timesteps
+from icrl.types import Rollout
 
 BINS = ((1, 1), (2, 2), (3, 3), (4, 5), (6, 10), (11, 20), (21, 50), (51, 100), (101, 10**9))
 
 
-def inputs(r: Rollout) -> Timesteps:
-    """One stored rollout as a batch of one ([1, T+1, ...])."""
-    return Timesteps(obs={k: torch.from_numpy(v)[None] for k, v in r.obs.items()},
-                     prev_action=torch.from_numpy(r.prev_action)[None], prev_reward=torch.from_numpy(r.prev_reward)[None],
-                     time=torch.from_numpy(r.time)[None], reset=torch.from_numpy(r.reset)[None])
-
-
 @torch.no_grad()
-def rows(agent: torch.nn.Module, rollouts: list[Rollout]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def rows(agent: Agent, rollouts: list[Rollout]) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """(k steps left, Q [G, A] ensemble mean denormalised, policy probabilities [A]) per action step of the
     terminated rollouts. Discrete actions only (the critic's output per action)."""
     agent.eval()
     out = []
     for r in rollouts:
-        s = agent(inputs(r))  # [1, T+1, d]
-        q = agent.critic(s)  # [1, T+1, C, G, A] normalised
-        q = agent.popart.denormalize(q.transpose(-1, -2)).transpose(-1, -2)[0].mean(1)  # [T+1, G, A]
+        s = agent(collate_windows([(r, 0)], r.num_timesteps, agent.spec).inputs)  # [1, T+1, d]
+        q = agent.popart.denormalize_per_action(agent.critic(s))[0].mean(1)  # [T+1, G, A] ensemble mean
         probs = agent.actor(s).probs[0, :, -1]  # [T+1, A] of the policy's discount
         steps = len(r.action)
         out += [(steps - t, q[t].numpy(), probs[t].numpy()) for t in range(steps)]

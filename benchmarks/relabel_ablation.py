@@ -154,7 +154,7 @@ def probe(run_dir: Path, mode: str | None = None, batches: int = 20, seed: int =
             succeeded + int(success.sum())  # fmt: skip
         with torch.no_grad():
             q = agent.critic(agent(b.inputs))  # [B, L, C, G, A] normalised
-            q = agent.popart.denormalize(q.transpose(-1, -2)).transpose(-1, -2).mean(2)[:, 0, -1]  # [B, A]
+            q = agent.popart.denormalize_per_action(q).mean(2)[:, 0, -1]  # [B, A]
         for i in np.flatnonzero(success.numpy() & (b.inputs.time[:, 0] == 0).numpy()):
             T = int(b.has_action[i].sum())
             q0.append(float(q[i, int(b.action[i, 0].argmax())]))

@@ -76,7 +76,7 @@ def critic_at_junction(agent: torch.nn.Module, length: int) -> dict:
     for cue_up in (True, False):
         s = agent(optimal_walk(length, cue_up))  # [1, T, d]
         q = agent.critic(s)  # [1, T, C, G, A] normalised
-        q = agent.popart.denormalize(q.transpose(-1, -2)).transpose(-1, -2)[0, length].mean(0)  # [G, A]
+        q = agent.popart.denormalize_per_action(q)[0, length].mean(0)  # [G, A]
         probs = agent.actor(s).probs[0, length, -1]
         out[f"cue_{'up' if cue_up else 'down'}"] = {
             "q_up": round(float(q[-1, UP]), 4), "q_down": round(float(q[-1, DOWN]), 4),

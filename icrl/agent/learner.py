@@ -141,7 +141,7 @@ def target_values(
     target_dist = agent.target_actor(s)  # batch [B, L, G]
     if agent.spec.kind == "discrete":
         q_next = agent.target_critic(s, members=members)  # [B, L, k, G, A] normalised
-        q_next = agent.popart.denormalize(q_next.transpose(-1, -2)).transpose(-1, -2)
+        q_next = agent.popart.denormalize_per_action(q_next)
         v_next = (target_dist.probs.unsqueeze(-3) * q_next).sum(-1)  # [B, L, k, G]: exact E_{a'~π̄}
     else:
         q_next = agent.target_critic(s, target_dist.sample(), members=members)  # [B, L, k, G]

@@ -124,6 +124,10 @@ class PopArt(nn.Module):
             return q
         return q * self.sigma + self.mu
 
+    def denormalize_per_action(self, q: torch.Tensor) -> torch.Tensor:
+        """A discrete critic's normalised outputs [..., G, A] (one per action) -> unnormalised, per discount."""
+        return self.denormalize(q.transpose(-1, -2)).transpose(-1, -2)
+
     @torch.no_grad()
     def update_(
         self,

@@ -170,3 +170,11 @@ def test_popart_loads_weights_saved_without_the_floor_statistic():
     popart.load_state_dict(old)  # strict: a missing max_dev is filled with zeros (no floor until updated)
     assert torch.equal(popart.max_dev, torch.zeros(G))
     assert torch.allclose(popart.sigma, torch.ones(G))
+
+
+def test_denormalize_per_action_scales_each_discount_of_every_action():
+    popart = PopArt(3, beta=0.3)
+    popart.update_(torch.randn(4, 5, 3) * torch.tensor([1.0, 10.0, 100.0]), torch.ones(4, 5, dtype=torch.bool))
+    q = torch.randn(2, 7, 3, 4)  # [B, L, G, A]
+    expected = torch.stack([popart.denormalize(q[..., a]) for a in range(4)], dim=-1)
+    torch.testing.assert_close(popart.denormalize_per_action(q), expected, atol=0, rtol=0)
