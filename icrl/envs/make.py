@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import gymnasium as gym
 
+from icrl.envs.batched import batched_env
 from icrl.envs.kwarg_errors import check_kwarg_types, explain_constructor_error
 from icrl.envs.tasks.babyai import (  # imports without minigrid; building one needs it
     babyai_env_names,
@@ -241,15 +242,23 @@ def make_vector_env(
     episodes_per_rollout: int = 1,
     rollout_horizon: int | None = None,
     factories: Sequence[Callable[..., gym.Env]] | None = None,
+    native: bool = True,
 ) -> gym.vector.VectorEnv:
     """`num_envs` TimestepWrapper'd copies in a Sync or Async vector env with SAME_STEP autoreset.
 
     `factories`: build the copies with these callables (copy i uses factories[i % len]) instead of by name.
     The env is built once here first, so a bad name or kwarg fails in this process with a clear message
     instead of inside a worker.
+    `native`: a built-in task that has a batched form (`icrl.envs.batched`: the same timesteps, rewards and
+    infos under the same seed, every copy stepped at once) gets it, for single-episode rollouts; False
+    always builds the per-copy envs.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if native and not factories and episodes_per_rollout == 1 and rollout_horizon is None:
+        batched = batched_env(name, dict(env_kwargs or {}), num_envs)
+        if batched is not None:
+            return batched
     fns = list(factories) if factories else [None]
     make_wrapped_env(name, env_kwargs, episodes_per_rollout, rollout_horizon, fns[0]).close()
     kwargs = dict(env_kwargs or {})

@@ -29,6 +29,7 @@ from icrl.data import DiskReplay
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
+from icrl.envs.batched import has_batched_form
 from icrl.envs.make import task_budget, task_context, task_exploration
 from icrl.envs.user import apply_env
 from icrl.envs.wrapper import agent_obs_space
@@ -55,6 +56,22 @@ def make_run_envs(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
     """`num_envs` copies of the run's env, each rollout `episodes_per_rollout` episodes (icrl.envs.make)."""
     return make_vector_env(e.env, e.kwargs, num_envs, asynchronous=asynchronous, factories=factories,
                            episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
+
+
+MAX_BATCHED_EVAL_ENVS = 128
+"""Evaluation copies of a batched task at most: acting's env steps per second stop growing near 128 copies
+(docs/results.md, acting), while the KV cache grows with every copy."""
+
+
+def eval_env_copies(cfg: ExperimentConfig, factories: Sequence[Any] | None = None) -> int:
+    """Env copies for the run's evaluations: one per rollout (up to `MAX_BATCHED_EVAL_ENVS`) where the task is
+    batched (`icrl.envs.batched`: a copy costs a row of arrays, and one wide acting step takes many more env steps
+    per second than several narrow ones: T-Maze 1,000's evaluations were a fifth of its wall time at 8 copies),
+    else the run's `parallel_envs` (a copy of a user's env may hold a simulator)."""
+    e = cfg.env
+    batched = (not factories and e.episodes_per_rollout == 1 and e.rollout_horizon is None
+               and has_batched_form(e.env, e.kwargs))  # fmt: skip
+    return max(e.parallel_envs, min(cfg.eval.eval_rollouts, MAX_BATCHED_EVAL_ENVS)) if batched else e.parallel_envs
 
 
 def open_replay(cfg: ExperimentConfig, run_dir: Path) -> DiskReplay:
@@ -217,8 +234,8 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     main = replicas.is_main
     with closed_on_error() as opened:  # what to close if a later step raises (bad offline data, a full disk...)
         venv = opened(make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories))
-        eval_venv = opened(make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories)
-                           if main else None)
+        eval_venv = opened(make_run_envs(e, eval_env_copies(cfg, source.factories), asynchronous=e.async_envs,
+                                         factories=source.factories) if main else None)
         spaces = venv_spaces_record(venv, e.env, e.kwargs, source.rebuild)
         spec = ActionSpec.from_space(venv.single_action_space)
         relabeler = make_relabeler(cfg.replay, venv)  # before the run dir exists: a wrong --relabel leaves nothing
