@@ -255,12 +255,12 @@ def make_vector_env(
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    fns = list(factories) if factories else [None]
+    make_wrapped_env(name, env_kwargs, episodes_per_rollout, rollout_horizon, fns[0]).close()  # bad kwargs: here
     if native and not factories and episodes_per_rollout == 1 and rollout_horizon is None:
         batched = batched_env(name, dict(env_kwargs or {}), num_envs)
         if batched is not None:
             return batched
-    fns = list(factories) if factories else [None]
-    make_wrapped_env(name, env_kwargs, episodes_per_rollout, rollout_horizon, fns[0]).close()
     kwargs = dict(env_kwargs or {})
     thunks = [
         functools.partial(make_wrapped_env, name, kwargs, episodes_per_rollout, rollout_horizon, fns[i % len(fns)])

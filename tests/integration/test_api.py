@@ -235,7 +235,7 @@ def test_predict_acts_as_the_collector_on_the_same_weights(runs, name, greedy, m
     which = 0
     torch.manual_seed(0)
     rollouts, _ = Collector(venv, spec).collect_rollouts(AgentPolicy(agent, n, greedy=greedy), n * per_env, seed=seed)
-    space = venv.envs[0].env_action_space
+    space = venv.get_attr("env_action_space")[0]
     venv.close()
     expected = [[[agent_to_env_action(space, a).item() for a in r.action]  # the collector's, mapped to the env's
                  for r in rollouts[i * per_env:(i + 1) * per_env]] for i in range(n)]

@@ -154,8 +154,8 @@ def test_a_run_that_fails_after_taking_its_run_dir_frees_it_and_closes_its_envs(
     from icrl.asynchronous.learn import learn
 
     closed = []
-    real_close = gym.vector.SyncVectorEnv.close
-    monkeypatch.setattr(gym.vector.SyncVectorEnv, "close",
+    real_close = gym.vector.VectorEnv.close  # every vector env icrl builds: Sync, Async, batched (icrl.envs.batched)
+    monkeypatch.setattr(gym.vector.VectorEnv, "close",
                         lambda self, **kw: (closed.append(self), real_close(self, **kw))[1])
     monkeypatch.setattr(where, _raise)
     cfg = tiny_cfg(tmp_path / "run")
