@@ -451,7 +451,7 @@ class TimedPolicy:
 
 
 def bench_acting(args, cfg, spec, agent, device, recompute: bool, steps: int, profile: bool = False) -> dict:
-    venv = make_vector_env("tmaze", {"length": args.seq_len}, args.parallel_envs)
+    venv = make_vector_env("tmaze", {"length": args.seq_len}, args.parallel_envs, native=args.env_impl == "batched")
     collector = Collector(venv, spec, seed=0)
     exploration = Exploration(ExploreConfig(), spec, args.parallel_envs, seed=0)
     env_steps = lambda: collector.total_env_steps  # noqa: E731
@@ -830,7 +830,8 @@ def acting_cell(args, a_cell: dict, calib: Calibration, device, deadline: float 
             f"{max(left, 0):.3g} s left of --max-seconds,"
         print(f"acting d{a_cell['d_model']} x {n}, {e} envs: skipped ({why} estimate {est:.3g} s)", flush=True)
         return dict(out, status=f"skipped: {why} estimate {est:.3g} s")
-    a = cell_args(args, d_model=a_cell["d_model"], seq_len=n, parallel_envs=e, dtype="fp32", compile=False)
+    a = cell_args(args, d_model=a_cell["d_model"], seq_len=n, parallel_envs=e, dtype="fp32", compile=False,
+                  env_impl=a_cell.get("env_impl", "batched"))
     try:
         cfg, spec, agent, _ = build(a, device)
         r = bench_acting(a, cfg, spec, agent, device, recompute=False, steps=steps)
@@ -839,7 +840,7 @@ def acting_cell(args, a_cell: dict, calib: Calibration, device, deadline: float 
     prior = r["env_steps"] / e * plan.vector_step_s(e, n, a_cell["d_model"])
     calib.act_ratio = max(calib.act_ratio or 0.0, r["seconds"] / prior)
     out.update(r, status="ok")
-    print(f"acting d{a_cell['d_model']} x {n}, {e} envs: {r['env_steps_per_s']:.0f} env steps/s; policy "
+    print(f"acting d{a_cell['d_model']} x {n}, {e} envs ({a.env_impl}): {r['env_steps_per_s']:.0f} env steps/s; policy "
           f"{100 * r['frac_policy']:.0f}%, env {100 * r['frac_env_step']:.0f}%, collector "
           f"{100 * r['frac_collector']:.0f}%", flush=True)  # fmt: skip
     return out
@@ -866,7 +867,8 @@ def sweep_plan(args) -> tuple[plan.Net, list[dict], list[dict]]:
     shapes = plan.sweep_shapes(args.shapes, args.d_models, args.seq_lens, args.d_model, args.seq_len)
     modes = args.compile_modes or (["on"] if args.compile else ["off"])
     cells = [] if args.skip_learner else plan.expand_cells(shapes, args.dtypes or [args.dtype], modes)
-    acting = [] if args.skip_acting else plan.expand_acting(shapes, args.envs or [args.parallel_envs])
+    impls = args.env_impls or [args.env_impl]
+    acting = [] if args.skip_acting else plan.expand_acting(shapes, args.envs or [args.parallel_envs], impls)
     return net, cells, acting
 
 
@@ -937,6 +939,8 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=24)
     p.add_argument("--seq-len", type=int, default=256, help="training window = acting context = T-Maze corridor")
     p.add_argument("--parallel-envs", type=int, default=8)
+    p.add_argument("--env-impl", choices=["batched", "per-copy"], default="batched",
+                   help="acting's T-Maze: icrl.envs.batched (what make_vector_env builds) or per-copy envs")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--act-threads", type=int, default=None, help="torch threads while acting (default: --threads)")
     p.add_argument("--updates", type=int, default=10, help="timed learner updates")
@@ -968,6 +972,8 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], default=None)
     g.add_argument("--compile-modes", nargs="+", choices=["off", "on"], default=None)
     g.add_argument("--envs", nargs="+", type=int, default=None, help="parallel envs of the acting cells")
+    g.add_argument("--env-impls", nargs="+", choices=["batched", "per-copy"], default=None,
+                   help="T-Maze as a batched env (icrl.envs.batched, the default) and/or per-copy envs")
     g.add_argument("--max-cell-seconds", type=float, default=300.0, help="skip (record) a cell estimated longer; "
                    "fewer timed updates first")  # fmt: skip
     g.add_argument("--max-seconds", type=float, default=None, help="the whole sweep's budget: cells that would "

@@ -78,8 +78,10 @@ def expand_cells(shapes, dtypes, compile_modes) -> list[dict]:
     return [{"d_model": d, "seq_len": n, "dtype": dt, "compile": c} for d, n in shapes for dt in dtypes for c in modes]
 
 
-def expand_acting(shapes, envs) -> list[dict]:
-    return [{"d_model": d, "seq_len": n, "envs": e} for d, n in shapes for e in envs]
+def expand_acting(shapes, envs, impls=("batched",)) -> list[dict]:
+    """Acting cells: d_model x context x envs x env implementation ("batched": icrl.envs.batched, what
+    make_vector_env builds for T-Maze; "per-copy": a SyncVectorEnv of TimestepWrapper'd envs)."""
+    return [{"d_model": d, "seq_len": n, "envs": e, "env_impl": i} for d, n in shapes for e in envs for i in impls]
 
 
 def acting_steps(envs: int, seq_len: int, act_steps: int | None) -> int:
@@ -183,7 +185,7 @@ def learner_row(c: dict) -> str:
 
 
 def acting_row(a: dict) -> str:
-    name = f"{a['d_model']} | {a['seq_len']} | {a['envs']}"
+    name = f"{a['d_model']} | {a['seq_len']} | {a['envs']} | {a.get('env_impl', 'per-copy')}"
     if a.get("status", "ok") != "ok":
         return f"| {name} | {a['status']} | | | | |"
     pct = lambda k: _fmt(100 * a[k], ".0f")  # noqa: E731
@@ -209,9 +211,9 @@ def markdown_tables(result: dict) -> str:
         *[learner_row(c) for c in result.get("learner_cells", [])],
     ]
     if result.get("acting_cells"):
-        lines += ["", "| d_model | context | envs | env steps/s | policy % | env % | collector % | "
+        lines += ["", "| d_model | context | envs | envs as | env steps/s | policy % | env % | collector % | "
                   "us per vector step (policy / env / collector) |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---|", *[acting_row(a) for a in result["acting_cells"]]]  # fmt: skip
+                  "|---:|---:|---:|---|---:|---:|---:|---:|---|", *[acting_row(a) for a in result["acting_cells"]]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -235,7 +237,7 @@ def plot(result: dict, path: Path) -> None:
     acting: dict[str, list[dict]] = {}
     for a in result.get("acting_cells", []):
         if a.get("status", "ok") == "ok":
-            acting.setdefault(f"d{a['d_model']} x {a['seq_len']}", []).append(a)
+            acting.setdefault(f"d{a['d_model']} x {a['seq_len']} {a.get('env_impl', 'per-copy')}", []).append(a)
     for key, acts in acting.items():
         axes[2].plot([a["envs"] for a in acts], [a["env_steps_per_s"] for a in acts], "o-", label=key)
     titles = [("context", "updates/s", "learner updates/s"), ("context", "peak MiB", "peak memory of an update"),

@@ -10,7 +10,6 @@ across `collect` calls so rollouts can be longer than one call.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -42,11 +41,18 @@ class RandomPolicy:
         return self.rng.integers(0, 2, size=(n, d)).astype(np.int8)  # [N, D]
 
 
-def _index(tree: Any, i: int) -> Any:
-    """Env i's slice of a batched nested dict of arrays (copied: the vector env may reuse its buffers)."""
-    if isinstance(tree, dict):
-        return {k: _index(v, i) for k, v in tree.items()}
-    return np.array(tree[i])
+def _leaves(tree: dict, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], np.ndarray]]:
+    """(path, array) of every array in a nested timestep dict, in a fixed order."""
+    out: list[tuple[tuple[str, ...], np.ndarray]] = []
+    for k, v in tree.items():
+        out += _leaves(v, (*prefix, k)) if isinstance(v, dict) else [((*prefix, k), v)]
+    return out
+
+
+def _at(tree: Any, path: tuple[str, ...]) -> Any:
+    for p in path:
+        tree = tree[p]
+    return tree
 
 
 def _info_at(info: dict, key: str, i: int) -> Any:
@@ -56,43 +62,79 @@ def _info_at(info: dict, key: str, i: int) -> Any:
     return None
 
 
-@dataclass
-class _Buffer:
-    """The in-progress rollout (or chunk) of one env: T+1 timesteps and T actions."""
+class _StepRing:
+    """Every env's steps since its oldest unfinished rollout (or chunk) began, as batched arrays.
 
-    timesteps: list[dict] = field(default_factory=list)
-    actions: list[np.ndarray] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
-    terminated: list[bool] = field(default_factory=list)
-    truncated: list[bool] = field(default_factory=list)
+    Vector step k writes the batch the policy acted on (timestep leaves [N, ...]) at global index k and what
+    the step returned (actions, rewards, terminated, truncated [N, ...]) beside it; row i of indices s..k is
+    env i's buffer when it started at s. A finished rollout is one slice per field: no per-env Python per
+    step. Indices are global and taken modulo the capacity, which doubles when the live span would not fit.
+    """
 
-    def to_rollout(self, spec: ActionSpec) -> Rollout:
-        ts = self.timesteps
-        n = len(self.actions)
-        action = np.asarray(self.actions, dtype=spec.storage_dtype).reshape(spec.storage_shape(n))
+    def __init__(self, first: dict, num_envs: int, spec: ActionSpec, capacity: int = 64) -> None:
+        self.paths = [p for p, _ in _leaves(first)]
+        self.spec, self.num_envs, self.cap = spec, num_envs, capacity
+        n = num_envs
+        self.ts = [np.empty((capacity, *np.shape(a)), np.asarray(a).dtype) for _, a in _leaves(first)]  # [cap, N, ...]
+        self.action = np.empty((capacity, *spec.storage_shape(n)), spec.storage_dtype)  # [cap, N(, D)]
+        self.reward = np.empty((capacity, n), np.float64)
+        self.terminated = np.empty((capacity, n), bool)
+        self.truncated = np.empty((capacity, n), bool)
+
+    def _arrays(self) -> list[np.ndarray]:
+        return [*self.ts, self.action, self.reward, self.terminated, self.truncated]
+
+    def fit(self, oldest: int, newest: int) -> None:
+        """Make room for global indices oldest..newest (grow x2, keeping the live rows at their indices)."""
+        if newest - oldest + 1 <= self.cap:
+            return
+        cap = self.cap
+        while newest - oldest + 1 > cap:
+            cap *= 2
+        live = np.arange(oldest, newest)  # the rows written so far
+        grown = []
+        for a in self._arrays():
+            b = np.empty((cap, *a.shape[1:]), a.dtype)
+            b[live % cap] = a[live % self.cap]
+            grown.append(b)
+        self.cap = cap
+        self.ts, (self.action, self.reward, self.terminated, self.truncated) = grown[:-4], grown[-4:]
+
+    def put_timestep(self, k: int, batch: dict) -> None:
+        for arr, (path, _) in zip(self.ts, _leaves(batch)):
+            arr[k % self.cap] = _at(batch, path)
+
+    def put_step(self, k: int, action: np.ndarray, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> None:
+        j = k % self.cap
+        self.action[j], self.reward[j], self.terminated[j], self.truncated[j] = action, reward, term, trunc
+
+    def rollout(self, i: int, start: int, end: int, final: dict | None = None) -> Rollout:
+        """Env i's timesteps start..end (global, inclusive) and the actions between them, or with `final` (the
+        timestep that ended the rollout, not in the batch under SAME_STEP autoreset) as timestep end + 1."""
+        t_idx = np.arange(start, end + 1) % self.cap  # [T+1] (or [T] before `final`)
+        a_idx = t_idx if final is not None else t_idx[:-1]  # [T]
+        leaves = {}
+        for arr, path in zip(self.ts, self.paths):
+            rows = arr[t_idx, i]
+            if final is not None:
+                rows = np.concatenate([rows, np.asarray(_at(final, path))[None]])
+            leaves[path] = rows
+        spec = self.spec
         rollout = Rollout(
-            obs={k: np.stack([t["obs"][k] for t in ts]) for k in ts[0]["obs"]},  # each [T+1, ...]
-            prev_action=np.stack([t["prev_action"] for t in ts]).astype(np.float32),  # [T+1, A]
-            prev_reward=np.asarray([t["prev_reward"] for t in ts], dtype=np.float32),  # [T+1]
-            time=np.asarray([t["time"] for t in ts], dtype=np.int64),  # [T+1]
-            reset=np.asarray([t["reset"] for t in ts], dtype=bool),  # [T+1]
-            action=action,  # [T] | [T, D]
-            reward=np.asarray(self.rewards, dtype=np.float32),  # [T]
-            terminated=np.asarray(self.terminated, dtype=bool),  # [T]
-            truncated=np.asarray(self.truncated, dtype=bool),  # [T]
+            obs={p[1]: v for p, v in leaves.items() if p[0] == "obs"},  # each [T+1, ...]
+            prev_action=leaves[("prev_action",)].astype(np.float32),  # [T+1, A]
+            prev_reward=leaves[("prev_reward",)].astype(np.float32),  # [T+1]
+            time=leaves[("time",)].astype(np.int64),  # [T+1]
+            reset=leaves[("reset",)].astype(bool),  # [T+1]
+            action=self.action[a_idx, i].reshape(spec.storage_shape(len(a_idx))),  # [T] | [T, D]
+            reward=self.reward[a_idx, i].astype(np.float32),  # [T]
+            terminated=self.terminated[a_idx, i].copy(),  # [T]
+            truncated=self.truncated[a_idx, i].copy(),  # [T]
             # goal-conditioned envs only (docs/CONTRACTS.md): goals achieved at each timestep, -1 padded
-            achieved=np.stack([t["achieved"] for t in ts]).astype(np.int64) if "achieved" in ts[0] else None,
+            achieved=leaves[("achieved",)].astype(np.int64) if ("achieved",) in leaves else None,
         )
         rollout.validate()
         return rollout
-
-
-@dataclass
-class _EpisodeTracker:
-    rollout_id: int = 0
-    episode_index: int = 0
-    ret: float = 0.0
-    length: int = 0
 
 
 class Collector:
@@ -160,18 +202,24 @@ class Collector:
         found = first_nonfinite(obs["obs"], rewards)
         if found is not None:
             i, key = found
-            step = len(self._buffers[i].actions) + 1 if rewards is not None else 0
+            step = self._k - int(self._start[i]) + 1 if rewards is not None else 0
             value = float(rewards[i]) if key == "reward" and rewards is not None else None
             raise nonfinite_env_error(self._env_label(i), step, key, value)
 
     def _hard_reset(self, seed: int | None) -> None:
         obs, _ = self.venv.reset(seed=seed)
         self._started = False
+        self._k = 0  # global index of the current batch in the ring
+        self._start = np.zeros(self.num_envs, np.int64)  # [N] global index where each env's buffer starts
         self._check_finite(obs, None)
         self._current = obs  # batched timestep dict, [N, ...] leaves
-        self._buffers = [_Buffer(timesteps=[_index(obs, i)]) for i in range(self.num_envs)]
+        self._ring = _StepRing(obs, self.num_envs, self.action_spec)
+        self._ring.put_timestep(0, obs)
         self._new_rollout = np.ones(self.num_envs, dtype=bool)  # [N]
-        self._trackers = [_EpisodeTracker(rollout_id=self._new_id()) for _ in range(self.num_envs)]
+        n = self.num_envs
+        self._rollout_id = np.array([self._new_id() for _ in range(n)], np.int64)  # [N] of the rollout in progress
+        self._episode_index = np.zeros(n, np.int64)  # [N] episodes finished in it
+        self._ret, self._len = np.zeros(n, np.float64), np.zeros(n, np.int64)  # [N] the episode in progress
         self._started = True
 
     def _new_id(self) -> int:
@@ -186,31 +234,59 @@ class Collector:
         actions = self._act(policy)
         obs, rewards, terms, truncs, info = self.venv.step(actions)
         self._check_finite(obs, rewards)
-        self._current = obs
-        finished: list[tuple[int, int, Rollout, bool]] = []
+        k, ring = self._k, self._ring
+        ring.fit(int(self._start.min()), k + 1)
+        ring.put_step(k, actions, rewards, terms, truncs)
+        ring.put_timestep(k + 1, obs)  # the batch the policy acts on next (a chunk's boundary timestep too)
+        done = np.logical_or(terms, truncs)  # [N]
+        finals = {int(i): self._final_timestep(int(i), info) for i in np.flatnonzero(done)}
+        final_info = info.get("final_info", {})
+        # A step that lands on a reset timestep is the bridge between two episodes of one rollout: it belongs to
+        # no episode. The timestep it lands on is the batch's, or for an ended rollout the final one.
+        lands_on_reset = np.asarray(obs["reset"]).astype(bool).copy()  # [N]
+        for i, final in finals.items():
+            lands_on_reset[i] = bool(int(final["reset"]))
+        counted = ~lands_on_reset
+        self._ret[counted] += np.asarray(rewards, np.float64)[counted]
+        self._len[counted] += 1
         stats: list[EpisodeStats] = []
-        for i in range(self.num_envs):
-            buf = self._buffers[i]
-            done = bool(terms[i] or truncs[i])
-            reward = float(rewards[i])
-            buf.actions.append(np.array(actions[i]))
-            buf.rewards.append(reward)
-            buf.terminated.append(bool(terms[i]))
-            buf.truncated.append(bool(truncs[i]))
-            if done:
-                next_ts, step_info = self._final_timestep(i, info)
-            else:
-                next_ts, step_info = _index(obs, i), info
-            buf.timesteps.append(next_ts)
-            # A step that lands on a reset timestep is the bridge between two episodes of one rollout: it
-            # belongs to no episode.
-            if not int(next_ts["reset"]):
-                self._track_episode(i, reward, step_info, stats)
-            if done:
-                self._end_rollout(i, obs, finished)
-            elif chunk_len is not None and len(buf.actions) >= chunk_len:
-                self._end_chunk(i, next_ts, finished)
+        for i in np.flatnonzero(counted & self._episode_ends(info, final_info, done)):
+            self._end_episode(int(i), info if not done[i] else final_info, stats)
+        finished: list[tuple[int, int, Rollout, bool]] = []
+        chunk_full = np.zeros_like(done) if chunk_len is None else ~done & (k + 1 - self._start >= chunk_len)
+        for i in np.flatnonzero(done | chunk_full):
+            i = int(i)
+            if done[i]:
+                rollout = ring.rollout(i, int(self._start[i]), k, final=finals[i])
+            else:  # a chunk: the rollout goes on from the boundary timestep, which both chunks share
+                rollout = ring.rollout(i, int(self._start[i]), k + 1)
+            finished.append((i, int(self._rollout_id[i]), rollout, bool(done[i])))
+            self._start[i] = k + 1
+            if done[i]:  # the next rollout starts from the reset timestep in the batch, with a new id
+                self._rollout_id[i] = self._new_id()
+                self._episode_index[i], self._ret[i], self._len[i] = 0, 0.0, 0
+                self._new_rollout[i] = True  # the policy clears env i's memory
+        self._k = k + 1
+        self._current = obs
         return finished, stats
+
+    def _episode_ends(self, info: dict, final_info: dict, done: np.ndarray) -> np.ndarray:
+        """[N] bool: the env reported `episode_end` for this step (in `final_info` where its rollout ended)."""
+        def flags(d: dict) -> np.ndarray:
+            if "episode_end" not in d:
+                return np.zeros(self.num_envs, bool)
+            return np.asarray(d.get("_episode_end", np.ones(self.num_envs, bool)), bool) & np.asarray(
+                d["episode_end"]).astype(bool)
+        return np.where(done, flags(final_info), flags(info))
+
+    def _end_episode(self, i: int, step_info: dict, stats: list[EpisodeStats]) -> None:
+        """Env i's episode ended with this step: its EpisodeStats, and the next episode starts counting."""
+        success = _info_at(step_info, "success", i)
+        stats.append(EpisodeStats(env_index=i, rollout_id=int(self._rollout_id[i]),
+                                  episode_index=int(self._episode_index[i]), ret=float(self._ret[i]),
+                                  length=int(self._len[i]), success=None if success is None else float(success)))
+        self._episode_index[i] += 1
+        self._ret[i], self._len[i] = 0.0, 0
 
     def _act(self, policy: Policy) -> np.ndarray:
         """The policy's actions for the current timesteps: storage format, as the env will execute them."""
@@ -224,51 +300,15 @@ class Collector:
             actions = np.clip(actions, -1.0, 1.0)  # stored actions are what the env executed
         return actions
 
-    def _final_timestep(self, i: int, info: dict) -> tuple[dict, dict]:
-        """Env i's final timestep and the info of its last step, when its rollout just ended: with SAME_STEP
-        autoreset the batch already holds the next rollout's reset timestep, so both come from
-        `final_obs` / `final_info`, checked here as the batch check cannot see them."""
-        next_ts = _index_object(info["final_obs"][i])
-        bad = nonfinite_keys(next_ts["obs"])
+    def _final_timestep(self, i: int, info: dict) -> dict:
+        """Env i's final timestep, when its rollout just ended: with SAME_STEP autoreset the batch already holds
+        the next rollout's reset timestep, so it comes from `final_obs`, checked here as the batch check cannot
+        see it."""
+        final = _index_object(info["final_obs"][i])
+        bad = nonfinite_keys(final["obs"])
         if bad:
-            raise nonfinite_env_error(self._env_label(i), len(self._buffers[i].actions), bad[0])
-        return next_ts, info.get("final_info", {})
-
-    def _track_episode(self, i: int, reward: float, step_info: dict, stats: list[EpisodeStats]) -> None:
-        """Add a step to env i's current episode; append its EpisodeStats when the step ended it."""
-        tr = self._trackers[i]
-        tr.ret += reward
-        tr.length += 1
-        if _info_at(step_info, "episode_end", i):
-            success = _info_at(step_info, "success", i)
-            stats.append(
-                EpisodeStats(
-                    env_index=i,
-                    rollout_id=tr.rollout_id,
-                    episode_index=tr.episode_index,
-                    ret=tr.ret,
-                    length=tr.length,
-                    success=None if success is None else float(success),
-                )
-            )
-            tr.episode_index += 1
-            tr.ret, tr.length = 0.0, 0
-
-    def _end_rollout(self, i: int, obs: dict, finished: list[tuple[int, int, Rollout, bool]]) -> None:
-        """Env i's rollout ended: hand it over; the next one starts from the reset timestep in the batch, with
-        a new id, and the policy is told to clear env i's memory."""
-        tr = self._trackers[i]
-        finished.append((i, tr.rollout_id, self._buffers[i].to_rollout(self.action_spec), True))
-        self._buffers[i] = _Buffer(timesteps=[_index(obs, i)])
-        self._trackers[i] = _EpisodeTracker(rollout_id=self._new_id())
-        self._new_rollout[i] = True
-
-    def _end_chunk(self, i: int, next_ts: dict, finished: list[tuple[int, int, Rollout, bool]]) -> None:
-        """Env i's buffer holds `chunk_len` actions: hand it over as a chunk; the rollout goes on in a new
-        buffer that starts from the boundary timestep, which both chunks share."""
-        rollout_id = self._trackers[i].rollout_id
-        finished.append((i, rollout_id, self._buffers[i].to_rollout(self.action_spec), False))
-        self._buffers[i] = _Buffer(timesteps=[next_ts])
+            raise nonfinite_env_error(self._env_label(i), self._k - int(self._start[i]) + 1, bad[0])
+        return final
 
     # --------------------------------------------------------------------------------------------- API
     def collect(self, policy: Policy, num_env_steps: int) -> tuple[list[Rollout], list[EpisodeStats]]:
@@ -305,7 +345,7 @@ class Collector:
         all_stats: list[EpisodeStats] = []
         self.capped_rollouts = 0
         while any(len(k) < per_env for k in kept):
-            if max_steps is not None and max(len(b.actions) for b in self._buffers) >= max_steps:
+            if max_steps is not None and self._k - int(self._start.min()) >= max_steps:
                 self._keep_unfinished(kept, per_env, all_stats)
                 break
             finished, step_stats = self._step(policy, None)
@@ -325,13 +365,16 @@ class Collector:
         """At the evaluation step cap: every env short of rollouts keeps the one in progress, truncated."""
         reports_success = any(s.success is not None for s in stats)
         for i, k in enumerate(kept):
-            buf, tr = self._buffers[i], self._trackers[i]
-            if len(k) >= per_env or not buf.actions:
+            start = int(self._start[i])
+            if len(k) >= per_env or start == self._k:
                 continue
-            buf.truncated[-1] = True
-            k.append((tr.rollout_id, buf.to_rollout(self.action_spec)))
-            stats.append(EpisodeStats(env_index=i, rollout_id=tr.rollout_id, episode_index=tr.episode_index,
-                                      ret=tr.ret, length=tr.length, success=0.0 if reports_success else None))
+            rollout = self._ring.rollout(i, start, self._k)
+            rollout.truncated[-1] = True
+            rid = int(self._rollout_id[i])
+            k.append((rid, rollout))
+            stats.append(EpisodeStats(env_index=i, rollout_id=rid, episode_index=int(self._episode_index[i]),
+                                      ret=float(self._ret[i]), length=int(self._len[i]),
+                                      success=0.0 if reports_success else None))
             self.capped_rollouts += 1
 
 
