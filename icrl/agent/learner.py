@@ -4,6 +4,7 @@
     s_t          = encoder(timesteps)                                   # [B, L, d], one pass
     y_{t,g}      = R r_t + γ_g (1 - term_t) · min_{2 of C} Q̄_g(s_{t+1}, a' ~ π̄_g)   (REDQ; or the mean)
     critic loss  = mean (Q_{c,g}(s_t, a_t) - y_{t,g})²   (PopArt-normalised, masked) × critic_weight
+                   (or the cross-entropy to y's bin labels, `critic_kind` twohot: icrl.agent.critic_kind)
     actor loss   = online · -Q(sg(s_t), a ~ π_g(s_t)) + offline · -1[A > 0] log π_g(a_t | s_t)
 Gradient routing: critic parameters see only the critic loss; the actor loss reads the critic as a frozen
 function of a detached state, so it reaches the encoder only through the actor head.
@@ -18,11 +19,11 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from icrl.agent.losses import actor_loss, align_next, critic_loss, frozen_critic, redq_members, td_targets
+from icrl.agent.critic_kind import CriticReader
+from icrl.agent.losses import actor_loss, align_next, redq_members, td_targets
 from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig, LossConfig
 from icrl.guards import UpdateGuard
-from icrl.nets.heads import q_at_action
 from icrl.nets.popart import ema_update_
 from icrl.types import Batch
 
@@ -98,17 +99,19 @@ def compute_loss(
 
     if members is None:  # REDQ: only the random subset of target critics reduced into the target is evaluated
         members = redq_members(agent.target_critic.num_critics, cfg.redq_subset, generator)
-    y = target_values(agent, s.detach(), batch, valid, cfg, members)  # [B, L, G]
-    y_norm = agent.popart.normalize(y)
+    read = CriticReader.of(agent, cfg, s.device)  # Q values from either kind of critic (icrl.agent.critic_kind)
+    y = target_values(agent, s.detach(), batch, valid, cfg, members, read)  # [B, L, G]
 
+    q_all = None
     if discrete:
-        q_all = agent.critic(s)  # [B, L, C, G, A]
-        q_sa = q_at_action(q_all, action)  # [B, L, C, G]
+        out_all = agent.critic(s)  # [B, L, C, G, A(, K)]
+        out_sa = read.at_action(out_all, action)  # [B, L, C, G(, K)]
+        with torch.no_grad():
+            q_all = read.normalized_per_action(out_all)  # [B, L, C, G, A], read detached by the actor loss
     else:
-        q_all = None
         # a_t is the same for every discount: [B, L, 1, A] runs the critic's hidden stack once for all G
-        q_sa = agent.critic(s, batch.action.unsqueeze(-2))  # [B, L, C, G]
-    loss_c, metrics = critic_loss(q_sa, y_norm, valid)
+        out_sa = agent.critic(s, batch.action.unsqueeze(-2))  # [B, L, C, G(, K)]
+    loss_c, metrics = read.loss(out_sa, y, valid)
 
     dist = agent.actor(s)  # batch [B, L, G]; the actor's gradient reaches the encoder through here
     loss_a, actor_metrics = actor_loss(
@@ -116,8 +119,8 @@ def compute_loss(
         action,
         batch.has_action & batch.mask,
         q_all=q_all,
-        q_fn=None if discrete else frozen_critic(agent.critic, s),
-        q_data=None if discrete else q_sa,
+        q_fn=None if discrete else read.frozen(agent.critic, s),
+        q_data=None if discrete else read.normalized(out_sa),
         online_coeff=cfg.online_coeff,
         offline_coeff=cfg.offline_coeff,
         bc_filter=cfg.bc_filter,
@@ -135,17 +138,20 @@ def compute_loss(
 
 @torch.no_grad()
 def target_values(
-    agent: Agent, s: torch.Tensor, batch: Batch, valid: torch.Tensor, cfg: LossConfig, members: torch.Tensor
+    agent: Agent, s: torch.Tensor, batch: Batch, valid: torch.Tensor, cfg: LossConfig, members: torch.Tensor,
+    read: CriticReader | None = None,
 ) -> torch.Tensor:
-    """Unnormalised TD targets y [B, L, G] from the EMA heads on the online encoder's detached states s."""
+    """Unnormalised TD targets y [B, L, G] from the EMA heads on the online encoder's detached states s.
+    `read`: how to read the critic's outputs (`CriticReader.of(agent, cfg, ...)` when not given)."""
+    read = read if read is not None else CriticReader.of(agent, cfg, s.device)
     target_dist = agent.target_actor(s)  # batch [B, L, G]
     if agent.spec.kind == "discrete":
-        q_next = agent.target_critic(s, members=members)  # [B, L, k, G, A] normalised
-        q_next = agent.popart.denormalize_per_action(q_next)
+        q_next = agent.target_critic(s, members=members)  # [B, L, k, G, A(, K)]: normalised, or bin logits
+        q_next = read.raw_per_action(q_next)  # [B, L, k, G, A] unnormalised
         v_next = (target_dist.probs.unsqueeze(-3) * q_next).sum(-1)  # [B, L, k, G]: exact E_{a'~π̄}
     else:
-        q_next = agent.target_critic(s, target_dist.sample(), members=members)  # [B, L, k, G]
-        v_next = agent.popart.denormalize(q_next)
+        q_next = agent.target_critic(s, target_dist.sample(), members=members)  # [B, L, k, G(, K)]
+        v_next = read.raw(q_next)
     v_next = v_next.amin(-2) if cfg.redq_reduce == "min" else v_next.mean(-2)  # [B, L, G]
     return td_targets(
         batch.reward, batch.terminated, valid, align_next(v_next), agent.gammas, cfg.reward_scale, cfg.td_steps
@@ -324,7 +330,9 @@ class Learner:
             self.optimizer.step()
             self.scheduler.step()  # the warm-up counts applied steps
             with torch.no_grad():
-                agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
+                # a classification critic's values are unnormalised: PopArt only tracks the targets then
+                rescaled = [agent.critic, agent.target_critic] if agent.critic.num_bins is None else None
+                agent.popart.update_(y, valid, rescaled)
                 ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
                 ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
         agent.refresh_acting_weights()  # the step moved the weights; the forward's power iteration u and v

@@ -7,11 +7,15 @@ are detached 0-dim tensors (no host sync until the caller logs them).
 
 Value spaces: critic outputs and the actor's Q are PopArt-normalised; TD targets are computed in
 unnormalised space (`icrl.nets.popart.PopArt.denormalize` the target critic first, `normalize` y after).
+A classification critic (`LossConfig.critic_kind = "twohot"`) emits logits over value bins instead: `ValueBins`
+turns unnormalised targets into labels and logits into unnormalised values (`classification_critic_loss`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -20,10 +24,12 @@ from torch.func import functional_call
 
 from icrl.config.loss import DEFAULT_GAMMAS
 from icrl.nets.dists import Categorical, Distribution, TanhGaussian
+from icrl.nets.tstep import symlog
 
 __all__ = [  # DEFAULT_GAMMAS is re-exported: the loss functions' callers often want the default discounts too
-    "DEFAULT_GAMMAS", "Metrics", "actor_loss", "advantage_filter", "align_next", "critic_loss", "frozen_critic",
-    "redq_members", "td_targets",
+    "DEFAULT_GAMMAS", "Metrics", "ValueBins", "actor_loss", "advantage_filter", "align_next", "bins_to_value",
+    "classification_critic_loss", "critic_loss", "frozen_critic", "hl_gauss", "redq_members", "symexp",
+    "symlog", "td_targets", "two_hot",
 ]
 
 Metrics = dict[str, torch.Tensor]
@@ -89,6 +95,21 @@ def redq_members(num_critics: int, subset: int, generator: torch.Generator | Non
     return torch.randperm(num_critics, generator=generator)[:subset]
 
 
+def _td_error(q: torch.Tensor, y_norm: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """q [B, L, C, G] - y_norm [B, L, G] where the mask m [B, L, 1, 1] holds, else 0 (padding never read)."""
+    return torch.where(m, q - y_norm.detach().unsqueeze(-2), q.new_zeros(()))
+
+
+@torch.no_grad()
+def _value_metrics(q: torch.Tensor, y_norm: torch.Tensor, err: torch.Tensor, m: torch.Tensor) -> Metrics:
+    """The critic's logged means over the real transitions: Q, target and |TD error| (normalised values)."""
+    C, G = q.shape[-2:]
+    n = m.sum().clamp_min(1)
+    return {"q_norm": torch.where(m, q, q.new_zeros(())).sum() / (n * C * G),
+            "y_norm": torch.where(m[..., 0, :], y_norm, y_norm.new_zeros(())).sum() / (n * G),
+            "td_abs_err": err.abs().sum() / (n * C * G)}
+
+
 def critic_loss(
     q_sa: torch.Tensor, y_norm: torch.Tensor, valid: torch.Tensor
 ) -> tuple[torch.Tensor, Metrics]:
@@ -100,14 +121,106 @@ def critic_loss(
     """
     C, G = q_sa.shape[-2:]
     m = valid.bool()[..., None, None]  # [B, L, 1, 1]
-    err = torch.where(m, q_sa - y_norm.detach().unsqueeze(-2), q_sa.new_zeros(()))  # [B, L, C, G]
-    n = valid.sum().clamp_min(1)
-    loss = err.square().sum() / (n * C * G)
-    with torch.no_grad():
-        q_mean = torch.where(m, q_sa, q_sa.new_zeros(())).sum() / (n * C * G)
-        y_mean = torch.where(m[..., 0, :], y_norm, y_norm.new_zeros(())).sum() / (n * G)
-        abs_err = err.abs().sum() / (n * C * G)
-    return loss, {"critic_loss": loss.detach(), "q_norm": q_mean, "y_norm": y_mean, "td_abs_err": abs_err}
+    err = _td_error(q_sa, y_norm, m)  # [B, L, C, G]
+    loss = err.square().sum() / (valid.sum().clamp_min(1) * C * G)
+    return loss, {"critic_loss": loss.detach(), **_value_metrics(q_sa, y_norm, err, m)}
+
+
+# ---------------------------------------------------------------- the classification critic (critic_kind twohot)
+
+
+def symexp(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `symlog`: sign(x) (exp(|x|) - 1)."""
+    return torch.sign(x) * torch.expm1(x.abs())
+
+
+def two_hot(values: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    """Two-hot labels [..., K] of `values` [...] on the increasing bin centres `bins` [K] (K >= 2).
+
+    A value between bins k and k+1 puts weight (b_{k+1} - v) / (b_{k+1} - b_k) on k and the rest on k+1, so the
+    labels' expectation Σ_k p_k b_k is the value itself; a value on a centre is one-hot there. Values outside
+    [b_0, b_{K-1}] are clamped to it (all weight on the end bin). Every row sums to 1.
+    """
+    bins = bins.to(values.dtype)
+    v = values.clamp(bins[0], bins[-1])
+    idx = (torch.searchsorted(bins, v.contiguous(), right=True) - 1).clamp(0, bins.shape[0] - 2)
+    lo, hi = bins[idx], bins[idx + 1]
+    w_hi = ((v - lo) / (hi - lo)).clamp(0.0, 1.0).unsqueeze(-1)
+    labels = values.new_zeros(*values.shape, bins.shape[0])
+    labels.scatter_(-1, idx.unsqueeze(-1), 1.0 - w_hi)
+    return labels.scatter_add_(-1, idx.unsqueeze(-1) + 1, w_hi)
+
+
+def hl_gauss(values: torch.Tensor, bins: torch.Tensor, sigma: float) -> torch.Tensor:
+    """HL-Gauss labels [..., K] (Farebrother et al. 2024): the mass of N(v, sigma²) on each bin, renormalised to
+    the bins' support. Bin k spans the midpoints to its neighbours (the end bins reach half a gap beyond their
+    centre); `sigma` is in the bins' units. Values are clamped to [b_0, b_{K-1}] first, as in `two_hot`."""
+    if sigma <= 0:
+        raise ValueError(f"hl_gauss needs sigma > 0, got {sigma}; use two_hot for sigma 0")
+    bins = bins.to(values.dtype)
+    mid = (bins[1:] + bins[:-1]) / 2
+    edges = torch.cat([bins[:1] - (mid[:1] - bins[:1]), mid, bins[-1:] + (bins[-1:] - mid[-1:])])  # [K + 1]
+    v = values.clamp(bins[0], bins[-1]).unsqueeze(-1)
+    cdf = torch.erf((edges - v) / (sigma * math.sqrt(2.0)))  # 2 Φ - 1 at every edge: [..., K + 1]
+    return (cdf[..., 1:] - cdf[..., :-1]) / (cdf[..., -1:] - cdf[..., :1])
+
+
+def bins_to_value(logits: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    """The expectation Σ_k softmax(logits)_k b_k: logits [..., K], bins [K] -> [...] (differentiable)."""
+    return (logits.softmax(-1) * bins.to(logits.dtype)).sum(-1)
+
+
+@dataclass(frozen=True)
+class ValueBins:
+    """The classification critic's support: K bin centres evenly spaced over [low, high] in symlog(value)
+    (`symlog`) or in value, and the label and read-out rules. Targets and values are unnormalised.
+
+    `labels(y)` = two_hot(f(y), centres) (HL-Gauss when `sigma` > 0, in f's units); `value(logits)` =
+    f⁻¹(Σ_k p_k centre_k), with f = symlog or the identity (Dreamer-V3 / official AMAGO: the expectation is
+    taken in the bins' space, then mapped back)."""
+
+    centres: torch.Tensor  # [K], increasing, in f's space
+    symlog: bool = True
+    sigma: float = 0.0
+
+    @classmethod
+    def evenly(cls, num_bins: int, low: float, high: float, *, symlog_spaced: bool = True, sigma_bins: float = 0.0,
+               device: torch.device | str | None = None) -> ValueBins:
+        """Bins evenly spaced in f-space; `sigma_bins`: the HL-Gauss width in bin widths (0: two-hot)."""
+        ends = torch.tensor([low, high], dtype=torch.float64)
+        ends = symlog(ends) if symlog_spaced else ends
+        centres = torch.linspace(float(ends[0]), float(ends[1]), num_bins, dtype=torch.float64)
+        width = float(ends[1] - ends[0]) / (num_bins - 1)
+        return cls(centres.to(device=device, dtype=torch.float32), symlog_spaced, sigma_bins * width)
+
+    def labels(self, y: torch.Tensor) -> torch.Tensor:
+        """Unnormalised values [...] -> labels [..., K] (rows sum to 1)."""
+        x = symlog(y) if self.symlog else y
+        return hl_gauss(x, self.centres, self.sigma) if self.sigma > 0 else two_hot(x, self.centres)
+
+    def value(self, logits: torch.Tensor) -> torch.Tensor:
+        """Bin logits [..., K] -> unnormalised values [...], differentiable in the logits."""
+        x = bins_to_value(logits, self.centres)
+        return symexp(x) if self.symlog else x
+
+
+def classification_critic_loss(
+    logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, q_norm: torch.Tensor, y_norm: torch.Tensor
+) -> tuple[torch.Tensor, Metrics]:
+    """Masked mean cross-entropy of every member's and discount's bin logits against its TD target's labels.
+
+    logits [B, L, C, G, K]: the critic at (s_t, a_t); labels [B, L, G, K]: `ValueBins.labels` of the
+    unnormalised targets (detached here); valid [B, L] bool. Averages over real transitions × C × G, as
+    `critic_loss`; padding contributes exactly nothing. q_norm [B, L, C, G] (the critic's expected values) and
+    y_norm [B, L, G], both in the space `critic_loss` reports (PopArt-normalised), give the same metrics.
+    """
+    C, G = logits.shape[-3:-1]
+    m = valid.bool()[..., None, None]  # [B, L, 1, 1]
+    labels = torch.where(m, labels.detach(), labels.new_zeros(()))  # NaN padding never reaches the gradient
+    ce = -(labels.unsqueeze(-3) * logits.log_softmax(-1)).sum(-1)  # [B, L, C, G]
+    loss = torch.where(m, ce, ce.new_zeros(())).sum() / (valid.sum().clamp_min(1) * C * G)
+    err = _td_error(q_norm.detach(), y_norm, m)
+    return loss, {"critic_loss": loss.detach(), **_value_metrics(q_norm.detach(), y_norm, err, m)}
 
 
 def frozen_critic(critic: nn.Module, s: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:

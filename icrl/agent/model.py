@@ -60,7 +60,8 @@ class Agent(nn.Module):
         s_dim = self.traj_encoder.d_out
         self.actor = Actor(s_dim, spec, num_gammas, hidden=model.head_hidden, layers=model.head_layers)
         self.critic = Critic(
-            s_dim, spec, num_gammas, num_critics=loss.num_critics, hidden=model.head_hidden, layers=model.head_layers
+            s_dim, spec, num_gammas, num_critics=loss.num_critics, hidden=model.head_hidden, layers=model.head_layers,
+            num_bins=loss.critic_bins if loss.critic_kind == "twohot" else None,  # the critic's kind (docs/method.md)
         )
         # Targets never receive gradients; they move only by EMA (icrl.nets.popart.ema_update_).
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)

@@ -14,6 +14,9 @@ LONG_CONTEXT_MAX_RATIO = 5.0
 TIMESTEPS_PER_N_STEP = 64
 """Long contexts with greedy windows take n = context // this: a reward crosses the context in ~64 hops."""
 
+TWOHOT_FIELDS = ("critic_bins", "critic_min_value", "critic_max_value", "critic_symlog_bins", "critic_hl_gauss_sigma")
+"""The fields that shape a `twohot` critic (`LossConfig.critic_kind`); a regression critic refuses them."""
+
 DEFAULT_GAMMAS: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
 """The official AMAGO's discounts: short horizons learn fast and shape the encoder, 0.999 is the policy's."""
 
@@ -56,6 +59,25 @@ class LossConfig:
     it exactly); exploration comes from `ExploreConfig`."""
     critic_weight: float = 10.0
     """Weight of the critic loss against the actor loss."""
+    critic_kind: Literal["regression", "twohot"] = "regression"
+    """How the critics learn. `regression`: squared error to the PopArt-normalised TD target (the AMAGO paper).
+    `twohot`: classification, the scale-resistant critic of AMAGO-2 (official `MultiTaskAgent`): K logits per
+    member, discount (and action), cross-entropy against two-hot (or HL-Gauss) labels of the unnormalised TD
+    target, read as the expectation over the bins. PopArt then only normalises the actor's Q (docs/method.md)."""
+    critic_bins: int = 128
+    """`twohot` critic: value bins K (the official `output_bins`)."""
+    critic_min_value: float = -100_000.0
+    """`twohot` critic: the lowest bin, in unnormalised value space (returns of reward_scale x rewards); TD
+    targets below it are clamped to it. The official default is this extreme value; a task's own bound (its
+    lowest return) gives finer bins."""
+    critic_max_value: float = 100_000.0
+    """`twohot` critic: the highest bin (see --critic-min-value)."""
+    critic_symlog_bins: bool = True
+    """`twohot` critic: bins evenly spaced in symlog(value) (Dreamer-V3, the official default: fine near 0, coarse
+    at large returns), labels and expectation taken in that space; false: evenly spaced in value."""
+    critic_hl_gauss_sigma: float = 0.0
+    """`twohot` critic: HL-Gauss labels (Farebrother et al. 2024) of this width in bin widths (they recommend
+    0.75); 0: plain two-hot labels, as the official code."""
     n_step: int | None = None
     """n-step TD returns. Unset: 1, or one step per 64 timesteps of context (T-Maze 500, context 501: 7) for a
     context longer than 256 whose exploration is a `window` (random actions only at the task's decision steps),

@@ -17,6 +17,8 @@ import types
 import typing
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
+from icrl.config.loss import TWOHOT_FIELDS, LossConfig
+
 if TYPE_CHECKING:  # experiment.py calls these checks: importing it here would make a cycle
     from icrl.config.experiment import ExperimentConfig
 
@@ -78,6 +80,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "loss.critic_weight": _gt(0.0),
     "loss.popart_beta": _in(0.0, 1.0, open_lo=True),
     "loss.popart_max_ratio": _ge(0.0),
+    "loss.critic_bins": _in(2, 65_536),
+    "loss.critic_hl_gauss_sigma": _ge(0.0),
     "explore.eps_start": _in(0.0, 1.0),
     "explore.eps_end": _in(0.0, 1.0),
     "explore.eps_anneal_steps": _ge(1),
@@ -238,6 +242,16 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
     ]
 
 
+def _critic_checks(cfg: ExperimentConfig) -> list[Check]:
+    lo, default = cfg.loss, LossConfig()
+    stray = [flag(n) for n in TWOHOT_FIELDS if getattr(lo, n) != getattr(default, n)]
+    return [
+        (lo.critic_kind == "twohot" or not stray, f"{', '.join(stray)} only apply to --critic-kind twohot"),
+        (lo.critic_min_value < lo.critic_max_value,
+         f"--critic-min-value {lo.critic_min_value} must be below --critic-max-value {lo.critic_max_value}"),
+    ]
+
+
 def _schedule_checks(cfg: ExperimentConfig) -> list[Check]:
     e, r, sc = cfg.env, cfg.replay, cfg.schedule
     return [
@@ -276,7 +290,8 @@ def _replay_checks(cfg: ExperimentConfig) -> list[Check]:
 def combination_error(cfg: ExperimentConfig) -> str | None:
     """The message of the first impossible combination of (individually valid) fields, or None. Assumes
     `field_errors(cfg)` is empty."""
-    for checks in (_env_checks, _explore_checks, _model_loss_checks, _schedule_checks, _replay_checks):
+    groups = (_env_checks, _explore_checks, _model_loss_checks, _critic_checks, _schedule_checks, _replay_checks)
+    for checks in groups:
         for ok, message in checks(cfg):
             if not ok:
                 return message

@@ -6,7 +6,8 @@ critic C ensemble members × G discounts. The ensemble is evaluated as one batch
 
 Critic outputs live in PopArt-normalised space; `Critic.rescale_output_` lets `icrl.nets.popart.PopArt`
 change its statistics without changing the unnormalised values (the output layer is affine in its
-weights, so rescaling it per discount is exact).
+weights, so rescaling it per discount is exact). A classification critic (`num_bins=K`) emits K logits over
+value bins per output instead (the learner reads them through `icrl.agent.losses.ValueBins`).
 """
 
 from __future__ import annotations
@@ -132,6 +133,10 @@ class Critic(nn.Module):
     Member c's layer i is `weights[i][c]` ([in, out]); members share no parameters. The first layer of the
     (s, a) critic is split into a state part and an action part — equal to a Linear on concat(s, a_g) —
     so the state's product is computed once, not once per discount.
+
+    `num_bins=K` (`LossConfig.critic_kind = "twohot"`) makes it a classification critic: every output above
+    gains a last dim of K bin logits ([..., C, G, A, K] or [..., C, G, K]), the output layer K times wider; the
+    hidden layers and every other parameter keep their names and shapes. None (the default): one value each.
     """
 
     def __init__(
@@ -142,11 +147,14 @@ class Critic(nn.Module):
         num_critics: int = 4,
         hidden: int = 256,
         layers: int = 2,
+        num_bins: int | None = None,
     ) -> None:
         super().__init__()
         if layers < 1:
             raise ValueError("Critic needs at least one hidden layer")
-        self.spec, self.num_gammas, self.num_critics = spec, num_gammas, num_critics
+        if num_bins is not None and num_bins < 2:
+            raise ValueError(f"a classification critic needs at least 2 bins, got {num_bins}")
+        self.spec, self.num_gammas, self.num_critics, self.num_bins = spec, num_gammas, num_critics, num_bins
         self.discrete = spec.kind == "discrete"
         C, G, A, H = num_critics, num_gammas, spec.dim, hidden
         fan_in = d_in if self.discrete else d_in + A
@@ -157,9 +165,9 @@ class Critic(nn.Module):
         self.ln_b = nn.ParameterList([nn.Parameter(torch.zeros(C, H)) for _ in range(layers)])
         self.w_hidden = nn.ParameterList([nn.Parameter(_uniform((C, H, H), H)) for _ in range(layers - 1)])
         self.b_hidden = nn.ParameterList([nn.Parameter(_uniform((C, H), H)) for _ in range(layers - 1)])
-        out_shape = (G, A) if self.discrete else (G,)
-        self.w_out = nn.Parameter(_uniform((C, H, *out_shape), H))  # [C, H, G, A] | [C, H, G]
-        self.b_out = nn.Parameter(_uniform((C, *out_shape), H))  # [C, G, A] | [C, G]
+        out_shape = ((G, A) if self.discrete else (G,)) + (() if num_bins is None else (num_bins,))
+        self.w_out = nn.Parameter(_uniform((C, H, *out_shape), H))  # [C, H, G, A] | [C, H, G] (, K)
+        self.b_out = nn.Parameter(_uniform((C, *out_shape), H))  # [C, G, A] | [C, G] (, K)
 
     def _weights(self, members: torch.Tensor | None) -> _Weights:
         """Every member-indexed parameter ([C, ...]), restricted to `members` when given."""
@@ -221,7 +229,9 @@ class Critic(nn.Module):
             x = self._state_in(s.reshape(-1, s.shape[-1]), w["w_state"]) + w["b_in"]  # [N, C, H]
             x = x.transpose(0, 1)  # [C, N, H]
             x = self._hidden(x, w)
-            q = torch.baddbmm(w["b_out"].flatten(1).unsqueeze(1), x, w["w_out"].flatten(2))  # [C, N, G*A]
+            q = torch.baddbmm(w["b_out"].flatten(1).unsqueeze(1), x, w["w_out"].flatten(2))  # [C, N, G*A(*K)]
+            if self.num_bins is not None:
+                return _upcast(q.view(C, *batch, G, -1, self.num_bins).movedim(0, -4))  # [..., C, G, A, K]
             q = q.view(C, *batch, G, -1)  # [C, ..., G, A]
             return _upcast(q.movedim(0, -3))  # [..., C, G, A]
 
@@ -266,6 +276,8 @@ class Critic(nn.Module):
             x = ha.view(C, Ga, K, Ns, H).add_(hs5)  # bmm's backward does not read its output
         x = x.view(C, -1, H)  # [C, M, H], M = Ga*K*Ns
         x = self._hidden(x, w, fused=True)
+        if self.num_bins is not None:
+            return self._bins_out(x, w, batch, Ga, K, Ns)
         if Ga == 1:  # every discount's output from the same features: one [C, M, H] x [C, H, G] GEMM
             q = torch.baddbmm(w["b_out"].unsqueeze(1), x, w["w_out"])  # [C, K*Ns, G]
             q = q.view(C, K, Ns, G).permute(1, 2, 0, 3)  # [K, Ns, C, G]
@@ -275,12 +287,29 @@ class Critic(nn.Module):
             q = (q + w["b_out"].unsqueeze(-1)).view(C, G, K, Ns).permute(2, 3, 0, 1)  # [K, Ns, C, G]
         return _upcast(q.reshape(*batch, C, G))  # [..., C, G]
 
+    def _bins_out(self, x: torch.Tensor, w: _Weights, batch: torch.Size, Ga: int, K: int, Ns: int) -> torch.Tensor:
+        """The classification critic's output layer on the (s, a) features x [C, Ga*K*Ns, H]: [..., C, G, Kb]
+        bin logits, discount g's read at discount g's features (as `_forward_sa`'s value outputs)."""
+        C, H, G, Kb = x.shape[0], x.shape[-1], self.num_gammas, w["w_out"].shape[-1]
+        if Ga == 1:  # every discount's logits from the same features: one [C, M, H] x [C, H, G*Kb] GEMM
+            q = torch.baddbmm(w["b_out"].flatten(1).unsqueeze(1), x, w["w_out"].flatten(2))  # [C, K*Ns, G*Kb]
+            q = q.view(C, K, Ns, G, -1).permute(1, 2, 0, 3, 4)  # [K, Ns, C, G, Kb]
+        else:  # a [K*Ns, H] x [H, Kb] product per (c, g)
+            w_out = w["w_out"].permute(0, 2, 1, 3).reshape(C * G, H, -1)  # [C*G, H, Kb]
+            q = torch.bmm(x.view(C * G, K * Ns, H), w_out).view(C, G, K * Ns, -1)  # [C, G, K*Ns, Kb]
+            q = (q + w["b_out"].unsqueeze(2)).view(C, G, K, Ns, -1).permute(2, 3, 0, 1, 4)  # [K, Ns, C, G, Kb]
+        return _upcast(q.reshape(*batch, C, G, Kb))
+
     @torch.no_grad()
     def rescale_output_(self, scale: torch.Tensor, shift: torch.Tensor) -> None:
         """Make every output q_{c,g} become q_{c,g} * scale[g] + shift[g], exactly, for all inputs.
 
         Used by PopArt (scale = σ_old / σ_new, shift = (μ_old - μ_new) / σ_new) so that σ q + μ is unchanged.
+        A classification critic's values are not PopArt-normalised (its bins are fixed): it refuses.
         """
+        if self.num_bins is not None:
+            raise RuntimeError("a classification critic (num_bins) is not rescaled by PopArt: its values are "
+                               "unnormalised expectations over fixed bins")
         scale = scale.to(self.w_out)
         shift = shift.to(self.b_out)
         if self.discrete:
@@ -294,6 +323,12 @@ class Critic(nn.Module):
 def q_at_action(q_all: torch.Tensor, a_vec: torch.Tensor) -> torch.Tensor:
     """Discrete Q for given one-hot actions: q_all [..., C, G, A], a_vec [..., G, A] -> [..., C, G]."""
     return (q_all * a_vec.unsqueeze(-3)).sum(-1)
+
+
+def logits_at_action(logits: torch.Tensor, a_vec: torch.Tensor) -> torch.Tensor:
+    """A discrete classification critic's bin logits at given one-hot actions: logits [..., C, G, A, K],
+    a_vec [..., G, A] -> [..., C, G, K] (exactly the chosen action's row)."""
+    return (logits * a_vec.unsqueeze(-3).unsqueeze(-1)).sum(-2)
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:

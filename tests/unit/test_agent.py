@@ -29,6 +29,8 @@ from icrl.nets.transformer import SigmaReparamLinear
 from icrl.types import ActionSpec, Batch, Timesteps
 
 KINDS = ["discrete", "continuous", "multibinary"]
+CRITICS = {"regression": {}, "twohot": {"critic_kind": "twohot", "critic_bins": 16, "critic_min_value": -50.0,
+                                        "critic_max_value": 50.0}}  # LossConfig fields of each critic kind
 GAMMAS = (0.5, 0.9, 0.99)
 SEQ = 8
 
@@ -110,7 +112,8 @@ def real_batch(kind: str, root, batch_size: int = 6) -> tuple[Batch, gym.spaces.
 
 def build_agent(obs_space, spec, traj: str = "transformer", max_seq_len: int = SEQ, **loss_kw) -> Agent:
     torch.manual_seed(0)
-    return Agent(obs_space, spec, model_cfg(traj, max_seq_len), loss_cfg(**loss_kw))
+    loss = loss_cfg(**loss_kw)
+    return Agent(obs_space, spec, model_cfg(traj, max_seq_len), loss)
 
 
 # ------------------------------------------------------------------------------------------ gradient helpers
@@ -193,10 +196,16 @@ def kind_batch(request, tmp_path_factory):
     return kind, batch, obs_space, spec
 
 
-def test_critic_loss_alone_reaches_critic_and_encoder_only(kind_batch):
+@pytest.fixture(params=list(CRITICS))
+def critic_kw(request) -> dict:
+    """The LossConfig fields of a regression or a two-hot critic: every routing test runs with both."""
+    return CRITICS[request.param]
+
+
+def test_critic_loss_alone_reaches_critic_and_encoder_only(kind_batch, critic_kw):
     kind, batch, obs_space, spec = kind_batch
-    agent = build_agent(obs_space, spec)
-    cfg = loss_cfg(online_coeff=0.0, offline_coeff=0.0, entropy_coeff=0.0)  # no actor term at all
+    agent = build_agent(obs_space, spec, **critic_kw)
+    cfg = loss_cfg(online_coeff=0.0, offline_coeff=0.0, entropy_coeff=0.0, **critic_kw)  # no actor term at all
     metrics, probe = backprop_alone(agent, batch, cfg)
     g = groups(agent)
     assert has_grad(g["critic"]), kind
@@ -211,11 +220,11 @@ def test_critic_loss_alone_reaches_critic_and_encoder_only(kind_batch):
 
 
 @pytest.mark.parametrize("term", ["online", "bc"])
-def test_actor_loss_alone_never_reaches_the_critic(kind_batch, term):
+def test_actor_loss_alone_never_reaches_the_critic(kind_batch, term, critic_kw):
     kind, batch, obs_space, spec = kind_batch
-    agent = build_agent(obs_space, spec)
+    agent = build_agent(obs_space, spec, **critic_kw)
     coeffs = {"online": (1.0, 0.0), "bc": (0.0, 1.0)}[term]
-    cfg = loss_cfg(critic_weight=0.0, online_coeff=coeffs[0], offline_coeff=coeffs[1])
+    cfg = loss_cfg(critic_weight=0.0, online_coeff=coeffs[0], offline_coeff=coeffs[1], **critic_kw)
     metrics, probe = backprop_alone(agent, batch, cfg)
     if term == "bc":
         assert metrics["bc_weight"] > 0, "no positive advantage in the batch: the BC term would be empty"
@@ -231,18 +240,18 @@ def test_actor_loss_alone_never_reaches_the_critic(kind_batch, term):
     assert not probe.grad_through("critic").any()
 
 
-def test_full_loss_gradients_are_the_sum_of_the_terms(kind_batch):
+def test_full_loss_gradients_are_the_sum_of_the_terms(kind_batch, critic_kw):
     """Default weights: critic and actor terms add up; the critic's gradient equals critic-only."""
     kind, batch, obs_space, spec = kind_batch
-    agent = build_agent(obs_space, spec)
+    agent = build_agent(obs_space, spec, **critic_kw)
     start = copy.deepcopy(agent.state_dict())
-    backprop_alone(agent, batch, loss_cfg())
+    backprop_alone(agent, batch, loss_cfg(**critic_kw))
     full = {n: p.grad.clone() for n, p in agent.critic.named_parameters()}
     # A training forward refines σReparam's u, v (and the observation statistics): without restoring them the
     # second pass ran another encoder, and whether the difference stayed inside a tolerance depended on the CPU.
     assert any(not torch.equal(t, start[n]) for n, t in agent.state_dict().items())
     agent.load_state_dict(start)
-    backprop_alone(agent, batch, loss_cfg(online_coeff=0.0, offline_coeff=0.0))
+    backprop_alone(agent, batch, loss_cfg(online_coeff=0.0, offline_coeff=0.0, **critic_kw))
     for n, p in agent.critic.named_parameters():
         # the same weights and buffers, REDQ subset and TD targets (same generator seed): the same computation,
         # so only float rounding may differ; only sampling in the actor term differs, and it must not touch the critic

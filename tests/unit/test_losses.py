@@ -13,7 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from icrl.agent.critic_kind import CriticReader
 from icrl.agent.losses import (
+    ValueBins,
     actor_loss,
     advantage_filter,
     align_next,
@@ -26,7 +28,8 @@ from icrl.agent.model import Agent
 from icrl.config import LossConfig, ModelConfig
 from icrl.data.collate import collate_windows
 from icrl.nets.dists import Categorical
-from icrl.nets.heads import Actor, Critic, q_at_action
+from icrl.nets.heads import Actor, Critic
+from icrl.nets.popart import PopArt
 from icrl.types import ActionSpec, Rollout
 
 NAN = float("nan")
@@ -248,13 +251,26 @@ def test_actor_loss_masks_invalid_steps():
 # ---------------------------------------------------------------- gradient routing
 
 
-def _setup(kind: str):
+CRITICS = ["regression", "twohot"]
+
+
+def _reader(critic: Critic) -> CriticReader:
+    """How the learner reads `critic`: PopArt-normalised outputs, or 8 symlog bins over [-20, 20] (with PopArt
+    statistics away from (0, 1), so the normalisation of the actor's values is exercised)."""
+    popart = PopArt(critic.num_gammas)
+    popart.mu.fill_(0.5)
+    popart.nu.fill_(4.0)
+    bins = None if critic.num_bins is None else ValueBins.evenly(critic.num_bins, -20.0, 20.0)
+    return CriticReader(popart, bins)
+
+
+def _setup(kind: str, critic_kind: str = "regression"):
     torch.manual_seed(1)
     spec = ActionSpec(kind, 3)
     B, L, G, d = 2, 4, 3, 8
     upstream = torch.nn.Linear(5, d)  # stands in for the shared encoder
     actor = Actor(d, spec, G, hidden=16)
-    critic = Critic(d, spec, G, num_critics=2, hidden=16)
+    critic = Critic(d, spec, G, num_critics=2, hidden=16, num_bins=8 if critic_kind == "twohot" else None)
     x = torch.randn(B, L, 5)
     if kind == "discrete":
         action = F.one_hot(torch.randint(0, 3, (B, L)), 3).float()
@@ -268,19 +284,20 @@ def _setup(kind: str):
 
 
 def _actor_loss(actor, critic, s, action, valid, q_fn=None):
-    dist = actor(s)
+    dist, read = actor(s), _reader(critic)
     if isinstance(dist, Categorical):
-        return actor_loss(dist, action, valid, q_all=critic(s))[0]
-    return actor_loss(dist, action, valid, q_fn=q_fn or frozen_critic(critic, s))[0]
+        return actor_loss(dist, action, valid, q_all=read.normalized_per_action(critic(s)))[0]
+    return actor_loss(dist, action, valid, q_fn=q_fn or read.frozen(critic, s))[0]
 
 
 def _grads(module):
     return [p.grad for p in module.parameters()]
 
 
+@pytest.mark.parametrize("critic_kind", CRITICS)
 @pytest.mark.parametrize("kind", ["discrete", "continuous", "multibinary"])
-def test_actor_loss_gradient_routing(kind):
-    upstream, actor, critic, x, action, valid = _setup(kind)
+def test_actor_loss_gradient_routing(kind, critic_kind):
+    upstream, actor, critic, x, action, valid = _setup(kind, critic_kind)
     s = upstream(x)
     torch.manual_seed(2)
     _actor_loss(actor, critic, s, action, valid).backward()
@@ -292,15 +309,15 @@ def test_actor_loss_gradient_routing(kind):
     # unrelated constant copy of the state and is a separate frozen network.
     got = [g.clone() for g in _grads(upstream)]
     upstream.zero_grad()
-    frozen = copy.deepcopy(critic).requires_grad_(False)
+    frozen, read = copy.deepcopy(critic).requires_grad_(False), _reader(critic)
     s = upstream(x)
     s_const = s.detach().clone()
     torch.manual_seed(2)
     dist = actor(s)
     if kind == "discrete":
-        ref = actor_loss(dist, action, valid, q_all=frozen(s_const))[0]
+        ref = actor_loss(dist, action, valid, q_all=read.normalized_per_action(frozen(s_const)))[0]
     else:
-        ref = actor_loss(dist, action, valid, q_fn=lambda a: frozen(s_const, a))[0]
+        ref = actor_loss(dist, action, valid, q_fn=lambda a: read.normalized(frozen(s_const, a)))[0]
     ref.backward()
     for g, r in zip(got, _grads(upstream)):
         torch.testing.assert_close(g, r)
@@ -320,25 +337,27 @@ def test_online_term_differentiates_through_action(kind):
 def _actor_next_value(actor, critic, s: torch.Tensor, kind: str) -> torch.Tensor:
     """V(s_{t+1}) [B, L, G] as the update builds it, from the actor's next actions: the exact expectation
     under π for discrete actions, Q at a reparameterised sample otherwise (so the value is differentiable
-    in the actor's parameters), min over the critic ensemble."""
-    dist = actor(s)
+    in the actor's parameters), min over the critic ensemble; unnormalised, as `CriticReader` reads it."""
+    dist, read = actor(s), _reader(critic)
     if kind == "discrete":
-        q_next = (dist.probs.unsqueeze(-3) * critic(s)).sum(-1)  # [B, L, C, G]
+        q_next = (dist.probs.unsqueeze(-3) * read.raw_per_action(critic(s))).sum(-1)  # [B, L, C, G]
     else:
-        q_next = critic(s, dist.rsample())  # [B, L, C, G]
+        q_next = read.raw(critic(s, dist.rsample()))  # [B, L, C, G]
     return q_next.amin(-2)
 
 
+@pytest.mark.parametrize("critic_kind", CRITICS)
 @pytest.mark.parametrize("target", ["td_targets", "by_hand"])
 @pytest.mark.parametrize("kind", ["discrete", "continuous", "multibinary"])
-def test_critic_loss_gives_no_gradient_to_actor(kind, target):
+def test_critic_loss_gives_no_gradient_to_actor(kind, target, critic_kind):
     """The TD target is built from the actor's next actions, yet the critic loss must not train the actor.
 
     Two guards, one per case: `td_targets` builds its targets without a graph ("td_targets"), and
     `critic_loss` detaches the targets it is given ("by_hand": a one-step target computed with autograd
     on, as a careless caller would). Either guard removed, the actor's parameters get a gradient here.
+    The two-hot critic's loss (`classification_critic_loss`) detaches its labels likewise.
     """
-    upstream, actor, critic, x, action, valid = _setup(kind)
+    upstream, actor, critic, x, action, valid = _setup(kind, critic_kind)
     s = upstream(x)
     G = actor.num_gammas
     gammas = torch.linspace(0.5, 0.9, G)
@@ -354,8 +373,9 @@ def test_critic_loss_gives_no_gradient_to_actor(kind, target):
         y = reward.unsqueeze(-1) + gammas * v_next
         assert y.requires_grad
     a_g = action.unsqueeze(-2).expand(*action.shape[:2], G, 3)
-    q_sa = q_at_action(critic(s), a_g) if kind == "discrete" else critic(s, a_g)
-    loss, _ = critic_loss(q_sa, y, valid)
+    read = _reader(critic)
+    out_sa = read.at_action(critic(s), a_g) if kind == "discrete" else critic(s, a_g)
+    loss, _ = read.loss(out_sa, y, valid)  # `critic_loss` on PopArt-normalised y, or the cross-entropy
     loss.backward()
     assert all(g is None for g in _grads(actor)), "the critic loss reached the actor through the TD target"
     assert all(g is not None and g.abs().sum() > 0 for g in _grads(critic))
