@@ -16,11 +16,15 @@ episodes, a horizon, user factories).
 The timestep rule of a single-episode rollout (docs/design.md §2, `RolloutClock`): time counts the actions
 taken since the reset; the previous action and reward are those of the last step, zero at the reset, where
 the reset flag is 1.
+
+Goal-conditioned tasks (docs/CONTRACTS.md; their batched forms are in icrl.envs.batched_goals) add the
+timestep entry "achieved" ([N, K] int64, -1 padded) and the info key "achieved" (each copy's list of tokens,
+as every reset and step of the per-copy task reports it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -32,13 +36,23 @@ from icrl.envs.tasks.tmaze import DOWN, LEFT, RIGHT, UP, TMaze, TMazeActive
 from icrl.envs.wrapper import TimestepWrapper
 
 
+class StepArrays(NamedTuple):
+    """What a batched task's step gives, every copy at once."""
+
+    reward: np.ndarray  # [N] float64
+    terminated: np.ndarray  # [N] bool
+    success: np.ndarray  # [N] float64, NaN where the copy reports none
+    truncated: np.ndarray | None = None  # [N] bool (None: the task never truncates)
+    achieved: np.ndarray | None = None  # [N, K] int64, -1 padded: goal tasks' tokens this step achieved
+
+
 class BatchedTaskEnv(gym.vector.VectorEnv):
     """The vector-env side shared by the batched tasks: spaces, seeding, timesteps, SAME_STEP autoreset.
 
     A task subclass keeps its state in [N] arrays and implements `_draw_tasks(rows)` (the hidden task of
     the rows just reset, drawn from `self._rngs[i]` as the per-copy env draws it), `_reset_rows(rows)`,
-    `_obs()` ([N, ...] of the current state) and `_step_arrays(actions)` -> (reward [N] float64,
-    terminated [N] bool, success [N] float64, NaN where the copy reports none).
+    `_obs()` (the observation's flattened keys, as TimestepWrapper names them -> [N, ...] arrays of the
+    current state, fresh each call) and `_step_arrays(actions)` -> `StepArrays`.
     """
 
     def __init__(self, proto: gym.Env, num_envs: int) -> None:
@@ -57,8 +71,9 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
         self.action_spec = wrapped.action_spec
         space = wrapped.observation_space
         assert isinstance(space, gym.spaces.Dict)
-        (self._obs_key,) = space["obs"].spaces  # type: ignore[attr-defined]  # the tasks have one Box observation
+        self._obs_keys = list(space["obs"].spaces)  # type: ignore[attr-defined]  # flattened keys
         self._keys = list(space.spaces)
+        self._slots = wrapped.achieved_slots  # K > 0: a goal task, "achieved" in timesteps and infos
         self._rngs: list[np.random.Generator | None] = [None] * self.num_envs
         self._time = np.zeros(self.num_envs, np.int64)  # [N] actions taken since the copy's reset
         self._started = False
@@ -88,17 +103,32 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
         assert rng is not None, "reset seeds every copy's generator"
         return rng
 
-    def _timestep(self, action_vec: np.ndarray, reward: np.ndarray, reset: np.ndarray) -> dict[str, Any]:
-        """The batched timestep of the current state: [N, ...] arrays, fresh each call."""
+    def _timestep(
+        self, action_vec: np.ndarray, reward: np.ndarray, reset: np.ndarray,
+        achieved: np.ndarray | None = None,
+    ) -> dict[str, Any]:
+        """The batched timestep of the current state: [N, ...] arrays, fresh each call. `achieved` [N, K]: the
+        goal tokens of the step that led here (a reset achieves nothing: -1)."""
         keep = ~reset
+        obs = self._obs()
         ts = {
-            "obs": {self._obs_key: self._obs()},
+            "obs": {k: obs[k] for k in self._obs_keys},
             "prev_action": np.where(keep[:, None], action_vec, np.float32(0.0)).astype(np.float32),  # [N, A]
             "prev_reward": np.where(keep, reward, 0.0).astype(np.float32),  # [N]
             "time": self._time.copy(),  # [N] int64
             "reset": reset.astype(np.int8),  # [N]
         }
+        if self._slots:
+            none = np.full((self.num_envs, self._slots), -1, np.int64)
+            ts["achieved"] = none if achieved is None else np.where(keep[:, None], achieved, none)  # [N, K]
         return {k: ts[k] for k in self._keys}  # the observation space's key order, as a SyncVectorEnv's
+
+    def _reset_info(self) -> dict[str, Any]:
+        """The vector info of a reset of every copy: a goal task reports `achieved=[]` for each."""
+        if not self._slots:
+            return {}
+        n = self.num_envs
+        return {"achieved": _object_array([[] for _ in range(n)]), "_achieved": np.ones(n, bool)}
 
     # --------------------------------------------------------------------------------------------- API
     def reset(
@@ -113,7 +143,7 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
         self._time[:] = 0
         self._started = True
         n, a = self.num_envs, self.action_spec.dim
-        return self._timestep(np.zeros((n, a), np.float32), np.zeros(n), np.ones(n, bool)), {}
+        return self._timestep(np.zeros((n, a), np.float32), np.zeros(n), np.ones(n, bool)), self._reset_info()
 
     def step(self, actions: Any) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         if not self._started:
@@ -124,26 +154,45 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
             bad = int(stored[(stored < 0) | (stored >= spec.dim)][0])
             raise ValueError(f"{type(self).__name__}: discrete action {bad} outside [0, {spec.dim})")
         self._time += 1
-        reward, terminated, success = self._step_arrays(stored)
-        truncated = np.zeros(self.num_envs, bool)
+        out = self._step_arrays(stored)
+        truncated = np.zeros(self.num_envs, bool) if out.truncated is None else out.truncated
         action_vec = spec.to_vector(stored)  # [N, A]
-        obs = self._timestep(action_vec, reward, np.zeros(self.num_envs, bool))
+        obs = self._timestep(action_vec, out.reward, np.zeros(self.num_envs, bool), out.achieved)
+        # each copy's info["achieved"] (goal tasks): a list per copy, as the per-copy task reports it
+        tokens = _token_lists(out.achieved) if self._slots and out.achieved is not None else None
         info: dict[str, Any] = {}
-        done = np.flatnonzero(terminated)
+        done = np.flatnonzero(out.terminated | truncated)
         if done.size:
-            for i in done:  # rare (once per rollout): the per-copy info, built as SyncVectorEnv builds it
-                final_ts = {k: _row(v, int(i)) for k, v in obs.items()}
-                final_info: dict[str, Any] = {} if np.isnan(success[i]) else {"success": float(success[i])}
-                final_info["episode_end"] = True
-                info = self._add_info(info, {"final_obs": final_ts, "final_info": final_info}, int(i))
-            self._draw_tasks(done)
-            self._reset_rows(done)
-            self._time[done] = 0
-            reset = np.zeros(self.num_envs, bool)
-            reset[done] = True
-            fresh = self._timestep(action_vec, reward, reset)
-            obs = {k: _merge(obs[k], fresh[k], reset) for k in obs}
-        return obs, reward, terminated, truncated, info
+            obs, info = self._end_rows(done, obs, out, action_vec, tokens)
+        if tokens is not None:  # SyncVectorEnv adds each copy's info in turn: keys of copy 0's first
+            got = {"achieved": _object_array(tokens), "_achieved": np.ones(self.num_envs, bool)}
+            info = {**info, **got} if done.size and done[0] == 0 else {**got, **info}
+        return obs, out.reward, out.terminated, truncated, info
+
+    def _end_rows(
+        self, done: np.ndarray, obs: dict[str, Any], out: StepArrays, action_vec: np.ndarray,
+        tokens: list | None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The copies in `done` ended their episode (rare: once per rollout): their final timestep and info go
+        into `final_obs` / `final_info`, built as SyncVectorEnv builds them, and they are reset (SAME_STEP);
+        their `tokens` entry becomes the reset's (none)."""
+        info: dict[str, Any] = {}
+        for i in done.tolist():
+            final_ts = {k: _row(v, i) for k, v in obs.items()}
+            final_info: dict[str, Any] = {}
+            if tokens is not None:
+                final_info["achieved"], tokens[i] = tokens[i], []
+            if not np.isnan(out.success[i]):
+                final_info["success"] = float(out.success[i])
+            final_info["episode_end"] = True
+            info = self._add_info(info, {"final_obs": final_ts, "final_info": final_info}, i)
+        self._draw_tasks(done)
+        self._reset_rows(done)
+        self._time[done] = 0
+        reset = np.zeros(self.num_envs, bool)
+        reset[done] = True
+        fresh = self._timestep(action_vec, out.reward, reset)
+        return {k: _merge(obs[k], fresh[k], reset) for k in obs}, info
 
     def close_extras(self, **kwargs: Any) -> None:
         self._proto.close()
@@ -155,11 +204,31 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
     def _reset_rows(self, rows: np.ndarray) -> None:
         raise NotImplementedError
 
-    def _obs(self) -> np.ndarray:
+    def _obs(self) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def _step_arrays(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
         raise NotImplementedError
+
+    def _task_reset(self, i: int) -> Any:
+        """The per-copy task (the prototype's), reset with copy i's generator: its draws are copy i's, made
+        by the per-copy code itself (used by tasks whose generation is long: mazes, instructions)."""
+        task = self._proto.unwrapped
+        task.np_random = self._rng(i)
+        task.reset()
+        return task
+
+
+def _token_lists(achieved: np.ndarray) -> list[list[int]]:
+    """[N, K] int64 tokens, -1 padded -> each copy's list of tokens (info["achieved"] of the per-copy task)."""
+    if achieved.shape[1] == 1:
+        return [[t] if t >= 0 else [] for t in achieved[:, 0].tolist()]
+    return [[t for t in row if t >= 0] for row in achieved.tolist()]
+
+
+def _object_array(items: list) -> np.ndarray:
+    """[N] object array holding `items` (lists stay list objects, as gymnasium's `_add_info` stores them)."""
+    return np.fromiter(items, dtype=object, count=len(items))
 
 
 def _row(value: Any, i: int) -> Any:
@@ -202,7 +271,7 @@ class BatchedTMaze(BatchedTaskEnv):
         self._pos[rows] = self.start_pos
         self._seen_cue[rows] = self.start_pos == 0  # TMaze.reset: the cue is seen where the agent starts
 
-    def _obs(self) -> np.ndarray:
+    def _obs(self) -> dict[str, np.ndarray]:
         n = self.num_envs
         obs = np.zeros((n, 4), np.float32)  # [N, 4]: [cue_up, cue_down, in_corridor, at_junction]
         cue = self._cue_visible()
@@ -211,9 +280,9 @@ class BatchedTMaze(BatchedTaskEnv):
         corridor = self._pos < self.length
         obs[corridor, 2] = 1.0
         obs[~corridor, 3] = 1.0
-        return obs
+        return {"obs": obs}  # a Box observation: TimestepWrapper's key "obs"
 
-    def _step_arrays(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
         choose = (self._pos == self.length) & ((actions == UP) | (actions == DOWN))  # [N] at the junction
         correct = (actions == UP) == self._goal_up
         progress = np.where(self._seen_cue, 1, -1) if self.active else 1  # before moving
@@ -227,7 +296,7 @@ class BatchedTMaze(BatchedTaskEnv):
         timeout = ~choose & (self._time >= self.horizon)
         terminated = choose | timeout
         success = np.where(choose, correct.astype(np.float64), np.where(timeout, 0.0, np.nan))
-        return reward, terminated, success
+        return StepArrays(reward, terminated, success)
 
 
 class BatchedCueRecall(BatchedTaskEnv):
@@ -250,11 +319,12 @@ class BatchedCueRecall(BatchedTaskEnv):
     def _reset_rows(self, rows: np.ndarray) -> None:
         self._t[rows] = 0
 
-    def _obs(self) -> np.ndarray:
+    def _obs(self) -> dict[str, np.ndarray]:
         first = self._t == 0
-        return np.stack([np.where(first, self._cue, 0.0), first, self._t == self.delay], 1).astype(np.float32)
+        obs = np.stack([np.where(first, self._cue, 0.0), first, self._t == self.delay], 1).astype(np.float32)
+        return {"obs": obs}
 
-    def _step_arrays(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
         answering = self._t >= self.delay  # CueRecall.step: blank steps count on until t = delay, then answer
         self._t += (~answering).astype(np.int64)
         if self.continuous:
@@ -270,10 +340,19 @@ class BatchedCueRecall(BatchedTaskEnv):
             success = reward.copy()
         reward = np.where(answering, reward, 0.0)
         success = np.where(answering, success, np.nan)
-        return reward, answering.copy(), success
+        return StepArrays(reward, answering.copy(), success)
 
 
-_ACCEPTED = {"tmaze": {"length", "horizon"}, "tmaze_active": {"length", "horizon"}, "cue_recall": {"delay", "continuous"}}
+# name -> the kwargs of the per-copy task the batched form takes (render_mode is not among them: a vector env
+# that renders keeps its per-copy envs)
+_ACCEPTED = {
+    "tmaze": {"length", "horizon"},
+    "tmaze_active": {"length", "horizon"},
+    "cue_recall": {"delay", "continuous"},
+    "goal_grid": {"size", "num_goals", "time_limit", "obs_mode"},
+    "mazerunner": {"size", "num_goals", "time_limit", "randomized_actions"},
+    "package_delivery": {"length", "min_packages", "max_packages", "time_limit"},
+}
 
 
 def has_batched_form(name: str, kwargs: dict[str, Any]) -> bool:
@@ -288,4 +367,9 @@ def batched_env(name: str, kwargs: dict[str, Any], num_envs: int) -> BatchedTask
         return None
     if name == "cue_recall":
         return BatchedCueRecall(num_envs, **kwargs)
-    return BatchedTMaze(num_envs, active=name == "tmaze_active", **kwargs)
+    if name in ("tmaze", "tmaze_active"):
+        return BatchedTMaze(num_envs, active=name == "tmaze_active", **kwargs)
+    # deferred: batched_goals builds on this module's BatchedTaskEnv
+    from icrl.envs.batched_goals import GOAL_TASKS
+
+    return GOAL_TASKS[name](num_envs, **kwargs)

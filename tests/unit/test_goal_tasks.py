@@ -12,6 +12,7 @@ from gymnasium.utils.env_checker import check_env
 from icrl.envs import Collector, RandomPolicy, make_env, make_vector_env
 from icrl.envs.tasks.mazerunner import DOWN, LEFT, MOVES, RIGHT, STAY, UP, MazeRunner, carve_maze
 from icrl.envs.tasks.package_delivery import NO_OP, TURN_LEFT, TURN_RIGHT, PackageDelivery
+from icrl.types import ActionSpec
 
 FORWARD = 0
 
@@ -327,8 +328,8 @@ def test_render_modes():
 )
 def test_collect_through_vector_env(name, kwargs):
     assert type(make_env(name, kwargs)).__name__ in ("MazeRunner", "PackageDelivery")
-    venv = make_vector_env(name, kwargs, num_envs=2)
-    spec = venv.envs[0].action_spec
+    venv = make_vector_env(name, kwargs, num_envs=2)  # the batched form (icrl.envs.batched_goals)
+    spec = ActionSpec.from_space(venv.single_action_space)
     rollouts, stats = Collector(venv, spec, seed=0).collect_rollouts(RandomPolicy(spec, 0), 4)
     assert len(rollouts) == 4 and len(stats) == 4
     for r in rollouts:
@@ -384,7 +385,7 @@ class Oracle:
     [("mazerunner", {"size": 9, "num_goals": 3, "randomized_actions": True}), ("package_delivery", {})],
 )
 def test_an_oracle_solves_every_task_and_the_record_reproduces_its_rewards(name, kwargs):
-    venv = make_vector_env(name, kwargs, num_envs=2)
+    venv = make_vector_env(name, kwargs, num_envs=2, native=False)  # the oracle reads the per-copy tasks
     spec = venv.envs[0].action_spec
     rollouts, stats = Collector(venv, spec, seed=1).collect_rollouts(Oracle(venv), 6)
     assert all(s.success == 1.0 for s in stats)
