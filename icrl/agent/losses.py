@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from icrl.config.loss import DEFAULT_GAMMAS
-from icrl.nets.dists import Categorical, Distribution, TanhGaussian
+from icrl.nets.dists import Categorical, Distribution
 from icrl.nets.tstep import symlog
 
 __all__ = [  # DEFAULT_GAMMAS is re-exported: the loss functions' callers often want the default discounts too
@@ -255,8 +255,7 @@ def _per_discount(dist: Distribution, action: torch.Tensor) -> torch.Tensor:
     G = dist.batch_shape[-1]
     if action.dim() == len(dist.batch_shape):  # [B, L, A] -> the same action for every discount
         action = action.unsqueeze(-2).expand(*action.shape[:-1], G, action.shape[-1])
-    param = dist.mean if isinstance(dist, TanhGaussian) else dist.logits
-    return action.to(param.dtype)
+    return action.to(dist.dtype)
 
 
 def _discrete_terms(dist: Categorical, action: torch.Tensor, q_all: torch.Tensor | None) -> tuple[torch.Tensor, ...]:

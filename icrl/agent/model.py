@@ -58,7 +58,10 @@ class Agent(nn.Module):
         self.traj_encoder = make_traj_encoder(model.traj_encoder, d, **traj_encoder_kwargs(model))
         num_gammas = len(loss.gammas)
         s_dim = self.traj_encoder.d_out
-        self.actor = Actor(s_dim, spec, num_gammas, hidden=model.head_hidden, layers=model.head_layers)
+        self.actor = Actor(
+            s_dim, spec, num_gammas, hidden=model.head_hidden, layers=model.head_layers,
+            continuous_dist=model.continuous_dist, gmm_components=model.gmm_components, trunk=model.actor_head,
+        )
         self.critic = Critic(
             s_dim, spec, num_gammas, num_critics=loss.num_critics, hidden=model.head_hidden, layers=model.head_layers,
             num_bins=loss.critic_bins if loss.critic_kind == "twohot" else None,  # the critic's kind (docs/method.md)

@@ -26,9 +26,10 @@ class ModelConfig:
     docs/tasks.md), else 256. A run whose rollouts are longer than the context says so once."""
     max_time: int = 4096
     """Largest time index with its own learned embedding (later steps share the last one)."""
-    pos_emb: Literal["learned", "sinusoidal", "none"] = "sinusoidal"
+    pos_emb: Literal["learned", "sinusoidal", "none", "rope"] = "sinusoidal"
     """Time-position embedding of the Transformer (as the official AMAGO's default "fixed"); `learned` is a
-    table initialised N(0, 1), at the scale of the token embedding it is added to."""
+    table initialised N(0, 1), at the scale of the token embedding it is added to; `rope` rotates every layer's
+    queries and keys by the rollout time instead of adding anything (needs an even --d-model / --heads)."""
     dropout: float = 0.0
     """Dropout on the Transformer's residual branches."""
     attn_dropout: float = 0.0
@@ -46,7 +47,15 @@ class ModelConfig:
     head_hidden: int = 128
     """Hidden width of the actor and critic MLP heads."""
     head_layers: int = 2
-    """Hidden layers of the actor and critic MLP heads."""
+    """Hidden layers of the actor and critic MLP heads (the residual actor's residual blocks)."""
+    actor_head: Literal["mlp", "residual"] = "mlp"
+    """The actor's trunk: an MLP, or `residual` (the official AMAGO's ResidualActor: a --head-hidden wide feature
+    through --head-layers residual blocks of width 2 x --head-hidden)."""
+    continuous_dist: Literal["tanh_gaussian", "gmm", "beta"] = "tanh_gaussian"
+    """The policy of continuous actions: a tanh-squashed Gaussian, a tanh-squashed Gaussian mixture (`gmm`,
+    --gmm-components), or a Beta rescaled to [-1, 1]. Discrete and multi-binary actions ignore it."""
+    gmm_components: int = 5
+    """Components of the `gmm` policy (--continuous-dist gmm)."""
     cnn: Literal["impala", "nature"] = "impala"
     """CNN for image observations."""
     goal_dim: int = 32

@@ -18,6 +18,7 @@ import typing
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from icrl.config.loss import TWOHOT_FIELDS, LossConfig
+from icrl.config.model import ModelConfig
 
 if TYPE_CHECKING:  # experiment.py calls these checks: importing it here would make a cycle
     from icrl.config.experiment import ExperimentConfig
@@ -68,6 +69,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.clip_obs": _gt(0.0),
     "model.head_hidden": _ge(1),
     "model.head_layers": _in(0, 1024),
+    "model.gmm_components": _in(1, 1024),
     "loss.num_critics": _ge(1),
     "loss.n_step": _in(1, 65_536),
     "loss.reward_scale": _gt(0.0),
@@ -228,6 +230,10 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
     m, lo = cfg.model, cfg.loss
     return [
         (m.d_model % m.heads == 0, f"--d-model {m.d_model} is not divisible by --heads {m.heads}"),
+        (m.pos_emb != "rope" or m.d_model % (2 * m.heads) == 0,
+         f"--pos-emb rope rotates pairs of a head's dims: --d-model {m.d_model} / --heads {m.heads} must be even"),
+        (m.continuous_dist == "gmm" or m.gmm_components == ModelConfig.gmm_components,
+         "--gmm-components applies to --continuous-dist gmm"),
         (m.context >= 2, "--max-seq-len must be >= 2 (a TD transition needs two timesteps)"),
         (len(lo.gammas) >= 1 and all(0 <= g < 1 for g in lo.gammas), "--gammas must lie in [0, 1)"),
         (

@@ -7,7 +7,10 @@ signature Q(s, a_vec) and one actor loss serve all three kinds.
 
 Common interface: `sample(shape=())`, `rsample(shape=())` (reparameterised or straight-through;
 not defined for `Categorical`, whose actor loss uses the exact expectation instead),
-`log_prob(a_vec [..., G, A]) -> [..., G]`, `mode() -> a_vec`, `entropy() -> [..., G]`.
+`log_prob(a_vec [..., G, A]) -> [..., G]`, `mode() -> a_vec`, `entropy() -> [..., G]`, `dtype`.
+Continuous actions (`ModelConfig.continuous_dist`): `TanhGaussian` (default), `TanhGMM` (a mixture of
+squashed Gaussians) or `ShiftedBeta` (a Beta rescaled to [-1, 1]); docs/method.md compares them with the
+official code.
 `ActionSpec.from_vector` / `to_vector` (icrl.types) convert between vectors and the replay's storage format.
 """
 
@@ -26,6 +29,18 @@ def _shape(shape: torch.Size | tuple[int, ...] | int) -> tuple[int, ...]:
     return (shape,) if isinstance(shape, int) else tuple(shape)
 
 
+def _gumbel(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise of `shape`, on `like`'s device and dtype (argmax(logits + noise) ~ softmax)."""
+    u = torch.rand(shape, device=like.device, dtype=like.dtype)
+    return -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+
+
+def _clip_bounds(a_vec: torch.Tensor, clip: float) -> torch.Tensor:
+    """Actions clamped to [-clip, clip] (at least one float eps inside ±1), where densities stay finite."""
+    eps = max(1.0 - clip, torch.finfo(a_vec.dtype).eps)
+    return a_vec.clamp(-1.0 + eps, 1.0 - eps)
+
+
 class Categorical:
     """Softmax policy over A actions; samples and modes are one-hot float vectors [..., G, A]."""
 
@@ -40,6 +55,10 @@ class Categorical:
     def batch_shape(self) -> torch.Size:
         return self.logits.shape[:-1]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.logits.dtype
+
     def _one_hot(self, idx: torch.Tensor) -> torch.Tensor:
         return F.one_hot(idx, self.logits.shape[-1]).to(self.logits.dtype)
 
@@ -47,9 +66,7 @@ class Categorical:
         """Gumbel-max sampling: one batched op, no multinomial reshaping. -> [*shape, ..., G, A]."""
         shape = _shape(shape)
         with torch.no_grad():
-            u = torch.rand(shape + self.logits.shape, device=self.logits.device, dtype=self.logits.dtype)
-            gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
-            return self._one_hot((self.logits + gumbel).argmax(-1))
+            return self._one_hot((self.logits + _gumbel(shape + self.logits.shape, self.logits)).argmax(-1))
 
     def rsample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
         raise TypeError(
@@ -86,6 +103,10 @@ class TanhGaussian:
     def batch_shape(self) -> torch.Size:
         return self.mean.shape[:-1]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.mean.dtype
+
     def _log_prob_u(self, u: torch.Tensor) -> torch.Tensor:
         """log N(u) - log|d tanh/du|, summed over the action dims -> [..., G]."""
         z = (u - self.mean) / self.std
@@ -120,9 +141,7 @@ class TanhGaussian:
         Actions are clipped to [-LOG_PROB_CLIP, LOG_PROB_CLIP] first: stored actions can sit exactly on the
         bounds (noise, clipping, offline data), where atanh is infinite.
         """
-        eps = max(1.0 - self.LOG_PROB_CLIP, torch.finfo(a_vec.dtype).eps)
-        u = torch.atanh(a_vec.clamp(-1.0 + eps, 1.0 - eps))
-        return self._log_prob_u(u)
+        return self._log_prob_u(torch.atanh(_clip_bounds(a_vec, self.LOG_PROB_CLIP)))
 
     def mode(self) -> torch.Tensor:
         return torch.tanh(self.mean)
@@ -145,6 +164,10 @@ class Bernoulli:
     @property
     def batch_shape(self) -> torch.Size:
         return self.logits.shape[:-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.logits.dtype
 
     def sample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
         shape = _shape(shape)
@@ -174,4 +197,122 @@ class Bernoulli:
         return F.binary_cross_entropy_with_logits(self.logits, p, reduction="none").sum(-1)
 
 
-Distribution = Categorical | TanhGaussian | Bernoulli
+class TanhGMM:
+    """a = tanh(u), u ~ Σ_m w_m N(mean_m, diag(std_m²)): a mixture of M diagonal Gaussians squashed into [-1, 1]^A.
+
+    Parameters: means, stds [..., G, M, A], mixture logits [..., G, M]. `rsample` draws the component m ~ w
+    (no gradient) and then u = mean_m + std_m ε: reparameterised *within* the drawn component, so -Q(s, a~π)
+    reaches every component's mean and std (an unbiased gradient for them) but not the mixture weights, which
+    learn from the log-likelihood terms (filtered BC, entropy). The official AMAGO's GMM has no rsample at
+    all (`actions_differentiable = False`: its online term asserts, GMM runs with online_coeff 0).
+    `mode()` is the most probable component's squashed mean; `entropy()` a one-sample estimate -log π(a).
+    """
+
+    LOG_PROB_CLIP: float = TanhGaussian.LOG_PROB_CLIP
+
+    def __init__(self, means: torch.Tensor, stds: torch.Tensor, logits: torch.Tensor) -> None:
+        self.means, self.stds = means, stds  # [..., G, M, A]
+        self.log_w = torch.log_softmax(logits, dim=-1)  # [..., G, M]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.log_w.shape[:-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.means.dtype
+
+    def _log_prob_u(self, u: torch.Tensor) -> torch.Tensor:
+        """log of the mixture density at pre-squash points u [..., G, A], minus log|d tanh/du| -> [..., G]."""
+        z = (u.unsqueeze(-2) - self.means) / self.stds  # [..., G, M, A]
+        log_normal = (-0.5 * z.square() - self.stds.log() - _LOG_SQRT_2PI).sum(-1)  # [..., G, M]
+        log_mix = torch.logsumexp(self.log_w + log_normal, dim=-1)  # [..., G]
+        return log_mix - (2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))).sum(-1)
+
+    def rsample_with_log_prob(
+        self, shape: torch.Size | tuple[int, ...] | int = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sample [*shape, ..., G, A], reparameterised within its component, and its log-density [*shape, ..., G]."""
+        shape = _shape(shape)
+        with torch.no_grad():
+            comp = (self.log_w + _gumbel(shape + self.log_w.shape, self.log_w)).argmax(-1)  # [*shape, ..., G]
+        A = self.means.shape[-1]
+        idx = comp[..., None, None].expand(*comp.shape, 1, A)  # [*shape, ..., G, 1, A]
+        full = shape + self.means.shape
+        mean = self.means.expand(full).gather(-2, idx).squeeze(-2)  # [*shape, ..., G, A]
+        std = self.stds.expand(full).gather(-2, idx).squeeze(-2)
+        u = mean + std * torch.randn_like(mean)
+        return torch.tanh(u), self._log_prob_u(u)
+
+    def rsample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        return self.rsample_with_log_prob(shape)[0]
+
+    def sample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        with torch.no_grad():
+            return self.rsample(shape)
+
+    def log_prob(self, a_vec: torch.Tensor) -> torch.Tensor:
+        """log π(a) for actions in [-1, 1] [..., G, A] -> [..., G]; clipped to ±LOG_PROB_CLIP (as TanhGaussian)."""
+        return self._log_prob_u(torch.atanh(_clip_bounds(a_vec, self.LOG_PROB_CLIP)))
+
+    def mode(self) -> torch.Tensor:
+        """tanh of the most probable component's mean [..., G, A] (the official code: tanh of the mixture's
+        mean Σ w_m mean_m, which can fall between two modes)."""
+        best = self.log_w.argmax(-1)[..., None, None].expand(*self.batch_shape, 1, self.means.shape[-1])
+        return torch.tanh(self.means.gather(-2, best).squeeze(-2))
+
+    def entropy(self) -> torch.Tensor:
+        """One-sample differentiable estimate -log π(a), a ~ π (no closed form for a mixture)."""
+        return -self.rsample_with_log_prob()[1]
+
+
+class ShiftedBeta:
+    """a = 2x - 1, x ~ Beta(alpha, beta) per action dim: a bounded policy on [-1, 1]^A without squashing
+    (Chou et al. 2017). alpha, beta [..., G, A] > 1 keep every marginal unimodal.
+
+    `rsample` is reparameterised (torch's implicit Beta/Dirichlet gradient). `mode()` is the mean,
+    (alpha - beta) / (alpha + beta), the official AMAGO's deterministic action (the density's argmax is
+    ill-conditioned where alpha and beta are both near 1, the flat start). `entropy()` is exact:
+    H(Beta) + log 2 per dim.
+    """
+
+    LOG_PROB_CLIP: float = TanhGaussian.LOG_PROB_CLIP
+
+    def __init__(self, alpha: torch.Tensor, beta: torch.Tensor) -> None:
+        self.alpha, self.beta = alpha, beta  # [..., G, A]
+        self._beta_dist = torch.distributions.Beta(alpha, beta, validate_args=False)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.alpha.shape[:-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.alpha.dtype
+
+    def rsample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        x = self._beta_dist.rsample(torch.Size(_shape(shape)))  # (0, 1), clamped away from 0 and 1 by torch
+        return 2.0 * x - 1.0
+
+    def sample(self, shape: torch.Size | tuple[int, ...] | int = ()) -> torch.Tensor:
+        with torch.no_grad():
+            return self.rsample(shape)
+
+    def log_prob(self, a_vec: torch.Tensor) -> torch.Tensor:
+        """log π(a) for actions in [-1, 1] [..., G, A] -> [..., G]. Actions are clipped to ±LOG_PROB_CLIP
+        (the density is 0 on the bounds); log x and log(1 - x) are taken from 1 ± a, not from x = (1 + a) / 2,
+        so 1 - x keeps its digits near the upper bound."""
+        a = _clip_bounds(a_vec, self.LOG_PROB_CLIP)
+        log_x, log_1mx = torch.log1p(a) - _LOG_2, torch.log1p(-a) - _LOG_2
+        al, be = self.alpha, self.beta
+        log_norm = torch.lgamma(al + be) - torch.lgamma(al) - torch.lgamma(be)
+        return ((al - 1.0) * log_x + (be - 1.0) * log_1mx + log_norm - _LOG_2).sum(-1)
+
+    def mode(self) -> torch.Tensor:
+        return (self.alpha - self.beta) / (self.alpha + self.beta)
+
+    def entropy(self) -> torch.Tensor:
+        return (self._beta_dist.entropy() + _LOG_2).sum(-1)
+
+
+Distribution = Categorical | TanhGaussian | Bernoulli | TanhGMM | ShiftedBeta

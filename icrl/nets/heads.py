@@ -19,10 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from icrl.nets.dists import Bernoulli, Categorical, Distribution, TanhGaussian
+from icrl.nets.actor_parts import LEAKY_SLOPE, ActorTrunk, ContinuousDist, ContinuousOutput, ResidualTrunk
+from icrl.nets.dists import Bernoulli, Categorical, Distribution
 from icrl.types import ActionSpec
-
-LEAKY_SLOPE = 0.01
 
 
 def mlp(d_in: int, d_out: int, hidden: int, layers: int) -> nn.Sequential:
@@ -37,10 +36,13 @@ def mlp(d_in: int, d_out: int, hidden: int, layers: int) -> nn.Sequential:
 
 
 class Actor(nn.Module):
-    """π_g(a | s) for every discount g from one MLP whose last layer has G output groups.
+    """π_g(a | s) for every discount g from one network whose last layer has G output groups.
 
     `forward(s [..., d]) -> dist` with batch shape [..., G] (usually [B, L, G]); samples are action
     vectors [..., G, A]. The policy that acts is the last discount's (index -1).
+    `trunk`: "mlp" (`mlp`, `layers` hidden layers) or "residual" (`ResidualTrunk`, `layers` residual blocks);
+    `continuous_dist` / `gmm_components`: the policy of continuous actions (`ContinuousOutput`), which sets
+    the output width. Discrete and multi-binary actions ignore them.
     """
 
     def __init__(
@@ -52,28 +54,48 @@ class Actor(nn.Module):
         layers: int = 2,
         min_log_std: float = -5.0,
         max_log_std: float = 2.0,
+        continuous_dist: ContinuousDist = "tanh_gaussian",
+        gmm_components: int = 5,
+        trunk: ActorTrunk = "mlp",
     ) -> None:
         super().__init__()
         self.spec, self.num_gammas = spec, num_gammas
         self.min_log_std, self.max_log_std = min_log_std, max_log_std
-        per_gamma = 2 * spec.dim if spec.kind == "continuous" else spec.dim
-        self.net = mlp(d_in, num_gammas * per_gamma, hidden, layers)
-        # the hidden layers for the acting step, gathered once (not per step); deepcopy maps them to the copy's
-        self._hidden_layers: tuple[nn.Module, ...] = tuple(self.net)[:-1]
+        self.continuous = ContinuousOutput(continuous_dist, gmm_components, min_log_std, max_log_std)
+        per_gamma = self.continuous.width(spec.dim) if spec.kind == "continuous" else spec.dim
+        self.net: nn.Sequential | ResidualTrunk
+        if trunk == "residual":
+            self.net = ResidualTrunk(d_in, num_gammas * per_gamma, hidden, layers)
+            self._hidden_layers: tuple[nn.Module, ...] = ()
+        elif trunk == "mlp":
+            self.net = mlp(d_in, num_gammas * per_gamma, hidden, layers)
+            # the hidden layers for the acting step, gathered once (not per step); deepcopy maps them to the copy's
+            self._hidden_layers = tuple(self.net)[:-1]
+        else:
+            raise ValueError(f"unknown actor trunk {trunk!r}; use 'mlp' or 'residual'")
         # A small last layer starts every head near a uniform / centred policy.
         with torch.no_grad():
             self._out_layer().weight.mul_(0.1)
             self._out_layer().bias.zero_()
 
     def _out_layer(self) -> nn.Linear:
-        """The output Linear (`mlp` ends on one)."""
-        last = self.net[-1]
+        """The output Linear (`mlp` ends on one, `ResidualTrunk` names it `out`)."""
+        last = self.net.out if isinstance(self.net, ResidualTrunk) else self.net[-1]
         if not isinstance(last, nn.Linear):
             raise TypeError(f"Actor.net must end on an nn.Linear, got {type(last).__name__}")
         return last
 
+    def _features(self, s: torch.Tensor) -> torch.Tensor:
+        """The output layer's input, submodules called without nn.Module overhead where it is an MLP."""
+        if isinstance(self.net, ResidualTrunk):
+            return self.net.features(s)
+        h = s
+        for layer in self._hidden_layers:
+            h = layer.forward(h)
+        return h
+
     def forward(self, s: torch.Tensor) -> Distribution:
-        return self._dist(self.net(s).unflatten(-1, (self.num_gammas, -1)))  # [..., G, A] or [..., G, 2A]
+        return self._dist(self.net(s).unflatten(-1, (self.num_gammas, -1)))  # [..., G, per-discount width]
 
     def policy(self, s: torch.Tensor) -> Distribution:
         """The acting policy π_{G-1}(a | s) alone: batch shape [...] (no discount dim), samples [..., A].
@@ -81,25 +103,19 @@ class Actor(nn.Module):
         Equal to `forward(s)` at discount index -1, but the output layer computes only that discount's
         rows, and submodules are called without nn.Module overhead (the per-step acting path).
         """
-        h = s
-        for layer in self._hidden_layers:
-            h = layer.forward(h)
+        h = self._features(s)
         last = self._out_layer()
         k = last.out_features // self.num_gammas
         return self._dist(F.linear(h, last.weight[-k:], last.bias[-k:]))
 
     def _dist(self, out: torch.Tensor) -> Distribution:
-        """Distribution from the output layer's values [..., A] or [..., 2A] (float32 even under autocast)."""
+        """Distribution from the output layer's values [..., width] (float32 even under autocast)."""
         out = _upcast(out)
         if self.spec.kind == "discrete":
             return Categorical(out)
         if self.spec.kind == "multibinary":
             return Bernoulli(out)
-        mean, raw_log_std = out.chunk(2, dim=-1)  # [..., G, A] each
-        # Smooth squashing into [min, max] keeps a gradient everywhere (a hard clamp would cut it).
-        lo, hi = self.min_log_std, self.max_log_std
-        log_std = lo + 0.5 * (hi - lo) * (torch.tanh(raw_log_std) + 1.0)
-        return TanhGaussian(mean, log_std, lo, hi)
+        return self.continuous(out)
 
 
 class _Weights(TypedDict):

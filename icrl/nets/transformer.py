@@ -1,8 +1,9 @@
 """The stabilised causal Transformer trajectory encoder of AMAGO (docs/design.md §3), nanoGPT-style.
 
-Read top to bottom: `SigmaReparamLinear` -> `CausalSelfAttention` -> `MLP` -> `Block` ->
-`TimeEmbedding` -> `KVCache` -> `TransformerTrajEncoder`. Training and acting run the same layers: each
-has one `forward`, and attention takes an optional `LayerCache` (the layer's K/V ring while acting).
+Read top to bottom: `SigmaReparamLinear` -> `CausalSelfAttention` -> `MLP` -> `Block` -> `KVCache` ->
+`TransformerTrajEncoder` (the positions, `TimeEmbedding` and `Rotary`, live in `icrl.nets.positions`).
+Training and acting run the same layers: each has one `forward`, and attention takes an optional
+`LayerCache` (the layer's K/V ring while acting) and, with RoPE, the positions' `Rotation`.
 
 Why these pieces: off-policy actor-critic RL drives attention towards low-entropy "recall one exact
 step" patterns, which makes plain Transformers collapse (attention logits and activations blow up).
@@ -14,23 +15,24 @@ AMAGO keeps them stable with
   * Leaky ReLU MLPs (no dead units when values are sparse and rewards rare).
 
 Position information comes only from the rollout's `time` input (not from the index in the window),
-so a window that starts mid-rollout and the acting-time KV ring buffer see the same positions.
+so a window that starts mid-rollout and the acting-time KV ring buffer see the same positions: added to
+the input once (learned / sinusoidal), or rotating every layer's queries and keys (RoPE; the acting step
+rotates a key by its time before writing it into the ring).
 Attention is causal and limited to the last `context_len` (W) positions. The full forward pass over a
 sequence longer than W uses a banded mask, so it computes exactly what step-by-step acting computes.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-PosEmb = Literal["learned", "sinusoidal", "none"]
+from icrl.nets.positions import PosEmb, Rotary, Rotation, TimeEmbedding, rotate_qk
 
 
 class SigmaReparamLinear(nn.Module):
@@ -164,15 +166,22 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = attn_dropout
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        rot: Rotation | None = None,
     ) -> torch.Tensor:
         """x [B, L, d] -> [B, L, d].
 
         Training (`cache` None): attend within x; `mask` is None (plain causal, L <= window) or the [L, L]
         banded mask. Acting (`cache` given, L == 1): attend over the ring's slots, this step's included.
+        `rot` (RoPE): x's positions; queries and keys are rotated by them first (so acting writes rotated keys).
         """
         B, L, d = x.shape
         qkv = self.qkv(x).view(B, L, 3, self.heads, self.head_dim)  # [B, L, 3, H, dh]
+        if rot is not None:
+            qkv = rotate_qk(qkv, rot)
         y = self._attend_sequence(qkv, mask) if cache is None else self._attend_ring(qkv[:, 0], cache)
         return self.proj(y.reshape(B, L, d))  # [B, L, d]
 
@@ -196,7 +205,8 @@ class CausalSelfAttention(nn.Module):
     def _attend_ring(self, qkv: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         """qkv [B, 3, H, dh] of one new position per row: write its k, v into the ring, attend over the
         first n slots -> [B*H, 1, dh]. The order of keys in the ring does not matter (attention is
-        permutation invariant over keys; positions enter through the time embedding), so slot = count % W.
+        permutation invariant over keys; positions enter through the time embedding, or are already rotated
+        into the keys), so slot = count % W.
         A query of length 1 makes attention two batched mat-vecs; written out (one write, baddbmm,
         softmax, bmm) it is much faster than SDPA's CPU kernels, which are tuned for long queries.
         """
@@ -243,41 +253,15 @@ class Block(nn.Module):
         self.drop = nn.Dropout(resid_dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        rot: Rotation | None = None,
     ) -> torch.Tensor:
-        """x [B, L, d] -> [B, L, d]; `mask` and `cache` as in `CausalSelfAttention.forward`."""
-        x = x + _dropout(self.drop, self.ln_attn_out(self.attn(self.ln_attn(x), mask, cache)))
+        """x [B, L, d] -> [B, L, d]; `mask`, `cache` and `rot` as in `CausalSelfAttention.forward`."""
+        x = x + _dropout(self.drop, self.ln_attn_out(self.attn(self.ln_attn(x), mask, cache, rot)))
         return x + _dropout(self.drop, self.mlp(self.ln_mlp(x)))
-
-
-class TimeEmbedding(nn.Module):
-    """Position embedding of the rollout time index: learned table (time clamped), sinusoidal, or none."""
-
-    freqs: torch.Tensor  # buffer, registered in __init__ for kind="sinusoidal"
-
-    def __init__(self, kind: PosEmb, d_model: int, max_time: int):
-        super().__init__()
-        self.kind, self.max_time = kind, max_time
-        if kind == "learned":
-            self.table = nn.Embedding(max_time + 1, d_model)
-            # N(0, 1) like torch's default (and the official AMAGO's table): at std 0.02 the positions were
-            # ~30x smaller than the token embedding they are added to, and attention could barely use them.
-            nn.init.normal_(self.table.weight, std=1.0)
-        elif kind == "sinusoidal":
-            assert d_model % 2 == 0, "sinusoidal time embedding needs an even d_model"
-            freqs = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
-            self.register_buffer("freqs", freqs, persistent=False)  # [d/2]
-        elif kind != "none":
-            raise ValueError(f"pos_emb must be 'learned', 'sinusoidal' or 'none', got {kind!r}")
-
-    def forward(self, time: torch.Tensor) -> torch.Tensor | None:
-        """time [...] long -> [..., d] (None for 'none')."""
-        if self.kind == "learned":
-            return self.table(time.clamp(0, self.max_time))
-        if self.kind == "sinusoidal":
-            angle = time.unsqueeze(-1).float() * self.freqs  # [..., d/2]
-            return torch.cat([angle.sin(), angle.cos()], dim=-1)
-        return None
 
 
 @dataclass
@@ -334,6 +318,7 @@ class TransformerTrajEncoder(nn.Module):
     KV cache: O(W) per step.
     Widths and dropouts: `d_ff` is the MLP's hidden width (None: 4 * d_model); `dropout` acts on the
     residual branches, `attn_dropout` on the attention weights, `emb_dropout` on the input embedding.
+    `pos_emb`: see `icrl.nets.positions` ("rope" rotates every layer's queries and keys by their time).
     """
 
     def __init__(
@@ -357,6 +342,7 @@ class TransformerTrajEncoder(nn.Module):
         self.heads, self.n_layers = heads, layers
         self.inp = nn.Linear(d_in, d_model)
         self.time_emb = TimeEmbedding(pos_emb, d_model, max_time)
+        self.rotary = Rotary(d_model // heads) if pos_emb == "rope" else None
         self.emb_drop = nn.Dropout(emb_dropout)
         d_ff = d_ff or 4 * d_model
         self.blocks = nn.ModuleList(
@@ -378,9 +364,14 @@ class TransformerTrajEncoder(nn.Module):
         # sliding window that acting sees.
         mask = None if L <= self.context_len else banded_causal_mask(L, self.context_len, x.device)
         h = self._embed(x, time)  # [B, L, d]
+        rot = self._rotation(time)
         for block in self.blocks:
-            h = block(h, mask)
+            h = block(h, mask, rot=rot)
         return self.ln_f(h)
+
+    def _rotation(self, time: torch.Tensor) -> Rotation | None:
+        """RoPE's rotation of time [B, L], computed once for every layer (None without RoPE)."""
+        return None if self.rotary is None else self.rotary(time)
 
     def init_state(self, batch_size: int, device: torch.device | str) -> KVCache:
         """An empty cache for `batch_size` parallel rollouts, allocated once and written in place."""
@@ -407,6 +398,7 @@ class TransformerTrajEncoder(nn.Module):
         """
         write_idx, bias = state.take_step()
         h = self._embed(x[:, None], time[:, None])  # [B, 1, d]
+        rot = self._rotation(time[:, None])
         for layer, block in enumerate(self.blocks):
-            h = block(h, cache=LayerCache(state.kv[layer], write_idx, bias))
+            h = block(h, cache=LayerCache(state.kv[layer], write_idx, bias), rot=rot)
         return self.ln_f(h)[:, 0], state

@@ -35,7 +35,7 @@ GAMMAS = (0.5, 0.9, 0.99)
 SEQ = 8
 
 
-def model_cfg(traj: str = "transformer", max_seq_len: int = SEQ) -> ModelConfig:
+def model_cfg(traj: str = "transformer", max_seq_len: int = SEQ, **model_kw) -> ModelConfig:
     return ModelConfig(
         traj_encoder=traj,
         d_model=32,
@@ -45,6 +45,7 @@ def model_cfg(traj: str = "transformer", max_seq_len: int = SEQ) -> ModelConfig:
         max_time=64,
         head_hidden=32,
         head_layers=1,
+        **model_kw,
     )
 
 
@@ -110,10 +111,11 @@ def real_batch(kind: str, root, batch_size: int = 6) -> tuple[Batch, gym.spaces.
     return batch, venv.single_observation_space["obs"], spec
 
 
-def build_agent(obs_space, spec, traj: str = "transformer", max_seq_len: int = SEQ, **loss_kw) -> Agent:
+def build_agent(obs_space, spec, traj: str = "transformer", max_seq_len: int = SEQ, model_kw: dict | None = None,
+                **loss_kw) -> Agent:
     torch.manual_seed(0)
     loss = loss_cfg(**loss_kw)
-    return Agent(obs_space, spec, model_cfg(traj, max_seq_len), loss)
+    return Agent(obs_space, spec, model_cfg(traj, max_seq_len, **(model_kw or {})), loss)
 
 
 # ------------------------------------------------------------------------------------------ gradient helpers
@@ -316,6 +318,42 @@ def test_learner_update_moves_online_targets_by_ema_and_popart(kind, tmp_path):
     assert learner.updates == 1
 
 
+ACTOR_OPTIONS = {  # ModelConfig fields of the actor's options (docs/method.md)
+    "gmm": {"continuous_dist": "gmm", "gmm_components": 3},
+    "beta": {"continuous_dist": "beta"},
+    "residual": {"actor_head": "residual"},
+    "residual-beta": {"actor_head": "residual", "continuous_dist": "beta"},
+}
+
+
+@pytest.mark.parametrize(("kind", "option"), [("continuous", o) for o in ACTOR_OPTIONS] + [("discrete", "residual")])
+def test_learner_update_and_acting_with_each_actor_option(kind, option, tmp_path):
+    """A learner update with the GMM or Beta policy, or the residual actor: finite metrics, every part of the
+    network moves, the target actor by EMA; then the agent acts inside the action bounds."""
+    batch, obs_space, spec = real_batch(kind, tmp_path / "replay")
+    cfg = _experiment().replace(**ACTOR_OPTIONS[option])
+    torch.manual_seed(0)
+    agent = Agent(obs_space, spec, cfg.model, cfg.loss)
+    learner = Learner(agent, cfg, torch.device("cpu"))
+    before = {n: t.detach().clone() for n, t in agent.state_dict().items()}
+    metrics = learner.update(batch)
+    assert learner.updates == 1 and all(torch.isfinite(v).all() for v in metrics.values())
+    after = agent.state_dict()
+    for prefix in ("tstep_encoder.", "traj_encoder.", "actor.", "critic."):
+        names = [n for n, p in agent.named_parameters() if n.startswith(prefix)]
+        assert any(not torch.equal(before[n], after[n]) for n in names), prefix
+    still = [n for n, _ in agent.actor.named_parameters() if torch.equal(before[f"actor.{n}"], after[f"actor.{n}"])]
+    assert not still, f"actor parameters the update did not reach: {still}"
+    for n, p in agent.target_actor.named_parameters():
+        expected = (1 - cfg.loss.tau) * before[f"target_actor.{n}"] + cfg.loss.tau * after[f"actor.{n}"]
+        torch.testing.assert_close(p.detach(), expected, atol=1e-6, rtol=1e-5)
+    ts = first_timesteps(batch)
+    for greedy in (True, False):
+        actions = AgentPolicy(agent, ts.time.shape[0], greedy=greedy).act(ts, np.ones(ts.time.shape[0], bool))
+        if kind == "continuous":
+            assert actions.shape == (ts.time.shape[0], spec.dim) and np.abs(actions).max() <= 1.0
+
+
 def test_weight_decay_only_on_weight_matrices():
     """Learner's AdamW groups: decay on weight matrices only; norms, biases, embeddings, σReparam gains
     and the critic ensemble's biases and LayerNorm gains/offsets ([C, H]-shaped, but not matrices) are
@@ -424,16 +462,19 @@ def _row(ts: Timesteps, i: int) -> Timesteps:
 
 
 @pytest.mark.parametrize(
-    "traj,context,episodes",
-    [("transformer", 32, 1), ("transformer", 4, 1), ("transformer", 32, 2), ("gru", 32, 1), ("gru", 32, 2)],
-    ids=["transformer", "transformer-sliding", "transformer-2-episodes", "gru", "gru-2-episodes"],
+    "traj,context,episodes,pos_emb",
+    [("transformer", 32, 1, "sinusoidal"), ("transformer", 4, 1, "sinusoidal"), ("transformer", 32, 2, "sinusoidal"),
+     ("transformer", 4, 2, "rope"), ("gru", 32, 1, "sinusoidal"), ("gru", 32, 2, "sinusoidal")],
+    ids=["transformer", "transformer-sliding", "transformer-2-episodes", "transformer-rope-sliding-2-episodes",
+         "gru", "gru-2-episodes"],
 )
-def test_agent_policy_stepping_matches_full_forward(traj, context, episodes):
+def test_agent_policy_stepping_matches_full_forward(traj, context, episodes, pos_emb):
     """With several episodes per rollout, inner resets stay in context: only new_rollout clears it."""
     N = 3
     venv = make_vector_env("tmaze", {"length": 2, "horizon": 9}, N, episodes_per_rollout=episodes)
     spec = ActionSpec.from_space(venv.single_action_space)
-    agent = build_agent(venv.single_observation_space["obs"], spec, traj=traj, max_seq_len=context)
+    agent = build_agent(venv.single_observation_space["obs"], spec, traj=traj, max_seq_len=context,
+                        model_kw={"pos_emb": pos_emb})
     # non-trivial observation statistics, so the normaliser is exercised too
     agent.tstep_encoder.obs_norm.mean.fill_(0.2)
     agent.tstep_encoder.obs_norm.var.fill_(0.5)

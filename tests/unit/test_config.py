@@ -41,3 +41,27 @@ def test_overrides_take_a_field_with_or_without_its_group():
     assert cfg.optim.lr == 0.001 and cfg.loss.gammas == (0.9, 0.99)
     with pytest.raises(ConfigError, match="model.lr"):
         apply_overrides(cfg, ["model.lr=1"])
+
+
+def test_actor_and_position_options_default_off_validate_and_old_configs_load():
+    """The policy / actor-head / RoPE fields: defaults as before the options existed, a config.json written
+    without them loads with those defaults, and impossible combinations are refused with the flag's name."""
+    m = ExperimentConfig().model
+    assert (m.continuous_dist, m.actor_head, m.pos_emb, m.gmm_components) == ("tanh_gaussian", "mlp", "sinusoidal", 5)
+    raw = json.loads(ExperimentConfig().to_json())
+    for name in ("continuous_dist", "gmm_components", "actor_head"):
+        del raw["model"][name]
+    assert ExperimentConfig.from_json(json.dumps(raw)) == ExperimentConfig()
+    ok = ExperimentConfig().replace(continuous_dist="gmm", gmm_components=3, actor_head="residual", pos_emb="rope")
+    ok.validate(check_device=False)
+    ExperimentConfig().replace(continuous_dist="beta").validate(check_device=False)
+    bad = [
+        (dict(pos_emb="rope", d_model=12, heads=4), "--pos-emb rope"),  # head width 3
+        (dict(gmm_components=3), "--gmm-components applies to --continuous-dist gmm"),
+        (dict(continuous_dist="gmm", gmm_components=0), "--gmm-components must be in"),
+        (dict(continuous_dist="gaussian"), "--continuous-dist must be one of"),
+        (dict(actor_head="resnet"), "--actor-head must be one of"),
+    ]
+    for kw, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            ExperimentConfig().replace(**kw).validate(check_device=False)

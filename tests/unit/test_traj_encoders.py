@@ -21,9 +21,12 @@ KINDS = ["transformer", "gru", "lstm", "ff"]
 
 def build(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    if kind == "transformer":
+    if kind in ("transformer", "transformer-rope"):
         # a short window, so the rollouts below run past it and exercise the sliding window
-        return make_traj_encoder(kind, D_IN, d_model=32, layers=2, heads=4, context_len=5, max_time=64)
+        pos_emb = "rope" if kind == "transformer-rope" else "learned"
+        return make_traj_encoder(
+            "transformer", D_IN, d_model=32, layers=2, heads=4, context_len=5, max_time=64, pos_emb=pos_emb
+        )
     return make_traj_encoder(kind, D_IN, d_model=32)
 
 
@@ -86,7 +89,7 @@ def _staggered_rollouts(
     return x, torch.as_tensor(time), resets
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "transformer-rope"])
 def test_stepping_matches_forward_with_staggered_resets(kind: str) -> None:
     """Rows at different timesteps reset at different moments; each row's stepped outputs equal one
     full forward pass over its own rollout since its last reset (docs/design.md §10)."""

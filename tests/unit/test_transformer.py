@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from icrl.nets.positions import Rotary, rotate_qk
 from icrl.nets.transformer import (
     SigmaReparamLinear,
     TransformerTrajEncoder,
@@ -34,7 +35,7 @@ def step_through(enc: TransformerTrajEncoder, x: torch.Tensor, time: torch.Tenso
     return torch.stack(outs, dim=1)
 
 
-@pytest.mark.parametrize("pos_emb", ["learned", "sinusoidal", "none"])
+@pytest.mark.parametrize("pos_emb", ["learned", "sinusoidal", "none", "rope"])
 def test_forward_shape(pos_emb: str) -> None:
     enc = make(pos_emb=pos_emb)
     out = enc(torch.randn(3, 11, 5), torch.arange(11).repeat(3, 1))
@@ -43,7 +44,7 @@ def test_forward_shape(pos_emb: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("pos_emb", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("pos_emb", ["learned", "sinusoidal", "rope"])
 @pytest.mark.parametrize("length", [6, 24])  # inside the window (is_causal path), and 3 x W (banded mask)
 def test_kv_cache_matches_full_forward(pos_emb: str, length: int, device: str) -> None:
     enc = make(pos_emb=pos_emb).to(device).eval()
@@ -260,9 +261,10 @@ def test_sigma_reparam_acting_snapshot_is_exact_and_kept_until_refreshed() -> No
         assert torch.equal(layer(x), yi) and torch.equal(yi, _uncached(layer, x))
 
 
-def test_step_masks_only_when_rows_differ() -> None:
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_step_masks_only_when_rows_differ(pos_emb: str) -> None:
     """Rows at the same fill level attend without a mask; staggered rows mask their empty slots."""
-    enc = make(context_len=4).eval()
+    enc = make(context_len=4, pos_emb=pos_emb).eval()
     x = torch.randn(2, 7, 5)
     time = torch.arange(7).repeat(2, 1)
     with torch.no_grad():
@@ -280,3 +282,68 @@ def test_step_masks_only_when_rows_differ() -> None:
     with torch.no_grad():
         fresh = enc(x[1:, 3:], torch.arange(4)[None])[0]
     torch.testing.assert_close(torch.stack(outs[3:], 1)[1], fresh, atol=1e-5, rtol=1e-5)  # row 1: since reset
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+def test_rope_rotation_is_the_half_split_complex_rotation() -> None:
+    """Pair i of a head vector, (x[i], x[i + dh/2]), is multiplied by e^{i t w_i}, w_i = 10000^(-2i/dh), for
+    queries and keys; values are untouched."""
+    B, L, H, dh = 2, 5, 3, 8
+    qkv = torch.randn(B, L, 3, H, dh, dtype=torch.float64)
+    time = torch.tensor([[0, 1, 2, 7, 300], [4, 5, 6, 7, 8]])
+    out = rotate_qk(qkv.float(), Rotary(dh)(time)).double()
+    w = 10000.0 ** (-torch.arange(0, dh, 2, dtype=torch.float64) / dh)  # [dh/2]
+    phase = torch.polar(torch.ones(B, L, dh // 2, dtype=torch.float64), time[..., None].double() * w)
+    for j in (0, 1):  # q, k
+        x = qkv[:, :, j]  # [B, L, H, dh]
+        z = torch.complex(x[..., : dh // 2], x[..., dh // 2 :]) * phase[:, :, None]
+        torch.testing.assert_close(out[:, :, j], torch.cat([z.real, z.imag], -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[:, :, 2], qkv[:, :, 2], atol=1e-6, rtol=1e-6)
+
+
+def test_rope_scores_depend_on_time_differences_only() -> None:
+    """No position is added to the input: the encoder's output is the same when every time shifts by a
+    constant, and changes when the gaps between times change (positions come from `time`, not the window)."""
+    enc = make(pos_emb="rope").eval()
+    x = torch.randn(2, 10, 5)
+    time = torch.arange(10).repeat(2, 1)
+    with torch.no_grad():
+        base = enc(x, time)
+        torch.testing.assert_close(enc(x, time + 57), base, atol=1e-4, rtol=1e-4)
+        spread = time * 3
+        assert (enc(x, spread) - base)[:, 1:].abs().amax() > 1e-3
+        torch.testing.assert_close(enc(x, spread)[:, 0], base[:, 0])  # the first step attends to itself only
+
+
+def test_rope_adds_no_parameters_and_needs_an_even_head_width() -> None:
+    """A "rope" model has the state dict of a "none" model (the frequencies are not saved)."""
+    rope, none = make(pos_emb="rope"), make(pos_emb="none")
+    assert rope.state_dict().keys() == none.state_dict().keys()
+    assert all(rope.state_dict()[k].shape == v.shape for k, v in none.state_dict().items())
+    with pytest.raises(ValueError, match="even head width"):
+        make(pos_emb="rope", d_model=12, heads=4)
+
+
+def test_rope_gradients_reach_all_parameters() -> None:
+    enc = make(pos_emb="rope").train()
+    x = torch.randn(2, 9, 5, requires_grad=True)
+    enc(x, torch.arange(9).repeat(2, 1)).square().mean().backward()
+    for name, p in enc.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_rope_acting_rotates_by_time_not_by_slot() -> None:
+    """Stepping equals the forward pass also when times are not consecutive (so a rotation by the ring slot
+    or the step count, which agrees with consecutive times up to a shift, would fail here)."""
+    enc = make(pos_emb="rope").eval()
+    x = torch.randn(2, 20, 5)
+    gaps = torch.randint(1, 5, (2, 20))
+    time = gaps.cumsum(1) + torch.tensor([[0], [40]])
+    with torch.no_grad():
+        full = enc(x, time)
+        stepped = step_through(enc, x, time)
+        shifted = enc(x, torch.arange(20).repeat(2, 1))
+    torch.testing.assert_close(stepped, full, atol=1e-5, rtol=1e-5)
+    assert (shifted - full).abs().amax() > 1e-3
