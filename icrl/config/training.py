@@ -28,9 +28,9 @@ class OptimConfig:
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Precision of the learner's forward and loss: `bf16` runs them under torch.autocast(bfloat16) (matmuls
     and attention in bf16; heads' outputs, losses, PopArt, gradients and the optimiser stay float32).
-    On a CPU with bf16 instructions (AMX) and 1 thread it made updates ~1.25x faster (d128, B24x256); on one
-    without (AVX2 only: torch emulates bf16 matmuls) ~10x slower, and the run warns
-    (icrl.agent.learner.cpu_bf16_is_native)."""
+    On a CPU with bf16 instructions (AMX) and 1 thread it made updates ~1.25x faster (d128, B24x256); on an x86
+    CPU with AVX512-BF16 but no AMX no faster (d64 x 501); on one without (AVX2 only: torch emulates bf16
+    matmuls) ~10x slower. The last two warn (icrl.agent.learner.warn_if_bf16_is_emulated)."""
     compile: bool | None = None
     """torch.compile the learner's loss computation (the encoder pass, heads and losses: one graph; a failed
     compile falls back to eager with a warning). It fuses the heads' and norms' elementwise work, which

@@ -686,30 +686,36 @@ def test_bf16_learner_update_keeps_float32_state(tmp_path):
     assert agent.popart.mu.dtype == torch.float32
 
 
-@pytest.mark.parametrize(("native", "dtype", "device", "warns"), [
-    (False, "bf16", "cpu", True), (True, "bf16", "cpu", False), (None, "bf16", "cpu", False),
-    (False, "fp32", "cpu", False), (False, "bf16", "cuda", False)])
-def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(monkeypatch, native, dtype, device, warns):
-    """A bf16 run on a CPU without bf16 instructions is ~10x slower than fp32 and nothing else says why."""
+@pytest.mark.parametrize(("native", "amx", "dtype", "device", "warns"), [
+    (False, False, "bf16", "cpu", "emulates"), (True, True, "bf16", "cpu", None), (None, None, "bf16", "cpu", None),
+    (True, False, "bf16", "cpu", "without AMX"), (True, None, "bf16", "cpu", None),
+    (False, False, "fp32", "cpu", None), (False, False, "bf16", "cuda", None), (True, False, "bf16", "cuda", None)])
+def test_bf16_on_a_cpu_where_it_is_not_fast_is_warned_about(monkeypatch, native, amx, dtype, device, warns):
+    """A bf16 run on a CPU without bf16 instructions is ~10x slower than fp32, and on x86 without AMX no faster,
+    and nothing else says why."""
     monkeypatch.setattr(learner_module, "cpu_bf16_is_native", lambda: native)
+    monkeypatch.setattr(learner_module, "cpu_has_amx", lambda: amx)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         said = learner_module.warn_if_bf16_is_emulated(dtype, torch.device(device))
-    assert said is warns and len(caught) == int(warns)
+    assert said is (warns is not None) and len(caught) == int(warns is not None)
     if warns:
-        assert "--dtype fp32" in str(caught[0].message) and "emulates" in str(caught[0].message)
+        assert "--dtype fp32" in str(caught[0].message) and warns in str(caught[0].message)
 
 
 def test_cpu_bf16_features_follow_what_torch_reports(monkeypatch):
     caps = {"architecture": "x86_64", "avx2": True, "avx512_bf16": False, "amx_bf16": False}
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps, raising=False)
     assert learner_module.cpu_bf16_is_native() is False
+    assert learner_module.cpu_has_amx() is False
+    caps["avx512_bf16"] = True
+    assert learner_module.cpu_bf16_is_native() is True and learner_module.cpu_has_amx() is False
     caps["amx_bf16"] = True
-    assert learner_module.cpu_bf16_is_native() is True
+    assert learner_module.cpu_bf16_is_native() is True and learner_module.cpu_has_amx() is True
     caps["architecture"] = "riscv64"
-    assert learner_module.cpu_bf16_is_native() is None
+    assert learner_module.cpu_bf16_is_native() is None and learner_module.cpu_has_amx() is None
     monkeypatch.delattr(torch.cpu, "get_capabilities")
-    assert learner_module.cpu_bf16_is_native() is None
+    assert learner_module.cpu_bf16_is_native() is None and learner_module.cpu_has_amx() is None
 
 
 @pytest.mark.parametrize("reduce", ["min", "mean"])
