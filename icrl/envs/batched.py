@@ -4,35 +4,32 @@ A `SyncVectorEnv` of `TimestepWrapper`'d envs costs ~30 µs per copy and step in
 wrapper's checks and clock, the task's own step), which at 128 copies is more time than the policy's step
 (docs/results.md, acting). The tasks here keep their state in arrays and step every copy at once.
 
-Each class gives exactly what `make_vector_env` would give with the per-copy code, under the same seed:
-the same timesteps (`{"obs", "prev_action", "prev_reward", "time", "reset"}`, dtypes included), rewards,
-terminations, SAME_STEP autoresets and infos (`final_obs`, `final_info` with `success` / `episode_end`), and
-the same task draws, because copy i draws its hidden task from its own generator, seeded as gymnasium seeds
-the copies of a `SyncVectorEnv` (seed + i) and drawn with the same calls as the task's `reset`
-(tests/unit/test_batched_envs.py steps both side by side). They cover single-episode rollouts, which is all
-these tasks use; `make_vector_env` builds the per-copy env for anything else (meta-RL rollouts of several
-episodes, a horizon, user factories).
-
-The timestep rule of a single-episode rollout (docs/design.md §2, `RolloutClock`): time counts the actions
-taken since the reset; the previous action and reward are those of the last step, zero at the reset, where
-the reset flag is 1.
+Each class gives exactly what `make_vector_env` would give with the per-copy code, under the same seed and
+rollout settings: the same timesteps (`{"obs", "prev_action", "prev_reward", "time", "reset"}`, dtypes
+included), rewards, terminations, truncations, SAME_STEP autoresets and infos (`final_obs`, `final_info`,
+`success`, `episode_end`), and the same task draws, because copy i draws its hidden task from its own
+generator, seeded as gymnasium seeds the copies of a `SyncVectorEnv` (seed + i) and drawn with the same calls
+as the task's `reset` (tests/unit/test_batched_envs.py steps both side by side). Multi-episode rollouts
+(`episodes_per_rollout` k or `rollout_horizon` H, docs/design.md §2) follow `TimestepWrapper`: an inner
+episode's final timestep, then a bridge step (the action ignored, the next episode of the same task starts
+with reset flag 1, time counting on), the rollout ending as its k-th episode does or truncated at H. The
+time, episode index and previous action are `RolloutClocks` (icrl.envs.clock), `RolloutClock`'s array form.
 
 Goal-conditioned tasks (docs/CONTRACTS.md; their batched forms are in icrl.envs.batched_goals) add the
 timestep entry "achieved" ([N, K] int64, -1 padded) and the info key "achieved" (each copy's list of tokens,
-as every reset and step of the per-copy task reports it).
+as every reset and step of the per-copy task reports it). The meta-RL tasks are in icrl.envs.batched_meta.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 from gymnasium.vector.utils import batch_space
 
-from icrl.envs.tasks.recall import CueRecall
-from icrl.envs.tasks.tmaze import DOWN, LEFT, RIGHT, UP, TMaze, TMazeActive
+from icrl.envs.clock import RolloutClocks
 from icrl.envs.wrapper import TimestepWrapper
 
 
@@ -47,18 +44,24 @@ class StepArrays(NamedTuple):
 
 
 class BatchedTaskEnv(gym.vector.VectorEnv):
-    """The vector-env side shared by the batched tasks: spaces, seeding, timesteps, SAME_STEP autoreset.
+    """The vector-env side shared by the batched tasks: spaces, seeding, timesteps, rollouts of one or several
+    episodes, SAME_STEP autoreset.
 
-    A task subclass keeps its state in [N] arrays and implements `_draw_tasks(rows)` (the hidden task of
-    the rows just reset, drawn from `self._rngs[i]` as the per-copy env draws it), `_reset_rows(rows)`,
-    `_obs()` (the observation's flattened keys, as TimestepWrapper names them -> [N, ...] arrays of the
-    current state, fresh each call) and `_step_arrays(actions)` -> `StepArrays`.
+    A task subclass keeps its state in [N] arrays and implements `_draw_tasks(rows)` (a new hidden task for
+    the rows, drawn from `self._rngs[i]` as the per-copy task's reset draws it), `_reset_rows(rows)` (the
+    episode's state), `_obs()` (the observation's flattened keys, as TimestepWrapper names them -> [N, ...]
+    arrays of the current state, fresh each call) and `_step_arrays(actions)` -> `StepArrays`; a task whose
+    reset with `options={"new_task": False}` draws something overrides `_draw_episodes(rows)`. `self._time`
+    [N] is the task's own step count, from its episode's reset.
     """
 
-    def __init__(self, proto: gym.Env, num_envs: int) -> None:
+    def __init__(
+        self, proto: gym.Env, num_envs: int, episodes_per_rollout: int = 1, rollout_horizon: int | None = None
+    ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        wrapped = TimestepWrapper(proto)  # the per-copy code's spaces and action conversions, built once
+        # the per-copy code's spaces, action conversions and rollout settings (checked there), built once
+        wrapped = TimestepWrapper(proto, episodes_per_rollout, rollout_horizon)
         self._proto = wrapped
         self.num_envs = int(num_envs)
         self.single_observation_space = wrapped.observation_space
@@ -75,7 +78,10 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
         self._keys = list(space.spaces)
         self._slots = wrapped.achieved_slots  # K > 0: a goal task, "achieved" in timesteps and infos
         self._rngs: list[np.random.Generator | None] = [None] * self.num_envs
-        self._time = np.zeros(self.num_envs, np.int64)  # [N] actions taken since the copy's reset
+        self._time = np.zeros(self.num_envs, np.int64)  # [N] the task's steps since its episode's reset
+        self._clock = RolloutClocks(self.action_spec, self.num_envs, wrapped.episodes_per_rollout,
+                                    wrapped.rollout_horizon)  # the timesteps' time, episode, previous action
+        self._pending = np.zeros(self.num_envs, bool)  # [N] the last timestep ended an inner episode
         self._started = False
 
     # ----------------------------------------------------------------------------- what the copies share
@@ -103,32 +109,32 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
         assert rng is not None, "reset seeds every copy's generator"
         return rng
 
-    def _timestep(
-        self, action_vec: np.ndarray, reward: np.ndarray, reset: np.ndarray,
-        achieved: np.ndarray | None = None,
-    ) -> dict[str, Any]:
+    def _start_rows(self, rows: np.ndarray, new_task: bool) -> None:
+        """The per-copy wrapper's reset of the copies `rows` (indices): a new task (its hard reset) or the
+        next episode of the same task (a bridge step's `reset(options={"new_task": False})`)."""
+        if new_task:
+            self._draw_tasks(rows)
+        else:
+            self._draw_episodes(rows)
+        self._reset_rows(rows)
+        self._time[rows] = 0
+        self._clock.start(rows, new_task)
+        self._pending[rows] = False
+
+    def _timestep(self, reward: np.ndarray, reset: np.ndarray, achieved: np.ndarray | None = None) -> dict[str, Any]:
         """The batched timestep of the current state: [N, ...] arrays, fresh each call. `achieved` [N, K]: the
         goal tokens of the step that led here (a reset achieves nothing: -1)."""
         keep = ~reset
         obs = self._obs()
-        ts = {
-            "obs": {k: obs[k] for k in self._obs_keys},
-            "prev_action": np.where(keep[:, None], action_vec, np.float32(0.0)).astype(np.float32),  # [N, A]
-            "prev_reward": np.where(keep, reward, 0.0).astype(np.float32),  # [N]
-            "time": self._time.copy(),  # [N] int64
-            "reset": reset.astype(np.int8),  # [N]
-        }
+        ts = {"obs": {k: obs[k] for k in self._obs_keys}, **self._clock.timestep(reward, keep)}
         if self._slots:
             none = np.full((self.num_envs, self._slots), -1, np.int64)
             ts["achieved"] = none if achieved is None else np.where(keep[:, None], achieved, none)  # [N, K]
         return {k: ts[k] for k in self._keys}  # the observation space's key order, as a SyncVectorEnv's
 
     def _reset_info(self) -> dict[str, Any]:
-        """The vector info of a reset of every copy: a goal task reports `achieved=[]` for each."""
-        if not self._slots:
-            return {}
-        n = self.num_envs
-        return {"achieved": _object_array([[] for _ in range(n)]), "_achieved": np.ones(n, bool)}
+        """What the per-copy task's reset reports: a goal task `achieved=[]`, the others nothing."""
+        return {"achieved": []} if self._slots else {}
 
     # --------------------------------------------------------------------------------------------- API
     def reset(
@@ -137,62 +143,92 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
         if options:
             raise ValueError(f"{type(self).__name__}.reset takes no options (got {sorted(options)})")
         self._seed_rows(seed)
-        rows = np.arange(self.num_envs)
-        self._draw_tasks(rows)
-        self._reset_rows(rows)
-        self._time[:] = 0
+        n = self.num_envs
+        self._start_rows(np.arange(n), new_task=True)
         self._started = True
-        n, a = self.num_envs, self.action_spec.dim
-        return self._timestep(np.zeros((n, a), np.float32), np.zeros(n), np.ones(n, bool)), self._reset_info()
+        info = {"achieved": _object_array([[] for _ in range(n)]), "_achieved": np.ones(n, bool)} if self._slots else {}
+        return self._timestep(np.zeros(n), np.ones(n, bool)), info
 
     def step(self, actions: Any) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         if not self._started:
             raise RuntimeError(f"{type(self).__name__}.step before reset")
+        stored, bridge = self._checked_actions(actions)
+        self._time += 1
+        out = self._step_arrays(stored)  # the bridge rows' steps are undone by their reset below
+        self._clock.acted(self.action_spec.to_vector(stored))  # a bridge's ignored action counts as a step
+        if bridge.any():
+            self._start_rows(np.flatnonzero(bridge), new_task=False)
+        stepped = ~bridge
+        inner_term = out.terminated & stepped
+        inner_trunc = stepped & (False if out.truncated is None else out.truncated)
+        terminated, truncated = self._rollout_ends(inner_term, inner_trunc)
+        reward = np.where(bridge, 0.0, out.reward)
+        obs = self._timestep(reward, bridge, out.achieved)
+        success = np.where(bridge, np.nan, out.success)
+        obs, info = self._infos(obs, reward, terminated | truncated, inner_term | inner_trunc, bridge, success,
+                                out.achieved)
+        return obs, reward, terminated, truncated, info
+
+    def _checked_actions(self, actions: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The actions in storage form, and [N] bool: the rows whose action a bridge step ignores (their last
+        timestep ended an inner episode), replaced by 0 here; the others' discrete ids checked."""
         spec = self.action_spec
         stored = spec.as_stored(np.asarray(actions).reshape(spec.storage_shape(self.num_envs)))
+        bridge = self._pending.copy()
+        if bridge.any():
+            stored = stored.copy()  # never the caller's array
+            stored[bridge] = 0
         if spec.kind == "discrete" and (stored.min() < 0 or stored.max() >= spec.dim):
             bad = int(stored[(stored < 0) | (stored >= spec.dim)][0])
             raise ValueError(f"{type(self).__name__}: discrete action {bad} outside [0, {spec.dim})")
-        self._time += 1
-        out = self._step_arrays(stored)
-        truncated = np.zeros(self.num_envs, bool) if out.truncated is None else out.truncated
-        action_vec = spec.to_vector(stored)  # [N, A]
-        obs = self._timestep(action_vec, out.reward, np.zeros(self.num_envs, bool), out.achieved)
-        # each copy's info["achieved"] (goal tasks): a list per copy, as the per-copy task reports it
-        tokens = _token_lists(out.achieved) if self._slots and out.achieved is not None else None
+        return stored, bridge
+
+    def _rollout_ends(self, terminated: np.ndarray, truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`TimestepWrapper.step`'s rule, every copy at once: (terminated, truncated) of the rollout, given
+        those of the inner episodes (False for the bridge rows), after the clock moved. A rollout of k
+        episodes ends as its k-th does; one with a horizon is truncated once time reaches it (a bridge step
+        too); an inner episode that ends short of that makes the next step a bridge (`self._pending`)."""
+        over = self._clock.rollout_over()  # [N]
+        ended = terminated | truncated
+        self._pending = ended & ~over
+        if self._clock.rollout_horizon is not None:
+            return np.zeros(self.num_envs, bool), over.copy()
+        return terminated & over, truncated & over
+
+    def _infos(
+        self, obs: dict[str, Any], reward: np.ndarray, done: np.ndarray, ended: np.ndarray, bridge: np.ndarray,
+        success: np.ndarray, achieved: np.ndarray | None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The vector info of a step, as SyncVectorEnv builds it from each copy's info, and the copies whose
+        rollout ended (`done`: once per rollout) reset: their final timestep and info go into `final_obs` /
+        `final_info`.
+        Per-copy Python only for the rows whose info holds more than a goal task's tokens: an episode's end,
+        a success, a bridge step."""
+        tokens = _token_lists(achieved) if self._slots and achieved is not None else None
         info: dict[str, Any] = {}
-        done = np.flatnonzero(out.terminated | truncated)
-        if done.size:
-            obs, info = self._end_rows(done, obs, out, action_vec, tokens)
+        for i in np.flatnonzero(done | ended | bridge | ~np.isnan(success)).tolist():
+            if bridge[i]:  # a bridge step returns what the next episode's reset reports
+                step_info = self._reset_info()
+            else:  # the per-copy task's info, the wrapper's `episode_end` added
+                step_info = {"achieved": tokens[i]} if tokens is not None else {}
+                if not np.isnan(success[i]):
+                    step_info["success"] = float(success[i])
+                if ended[i]:
+                    step_info["episode_end"] = True
+            if done[i]:
+                info = self._add_info(info, {"final_obs": _row(obs, i), "final_info": step_info}, i)
+            else:
+                info = self._add_info(info, {k: v for k, v in step_info.items() if k != "achieved"}, i)
+            if tokens is not None and (done[i] or bridge[i]):
+                tokens[i] = []  # what a reset reports
+        rows = np.flatnonzero(done)
+        if rows.size:  # SAME_STEP autoreset: a new task
+            self._start_rows(rows, new_task=True)
+            obs = {k: _merge(obs[k], v, done) for k, v in self._timestep(reward, done).items()}
         if tokens is not None:  # SyncVectorEnv adds each copy's info in turn: keys of copy 0's first
             got = {"achieved": _object_array(tokens), "_achieved": np.ones(self.num_envs, bool)}
-            info = {**info, **got} if done.size and done[0] == 0 else {**got, **info}
-        return obs, out.reward, out.terminated, truncated, info
-
-    def _end_rows(
-        self, done: np.ndarray, obs: dict[str, Any], out: StepArrays, action_vec: np.ndarray,
-        tokens: list | None,
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The copies in `done` ended their episode (rare: once per rollout): their final timestep and info go
-        into `final_obs` / `final_info`, built as SyncVectorEnv builds them, and they are reset (SAME_STEP);
-        their `tokens` entry becomes the reset's (none)."""
-        info: dict[str, Any] = {}
-        for i in done.tolist():
-            final_ts = {k: _row(v, i) for k, v in obs.items()}
-            final_info: dict[str, Any] = {}
-            if tokens is not None:
-                final_info["achieved"], tokens[i] = tokens[i], []
-            if not np.isnan(out.success[i]):
-                final_info["success"] = float(out.success[i])
-            final_info["episode_end"] = True
-            info = self._add_info(info, {"final_obs": final_ts, "final_info": final_info}, i)
-        self._draw_tasks(done)
-        self._reset_rows(done)
-        self._time[done] = 0
-        reset = np.zeros(self.num_envs, bool)
-        reset[done] = True
-        fresh = self._timestep(action_vec, out.reward, reset)
-        return {k: _merge(obs[k], fresh[k], reset) for k in obs}, info
+            info = {**info, **got} if done[0] else {**got, **info}
+        return obs, info
 
     def close_extras(self, **kwargs: Any) -> None:
         self._proto.close()
@@ -200,6 +236,10 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------------------ the task's part
     def _draw_tasks(self, rows: np.ndarray) -> None:
         raise NotImplementedError
+
+    def _draw_episodes(self, rows: np.ndarray) -> None:
+        """The draws of the per-copy task's `reset(options={"new_task": False})` for `rows`: none by default
+        (the task keeps its hidden task and draws nothing)."""
 
     def _reset_rows(self, rows: np.ndarray) -> None:
         raise NotImplementedError
@@ -210,13 +250,24 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
     def _step_arrays(self, actions: np.ndarray) -> StepArrays:
         raise NotImplementedError
 
-    def _task_reset(self, i: int) -> Any:
+    def _task_reset(self, i: int, options: dict[str, Any] | None = None) -> Any:
         """The per-copy task (the prototype's), reset with copy i's generator: its draws are copy i's, made
-        by the per-copy code itself (used by tasks whose generation is long: mazes, instructions)."""
+        by the per-copy code itself (used by tasks whose generation is long: mazes, instructions). With
+        `options={"new_task": False}` the caller has first put copy i's hidden task into it."""
         task = self._proto.unwrapped
         task.np_random = self._rng(i)
-        task.reset()
+        task.reset(options=options)
         return task
+
+
+def position_rows(pos: np.ndarray, size: int, obs_mode: str) -> np.ndarray:
+    """[N, 2] int64 cells -> every copy's `grid.position_obs`: [N, 2] float32 (row, col) / (size - 1) for
+    obs_mode "xy", else [N, size**2] float32 one-hot."""
+    if obs_mode == "xy":
+        return pos.astype(np.float32) / np.float32(max(size - 1, 1))
+    out = np.zeros((len(pos), size**2), np.float32)
+    out[np.arange(len(pos)), pos[:, 0] * size + pos[:, 1]] = 1.0
+    return out
 
 
 def _token_lists(achieved: np.ndarray) -> list[list[int]]:
@@ -247,102 +298,6 @@ def _merge(old: Any, new: Any, rows: np.ndarray) -> Any:
     return out
 
 
-class BatchedTMaze(BatchedTaskEnv):
-    """N Passive (or, `active=True`, Active) T-Mazes (`icrl.envs.tasks.tmaze`): the same rules, as arrays."""
-
-    def __init__(self, num_envs: int, length: int = 10, horizon: int | None = None, active: bool = False) -> None:
-        task = (TMazeActive if active else TMaze)(length=length, horizon=horizon)
-        super().__init__(task, num_envs)
-        self.active = active
-        self.length, self.horizon, self.penalty, self.start_pos = task.length, task.horizon, task.penalty, task.start_pos
-        n = self.num_envs
-        self._goal_up = np.ones(n, bool)  # [N] the hidden task
-        self._pos = np.full(n, self.start_pos, np.int64)  # [N] cell
-        self._seen_cue = np.zeros(n, bool)  # [N] (active: the cue cell was visited)
-
-    def _cue_visible(self) -> np.ndarray:
-        return self._pos == 0 if self.active else self._time == 0  # [N]
-
-    def _draw_tasks(self, rows: np.ndarray) -> None:
-        for i in rows:  # TMaze.reset: goal_up = np_random.integers(2) == 0
-            self._goal_up[i] = bool(self._rng(i).integers(2) == 0)
-
-    def _reset_rows(self, rows: np.ndarray) -> None:
-        self._pos[rows] = self.start_pos
-        self._seen_cue[rows] = self.start_pos == 0  # TMaze.reset: the cue is seen where the agent starts
-
-    def _obs(self) -> dict[str, np.ndarray]:
-        n = self.num_envs
-        obs = np.zeros((n, 4), np.float32)  # [N, 4]: [cue_up, cue_down, in_corridor, at_junction]
-        cue = self._cue_visible()
-        obs[cue & self._goal_up, 0] = 1.0
-        obs[cue & ~self._goal_up, 1] = 1.0
-        corridor = self._pos < self.length
-        obs[corridor, 2] = 1.0
-        obs[~corridor, 3] = 1.0
-        return {"obs": obs}  # a Box observation: TimestepWrapper's key "obs"
-
-    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
-        choose = (self._pos == self.length) & ((actions == UP) | (actions == DOWN))  # [N] at the junction
-        correct = (actions == UP) == self._goal_up
-        progress = np.where(self._seen_cue, 1, -1) if self.active else 1  # before moving
-        old = self._pos.copy()
-        move = ~choose
-        self._pos += (move & (actions == RIGHT) & (self._pos < self.length)).astype(np.int64)
-        self._pos -= (move & (actions == LEFT) & (old > 0)).astype(np.int64)
-        reward = np.where(choose, correct.astype(np.float64), 0.0)
-        reward = np.where(move & (self._pos - old != progress), -self.penalty, reward)
-        self._seen_cue |= move & self._cue_visible()
-        timeout = ~choose & (self._time >= self.horizon)
-        terminated = choose | timeout
-        success = np.where(choose, correct.astype(np.float64), np.where(timeout, 0.0, np.nan))
-        return StepArrays(reward, terminated, success)
-
-
-class BatchedCueRecall(BatchedTaskEnv):
-    """N cue-recall tasks (`icrl.envs.tasks.recall.CueRecall`), discrete or continuous answers, as arrays."""
-
-    def __init__(self, num_envs: int, delay: int = 5, continuous: bool = True) -> None:
-        task = CueRecall(delay=delay, continuous=continuous)
-        super().__init__(task, num_envs)
-        self.delay, self.continuous = task.delay, task.continuous
-        self._env_low, self._env_high = (-1.0, 1.0)
-        if isinstance(task.action_space, gym.spaces.Box):
-            self._env_low, self._env_high = float(task.action_space.low[0]), float(task.action_space.high[0])
-        self._cue = np.ones(self.num_envs, np.float64)  # [N] ±1, the hidden task
-        self._t = np.zeros(self.num_envs, np.int64)  # [N] the task's own clock: it stops at the answer step
-
-    def _draw_tasks(self, rows: np.ndarray) -> None:
-        for i in rows:  # CueRecall.reset: cue = np_random.choice([-1.0, 1.0])
-            self._cue[i] = float(self._rng(i).choice([-1.0, 1.0]))
-
-    def _reset_rows(self, rows: np.ndarray) -> None:
-        self._t[rows] = 0
-
-    def _obs(self) -> dict[str, np.ndarray]:
-        first = self._t == 0
-        obs = np.stack([np.where(first, self._cue, 0.0), first, self._t == self.delay], 1).astype(np.float32)
-        return {"obs": obs}
-
-    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
-        answering = self._t >= self.delay  # CueRecall.step: blank steps count on until t = delay, then answer
-        self._t += (~answering).astype(np.int64)
-        if self.continuous:
-            u = np.clip(actions.reshape(-1).astype(np.float64), -1.0, 1.0)  # agent_to_env_action on [-1, 1]
-            low, high = self._env_low, self._env_high
-            env_a = np.clip(0.5 * (1.0 - u) * low + 0.5 * (1.0 + u) * high, low, high).astype(np.float32)
-            answer = np.clip(env_a.astype(np.float64), -1.0, 1.0)
-            reward = 1.0 - np.abs(answer - self._cue) / 2.0
-            success = (np.abs(answer - self._cue) < 0.2).astype(np.float64)
-        else:
-            answer = np.where(actions == 1, 1.0, -1.0)
-            reward = (answer == self._cue).astype(np.float64)
-            success = reward.copy()
-        reward = np.where(answering, reward, 0.0)
-        success = np.where(answering, success, np.nan)
-        return StepArrays(reward, answering.copy(), success)
-
-
 # name -> the kwargs of the per-copy task the batched form takes (render_mode is not among them: a vector env
 # that renders keeps its per-copy envs)
 _ACCEPTED = {
@@ -352,24 +307,30 @@ _ACCEPTED = {
     "goal_grid": {"size", "num_goals", "time_limit", "obs_mode"},
     "mazerunner": {"size", "num_goals", "time_limit", "randomized_actions"},
     "package_delivery": {"length", "min_packages", "max_packages", "time_limit"},
+    "meta_frozen_lake": {"size", "hard", "hole_prob", "max_episode_steps", "random_corners", "obs_mode"},
+    "dark_key_door": {"size", "episode_length", "random_start", "obs_mode"},
 }
 
 
 def has_batched_form(name: str, kwargs: dict[str, Any]) -> bool:
-    """Built-in task `name` with `kwargs` has a batched form (a kwarg it does not take: no, and the per-copy
-    env reports it as usual)."""
+    """Built-in task `name` with `kwargs` has a batched form, for rollouts of one episode or several (a kwarg
+    it does not take: no, and the per-copy env reports it as usual)."""
     return name in _ACCEPTED and set(kwargs) <= _ACCEPTED[name]
 
 
-def batched_env(name: str, kwargs: dict[str, Any], num_envs: int) -> BatchedTaskEnv | None:
-    """The batched form of built-in task `name` with `kwargs`, or None where there is none."""
+def batched_env(
+    name: str, kwargs: dict[str, Any], num_envs: int, episodes_per_rollout: int = 1,
+    rollout_horizon: int | None = None,
+) -> BatchedTaskEnv | None:
+    """The batched form of built-in task `name` with `kwargs` and the rollout settings of `TimestepWrapper`,
+    or None where there is none."""
     if not has_batched_form(name, kwargs):
         return None
-    if name == "cue_recall":
-        return BatchedCueRecall(num_envs, **kwargs)
-    if name in ("tmaze", "tmaze_active"):
-        return BatchedTMaze(num_envs, active=name == "tmaze_active", **kwargs)
-    # deferred: batched_goals builds on this module's BatchedTaskEnv
+    # deferred: the task modules build on this module's BatchedTaskEnv
     from icrl.envs.batched_goals import GOAL_TASKS
+    from icrl.envs.batched_memory import MEMORY_TASKS
+    from icrl.envs.batched_meta import META_TASKS
 
-    return GOAL_TASKS[name](num_envs, **kwargs)
+    forms: dict[str, Callable[..., BatchedTaskEnv]] = {**MEMORY_TASKS, **GOAL_TASKS, **META_TASKS}
+    return forms[name](num_envs, episodes_per_rollout=episodes_per_rollout, rollout_horizon=rollout_horizon,
+                       **kwargs)

@@ -8,7 +8,9 @@ every step's `info["achieved"]`. A task is generated at a copy's reset by the pe
 calls by construction) and copied into arrays; the steps are array code over all copies. The instruction's
 progress (`InstructionProgress` in the per-copy task) is array state here: the current sub-goal's index per
 copy, advanced by `InstructionProgress`'s rule for steps that achieve one token at most (achieved_slots = 1,
-as all three tasks declare), and scored as `score_step` scores it.
+as all three tasks declare), and scored as `score_step` scores it. In a rollout of several episodes MazeRunner
+and Package Delivery keep their maze or road and instruction (their `reset(options={"new_task": False})` draws
+nothing); GoalGrid draws a new start and instruction at every reset, as its per-copy task does.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from icrl.envs.batched import BatchedTaskEnv, StepArrays
+from icrl.envs.batched import BatchedTaskEnv, StepArrays, position_rows
 from icrl.envs.tasks import goal_grid, mazerunner
 from icrl.envs.tasks.goal_grid import GoalGrid
 from icrl.envs.tasks.mazerunner import MazeRunner
@@ -40,8 +42,11 @@ class BatchedGoalTask(BatchedTaskEnv):
     `_act(actions)` -> [N] int64, the token each copy's step achieved (-1: none), and adds its observation
     keys to `_goal()`."""
 
-    def __init__(self, task: Any, num_envs: int, time_limit: int) -> None:
-        super().__init__(task, num_envs)
+    def __init__(
+        self, task: Any, num_envs: int, time_limit: int, episodes_per_rollout: int = 1,
+        rollout_horizon: int | None = None,
+    ) -> None:
+        super().__init__(task, num_envs, episodes_per_rollout, rollout_horizon)
         if self._slots != 1:
             raise ValueError(f"the batched goal tasks score one achieved token per step, not {self._slots}")
         self.time_limit = int(time_limit)
@@ -84,10 +89,10 @@ class BatchedGoalGrid(BatchedGoalTask):
 
     def __init__(
         self, num_envs: int, size: int = 5, num_goals: int = 3, time_limit: int | None = None,
-        obs_mode: str = "onehot",
+        obs_mode: str = "onehot", episodes_per_rollout: int = 1, rollout_horizon: int | None = None,
     ) -> None:
         task = GoalGrid(size=size, num_goals=num_goals, time_limit=time_limit, obs_mode=obs_mode)
-        super().__init__(task, num_envs, task.time_limit)
+        super().__init__(task, num_envs, task.time_limit, episodes_per_rollout, rollout_horizon)
         self.size, self.obs_mode = task.size, task.obs_mode
         self._pos = np.zeros((self.num_envs, 2), np.int64)  # [N, 2] (row, col)
 
@@ -97,13 +102,11 @@ class BatchedGoalGrid(BatchedGoalTask):
             self._pos[i] = task.pos
             self._set_instruction(i, task.progress.tokens)
 
+    def _draw_episodes(self, rows: np.ndarray) -> None:
+        self._draw_tasks(rows)  # GoalGrid.reset draws a start and an instruction whatever its options
+
     def _obs(self) -> dict[str, np.ndarray]:
-        if self.obs_mode == "xy":  # grid.position_obs
-            pos = self._pos.astype(np.float32) / np.float32(max(self.size - 1, 1))
-        else:
-            pos = np.zeros((self.num_envs, self.size**2), np.float32)
-            pos[np.arange(self.num_envs), self._pos[:, 0] * self.size + self._pos[:, 1]] = 1.0
-        return {"goal": self._goal(), "pos": pos}
+        return {"goal": self._goal(), "pos": position_rows(self._pos, self.size, self.obs_mode)}
 
     def _act(self, actions: np.ndarray) -> np.ndarray:
         self._pos = np.clip(self._pos + _GRID_MOVES[actions], 0, self.size - 1)  # walls stop the agent
@@ -116,11 +119,11 @@ class BatchedMazeRunner(BatchedGoalTask):
 
     def __init__(
         self, num_envs: int, size: int = 15, num_goals: int = 3, time_limit: int | None = None,
-        randomized_actions: bool = False,
+        randomized_actions: bool = False, episodes_per_rollout: int = 1, rollout_horizon: int | None = None,
     ) -> None:
         task = MazeRunner(size=size, num_goals=num_goals, time_limit=time_limit,
                           randomized_actions=randomized_actions)
-        super().__init__(task, num_envs, task.time_limit)
+        super().__init__(task, num_envs, task.time_limit, episodes_per_rollout, rollout_horizon)
         n, s = self.num_envs, task.size
         self.size, self.start = s, task.start
         self._walls = np.ones((n, s, s), bool)  # [N, S, S] True = wall
@@ -176,11 +179,11 @@ class BatchedPackageDelivery(BatchedGoalTask):
 
     def __init__(
         self, num_envs: int, length: int = 30, min_packages: int = 2, max_packages: int = 4,
-        time_limit: int = 180,
+        time_limit: int = 180, episodes_per_rollout: int = 1, rollout_horizon: int | None = None,
     ) -> None:
         task = PackageDelivery(length=length, min_packages=min_packages, max_packages=max_packages,
                                time_limit=time_limit)
-        super().__init__(task, num_envs, task.time_limit)
+        super().__init__(task, num_envs, task.time_limit, episodes_per_rollout, rollout_horizon)
         n = self.num_envs
         self.length, self.max_packages = task.length, task.max_packages
         self._fork = np.zeros((n, self.length), np.int64)  # [N, L] TURN_LEFT / TURN_RIGHT at forks, else 0

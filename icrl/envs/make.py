@@ -250,15 +250,15 @@ def make_vector_env(
     The env is built once here first, so a bad name or kwarg fails in this process with a clear message
     instead of inside a worker.
     `native`: a built-in task that has a batched form (`icrl.envs.batched`: the same timesteps, rewards and
-    infos under the same seed, every copy stepped at once) gets it, for single-episode rollouts; False
-    always builds the per-copy envs.
+    infos under the same seed and rollout settings, every copy stepped at once) gets it; False always builds
+    the per-copy envs.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     fns = list(factories) if factories else [None]
     make_wrapped_env(name, env_kwargs, episodes_per_rollout, rollout_horizon, fns[0]).close()  # bad kwargs: here
-    if native and not factories and episodes_per_rollout == 1 and rollout_horizon is None:
-        batched = batched_env(name, dict(env_kwargs or {}), num_envs)
+    if native and not factories:
+        batched = batched_env(name, dict(env_kwargs or {}), num_envs, episodes_per_rollout, rollout_horizon)
         if batched is not None:
             return batched
     kwargs = dict(env_kwargs or {})

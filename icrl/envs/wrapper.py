@@ -13,7 +13,9 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-# The action conversions live beside ActionSpec (icrl.types); importable from here as before.
+# RolloutClock (the timestep state machine) and the action conversions (beside ActionSpec, icrl.types) are
+# importable from here as before.
+from icrl.envs.clock import RolloutClock
 from icrl.types import ActionSpec, action_to_vector, agent_action_space, agent_to_env_action
 
 SUPPORTED_OBS_SPACES = "Box (any rank), Discrete, MultiDiscrete, MultiBinary, and Dict / Tuple of these (nested)"
@@ -142,57 +144,6 @@ def achieved_slots(env: gym.Env) -> int:
     if not isinstance(k, (int, np.integer)) or k < 0:
         raise ValueError(f"metadata['achieved_slots'] must be a non-negative int, got {k!r}")
     return int(k)
-
-
-class RolloutClock:
-    """The timestep state machine of docs/design.md §2 for one env: the time index its next timestep gets, the
-    index of its episode inside the rollout, and its previous action. One implementation for both drivers:
-    `TimestepWrapper` runs one while it steps the env, `icrl.policy` one per env of the caller's own loop.
-
-    `start(new_task=True)` before a timestep that starts a new task: time and episode go to 0;
-    `start(new_task=False)` before one that starts the next episode of the same task: the episode index counts
-    on and time keeps counting. Either way that timestep shows a zero previous action and reward and the reset
-    flag 1. `acted` after the agent acted; `rollout_over` is the one rule for when the rollout the agent is
-    trained on ends: after `episodes_per_rollout` episodes, or once time reaches `rollout_horizon`.
-    """
-
-    __slots__ = ("spec", "episodes_per_rollout", "rollout_horizon", "time", "episode", "prev_action")
-
-    def __init__(self, spec: ActionSpec, episodes_per_rollout: int = 1, rollout_horizon: int | None = None) -> None:
-        self.spec, self.episodes_per_rollout, self.rollout_horizon = spec, episodes_per_rollout, rollout_horizon
-        self.time = 0  # the time index the next timestep gets
-        self.episode = 0  # episodes begun in the current rollout, minus one
-        self.prev_action = spec.zero_vector()  # [A] float32: zeros where a rollout / episode starts
-
-    def rollout_over(self) -> bool:
-        """The current episode is the rollout's last (with a horizon: time has reached it)."""
-        if self.rollout_horizon is None:
-            return self.episode + 1 >= self.episodes_per_rollout
-        return self.time >= self.rollout_horizon
-
-    def start(self, new_task: bool) -> None:
-        """The coming timestep starts a new task (`new_task`) or the next episode of the same task."""
-        if new_task:
-            self.time, self.episode = 0, 0
-        else:
-            self.episode += 1
-        self.prev_action = self.spec.zero_vector()
-
-    def timestep(self, obs: dict[str, np.ndarray], reward: float, cont: bool) -> dict:
-        """The timestep of converted observation `obs` after `reward` (of the previous action; ignored unless
-        `cont`: the episode continues, else the reset flag is 1)."""
-        return {
-            "obs": obs,
-            "prev_action": self.prev_action,  # [A] float32
-            "prev_reward": _float32(reward if cont else 0.0),  # []
-            "time": np.asarray(self.time, dtype=np.int64),  # []
-            "reset": np.asarray(int(not cont), dtype=np.int8),  # []
-        }
-
-    def acted(self, action_vector: np.ndarray) -> None:
-        """The agent acted: its action ([A] float32 vector) is the next timestep's previous action."""
-        self.prev_action = action_vector
-        self.time += 1
 
 
 class TimestepWrapper(gym.Wrapper):
@@ -365,13 +316,6 @@ class TimestepWrapper(gym.Wrapper):
             return ts, reward, terminated, truncated, info
         self._pending_reset = episode_done
         return ts, reward, False, False, info
-
-
-def _float32(value: float) -> np.ndarray:
-    """A reward as a float32 scalar; one beyond float32's range becomes inf without a warning, for the
-    collector's guard (icrl.guards) to refuse with the env, step and value."""
-    with np.errstate(over="ignore"):
-        return np.asarray(value, dtype=np.float32)
 
 
 def _short(value: Any) -> str:

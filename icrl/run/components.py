@@ -67,10 +67,10 @@ def eval_env_copies(cfg: ExperimentConfig, factories: Sequence[Any] | None = Non
     """Env copies for the run's evaluations: one per rollout (up to `MAX_BATCHED_EVAL_ENVS`) where the task is
     batched (`icrl.envs.batched`: a copy costs a row of arrays, and one wide acting step takes many more env steps
     per second than several narrow ones: T-Maze 1,000's evaluations were a fifth of its wall time at 8 copies),
-    else the run's `parallel_envs` (a copy of a user's env may hold a simulator)."""
+    else the run's `parallel_envs` (a copy of a user's env may hold a simulator). A batched task is batched for
+    rollouts of one episode or several (`episodes_per_rollout`, `rollout_horizon`: make_vector_env passes them on)."""
     e = cfg.env
-    batched = (not factories and e.episodes_per_rollout == 1 and e.rollout_horizon is None
-               and has_batched_form(e.env, e.kwargs))  # fmt: skip
+    batched = not factories and has_batched_form(e.env, e.kwargs)
     return max(e.parallel_envs, min(cfg.eval.eval_rollouts, MAX_BATCHED_EVAL_ENVS)) if batched else e.parallel_envs
 
 

@@ -349,8 +349,8 @@ def test_collect_through_vector_env(name, kwargs):
 def test_multi_episode_rollout_keeps_the_task():
     venv = make_vector_env(
         "mazerunner", {"size": 7, "num_goals": 2, "time_limit": 15}, 1, episodes_per_rollout=2
-    )
-    spec = venv.envs[0].action_spec
+    )  # the batched form (icrl.envs.batched_goals), as for one episode per rollout
+    spec = ActionSpec.from_space(venv.single_action_space)
     (rollout,), _ = Collector(venv, spec, seed=0).collect_rollouts(RandomPolicy(spec, 1), 1)
     starts = np.flatnonzero(rollout.reset)
     assert len(starts) == 2
