@@ -72,7 +72,8 @@ def test_runtime_estimate_and_markdown_table():
     assert len(rows) == 4 and "0.500 (5)" in rows[0] and "50.0 | 10.0" in rows[0]
     assert "skipped: over 150 s" in rows[1] and "1,234" in rows[2]
     assert rows[0].count("|") == rows[1].count("|") == 14  # a skipped row keeps the table's 13 columns
-    assert rows[2].count("|") == rows[3].count("|") == 9
+    assert rows[2].count("|") == rows[3].count("|") == 10  # 9 columns: the env implementation is one
+    assert "| batched |" in rows[2]  # expand_acting's default: the batched envs make_vector_env builds
 
 
 def test_calibration_scales_the_estimates_by_what_the_cells_measured():
