@@ -75,7 +75,7 @@ def critic_at_junction(agent: torch.nn.Module, length: int) -> dict:
     out = {}
     for cue_up in (True, False):
         s = agent(optimal_walk(length, cue_up))  # [1, T, d]
-        q = agent.critic(s)  # [1, T, C, G, A] normalised
+        q = agent.critic.every_action(s)  # [1, T, C, G, A] normalised (either discrete critic form)
         q = agent.popart.denormalize_per_action(q)[0, length].mean(0)  # [G, A]
         probs = agent.actor(s).probs[0, length, -1]
         out[f"cue_{'up' if cue_up else 'down'}"] = {

@@ -12,6 +12,7 @@ A (width of the action vector: the number of actions for discrete spaces).
 
 from __future__ import annotations
 
+import re
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Literal, TypeVar
 
@@ -349,3 +350,17 @@ class EpisodeStats:
     ret: float  # undiscounted return of the episode
     length: int  # actions taken in the episode
     success: float | None  # info["success"] at the episode's last step, when the env reports it
+    task: str | None = None  # info["task"] at the episode's last step as a metric key (`task_key`), when reported
+
+
+TASK_KEY_MAX_LEN = 64
+_TASK_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def task_key(value: Any) -> str | None:
+    """An env's `info["task"]` -> the name icrl logs it under (`return/<task>`, docs/CONTRACTS.md): `str(value)`
+    with every character outside `A-Z a-z 0-9 _ . -` replaced by `_`, cut to 64 characters; None for None or "".
+    Names that differ only where they were replaced count as one task (`"go to"` and `"go_to"`)."""
+    if value is None:
+        return None
+    return _TASK_KEY_UNSAFE.sub("_", str(value))[:TASK_KEY_MAX_LEN] or None

@@ -47,6 +47,10 @@ class CriticReader:
         if agent.critic.num_bins != want:
             raise ValueError(f"--critic-kind {cfg.critic_kind} (bins {want}) but the agent's critic has bins "
                              f"{agent.critic.num_bins}: build the agent from the same LossConfig")
+        per_action = agent.spec.kind == "discrete" and not cfg.discrete_action_input
+        if agent.critic.discrete != per_action:
+            raise ValueError(f"--discrete-action-input {str(cfg.discrete_action_input).lower()} but the agent's critic "
+                             "was built with the other form: build the agent from the same LossConfig")
         return cls(agent.popart, bins)
 
     def raw(self, out: torch.Tensor) -> torch.Tensor:

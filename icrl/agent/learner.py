@@ -6,6 +6,9 @@
     critic loss  = mean (Q_{c,g}(s_t, a_t) - y_{t,g})²   (PopArt-normalised, masked) × critic_weight
                    (or the cross-entropy to y's bin labels, `critic_kind` twohot: icrl.agent.critic_kind)
     actor loss   = online · -Q(sg(s_t), a ~ π_g(s_t)) + offline · -1[A > 0] log π_g(a_t | s_t)
+With `discrete_action_input` a discrete critic is Q(s, one-hot a), read as the continuous one (the online term
+through straight-through samples), its targets and V(s) exact over the A one-hot actions while A <= G
+(`Critic.sums_over_actions`), else from sampled actions as for continuous ones.
 Gradient routing: critic parameters see only the critic loss; the actor loss reads the critic as a frozen
 function of a detached state, so it reaches the encoder only through the actor head.
 """
@@ -103,7 +106,8 @@ def compute_loss(
     y = target_values(agent, s.detach(), batch, valid, cfg, members, read)  # [B, L, G]
 
     q_all = None
-    if discrete:
+    per_action = agent.critic.discrete  # Q of every action from s alone (not `discrete_action_input`)
+    if per_action:
         out_all = agent.critic(s)  # [B, L, C, G, A(, K)]
         out_sa = read.at_action(out_all, action)  # [B, L, C, G(, K)]
         with torch.no_grad():
@@ -111,6 +115,9 @@ def compute_loss(
     else:
         # a_t is the same for every discount: [B, L, 1, A] runs the critic's hidden stack once for all G
         out_sa = agent.critic(s, batch.action.unsqueeze(-2))  # [B, L, C, G(, K)]
+        if discrete and agent.critic.sums_over_actions and cfg.offline_coeff != 0:  # exact V(s) of the advantage
+            with torch.no_grad():
+                q_all = read.normalized_per_action(agent.critic.every_action(s.detach()))  # [B, L, C, G, A]
     loss_c, metrics = read.loss(out_sa, y, valid)
 
     dist = agent.actor(s)  # batch [B, L, G]; the actor's gradient reaches the encoder through here
@@ -119,8 +126,8 @@ def compute_loss(
         action,
         batch.has_action & batch.mask,
         q_all=q_all,
-        q_fn=None if discrete else read.frozen(agent.critic, s),
-        q_data=None if discrete else read.normalized(out_sa),
+        q_fn=None if per_action else read.frozen(agent.critic, s),
+        q_data=None if per_action else read.normalized(out_sa),
         online_coeff=cfg.online_coeff,
         offline_coeff=cfg.offline_coeff,
         bc_filter=cfg.bc_filter,
@@ -145,8 +152,8 @@ def target_values(
     `read`: how to read the critic's outputs (`CriticReader.of(agent, cfg, ...)` when not given)."""
     read = read if read is not None else CriticReader.of(agent, cfg, s.device)
     target_dist = agent.target_actor(s)  # batch [B, L, G]
-    if agent.spec.kind == "discrete":
-        q_next = agent.target_critic(s, members=members)  # [B, L, k, G, A(, K)]: normalised, or bin logits
+    if agent.spec.kind == "discrete" and agent.target_critic.sums_over_actions:  # (`Critic.every_action`)
+        q_next = agent.target_critic.every_action(s, members=members)  # [B, L, k, G, A(, K)]: normalised, or logits
         q_next = read.raw_per_action(q_next)  # [B, L, k, G, A] unnormalised
         v_next = (target_dist.probs.unsqueeze(-3) * q_next).sum(-1)  # [B, L, k, G]: exact E_{a'~π̄}
     else:

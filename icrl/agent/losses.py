@@ -275,29 +275,41 @@ def _sampled_terms(
     need_online: bool,
     need_bc: bool,
     q_data_all: torch.Tensor | None = None,
+    q_all: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """(online, v, q_data) [B, L, G] of a continuous / multi-binary actor. As in AMAGO: K actions a_k ~ π
-    give both the online term -mean_k Q(s, a_k) (differentiated through a_k) and, detached, the value V(s)
+    """(online, v, q_data) [B, L, G] of an actor whose critic takes the action as input. As in AMAGO: K actions
+    a_k ~ π give both the online term -mean_k Q(s, a_k) (differentiated through a_k) and, detached, the value V(s)
     of the advantage; Q(s, a_t) is only evaluated when the BC term needs it, and not at all when the caller
     passes it (`q_data_all` [B, L, C, G], the critic loss's own Q(s_t, a_t): the same critic, state and
-    action, so the same values)."""
+    action, so the same values). A discrete π samples straight through (`Categorical.straight_through_sample`);
+    `q_all` [B, L, C, G, A] (its critic at every one-hot action) makes V(s) the exact Σ_a π(a|s) Q(s, a)."""
     if q_fn is None:
         raise ValueError("continuous / multi-binary actor_loss needs q_fn (see frozen_critic)")
-    a_pi = dist.rsample((num_value_samples,))  # [K, B, L, G, A]
-    if need_online:
-        q_pi = q_fn(a_pi).mean(-2)  # [K, B, L, G], ensemble mean
-    else:
-        with torch.no_grad():
-            q_pi = q_fn(a_pi.detach()).mean(-2)
-    v = q_pi.detach().mean(0)
+    if q_all is not None and not isinstance(dist, Categorical):
+        raise ValueError("q_all (Q of every action) needs a discrete policy")
+    sampled = need_online or q_all is None
+    if sampled:
+        if isinstance(dist, Categorical):  # one-hot in value, the relaxed probabilities' gradient
+            a_pi = dist.straight_through_sample((num_value_samples,))  # [K, B, L, G, A]
+        else:
+            a_pi = dist.rsample((num_value_samples,))  # [K, B, L, G, A]
+        if need_online:
+            q_pi = q_fn(a_pi).mean(-2)  # [K, B, L, G], ensemble mean
+        else:
+            with torch.no_grad():
+                q_pi = q_fn(a_pi.detach()).mean(-2)
     with torch.no_grad():  # the advantage is a fixed weight: no graph, no activations kept
+        if isinstance(dist, Categorical) and q_all is not None:  # exact: Σ_a π(a|s) Q(s, a), ensemble mean
+            v = (dist.probs.detach() * q_all.mean(-3)).sum(-1)
+        else:
+            v = q_pi.detach().mean(0)
         if not need_bc:
             q_data = v
         elif q_data_all is not None:
             q_data = q_data_all.detach().mean(-2)  # [B, L, G]
         else:
             q_data = q_fn(action).mean(-2)  # [B, L, G]
-    return -q_pi.mean(0), v, q_data
+    return (-q_pi.mean(0) if sampled else -v), v, q_data
 
 
 def _masked_mean(valid: torch.Tensor, G: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -340,17 +352,19 @@ def actor_loss(
         straight-through for multi-binary) give the online term -mean_k Q(s, a_k), differentiated through
         the actions, and (detached) V(s) = mean_k Q(s, a_k). Cost: two critic calls, on K and on 1 action;
         one when `q_data` [B, L, C, G] (the critic loss's Q(s_t, a_t), detached here) is passed.
-    A = Q(s, a_t) - V(s) per discount; `advantage_filter(A, bc_filter, exp_beta, exp_clip)` weights
-    the BC term.
+      * discrete with the action as critic input (`LossConfig.discrete_action_input`): `q_fn` and `q_data` as
+        above, the K actions drawn straight through (one-hot values, Gumbel-softmax gradients); with `q_all` (the
+        critic at every one-hot action, detached here) V(s) is the exact Σ_a π(a) Q(s, a), else mean_k Q(s, a_k).
+    A = Q(s, a_t) - V(s) per discount; `advantage_filter(A, bc_filter, exp_beta, exp_clip)` weights the BC term.
     """
     G = dist.batch_shape[-1]
     action = _per_discount(dist, action)  # [B, L, G, A]
     need_bc = offline_coeff != 0
-    if isinstance(dist, Categorical):
+    if isinstance(dist, Categorical) and q_fn is None:  # the critic outputs Q for every action
         online, v, q_data = _discrete_terms(dist, action, q_all)
     else:
         online, v, q_data = _sampled_terms(
-            dist, action, q_fn, num_value_samples, online_coeff != 0, need_bc, q_data_all=q_data
+            dist, action, q_fn, num_value_samples, online_coeff != 0, need_bc, q_data_all=q_data, q_all=q_all
         )
     adv = q_data - v  # [B, L, G]
     weight = advantage_filter(adv, bc_filter, exp_beta, exp_clip)

@@ -65,6 +65,7 @@ class Agent(nn.Module):
         self.critic = Critic(
             s_dim, spec, num_gammas, num_critics=loss.num_critics, hidden=model.head_hidden, layers=model.head_layers,
             num_bins=loss.critic_bins if loss.critic_kind == "twohot" else None,  # the critic's kind (docs/method.md)
+            action_input=loss.discrete_action_input,  # discrete actions as inputs (AMAGO-2), docs/method.md
         )
         # Targets never receive gradients; they move only by EMA (icrl.nets.popart.ema_update_).
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)

@@ -148,8 +148,9 @@ class Eval:
                                    "--video": (self.video, 0, 1000)})
         import torch
 
-        from icrl.run.evaluate import eval_table, evaluate_run, load_config, write_eval
+        from icrl.run.evaluate import evaluate_run, load_config, write_eval
         from icrl.run.loggers import console
+        from icrl.run.reporting import eval_table
 
         override = self.run_env.override()
         try:

@@ -53,7 +53,7 @@ class LossConfig:
     at the defaults (1 thread, batch 24 x 201, one loaded machine) took 6.9 s per update with 3 and 3.5 s with
     1, against 12.6 s for the earlier code with 3 (docs/results.md, continuous control). With 1 on Pendulum
     (`--lr 1e-3 --tau 0.02`, 700 updates) the ff agent reached -118 (tests/learning/test_continuous_control.py).
-    Discrete actions are unaffected (exact sums)."""
+    Discrete actions are unaffected (exact sums), except the online term of `discrete_action_input`."""
     entropy_coeff: float = 0.0
     """Entropy bonus of the actor, on PopArt-normalised values. Not in the paper's loss (0, the default, gives
     it exactly); exploration comes from `ExploreConfig`."""
@@ -64,6 +64,14 @@ class LossConfig:
     `twohot`: classification, the scale-resistant critic of AMAGO-2 (official `MultiTaskAgent`): K logits per
     member, discount (and action), cross-entropy against two-hot (or HL-Gauss) labels of the unnormalised TD
     target, read as the expectation over the bins. PopArt then only normalises the actor's Q (docs/method.md)."""
+    discrete_action_input: bool = False
+    """Discrete actions: the critic takes the one-hot action as an input, Q(s, a) -> one value (or K bin logits) per
+    member and discount as for continuous actions, instead of one output per action (AMAGO-2's `MultiTaskAgent`): its
+    size no longer grows with the number of actions. The cost: an update 3-5 x the default's at 4 to 18 actions
+    (docs/method.md), since the online term -Q(s, a~pi) runs the critic forward and backward on `num_value_samples`
+    straight-through Gumbel-softmax samples per discount (a biased gradient) instead of the exact sum over actions;
+    the TD target and the advantage's V(s) stay exact sums over the A one-hot actions while A <= len(gammas), and use
+    sampled actions beyond. Continuous and multi-binary critics take the action as input anyway and ignore it."""
     critic_bins: int = 128
     """`twohot` critic: value bins K (the official `output_bins`)."""
     critic_min_value: float = -100_000.0

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from icrl.guards import first_nonfinite, nonfinite_env_error, nonfinite_keys
-from icrl.types import ActionSpec, EpisodeStats, Rollout, Timesteps
+from icrl.types import ActionSpec, EpisodeStats, Rollout, Timesteps, task_key
 
 
 class Policy(Protocol):
@@ -289,7 +289,8 @@ class Collector:
         success = _info_at(step_info, "success", i)
         stats.append(EpisodeStats(env_index=i, rollout_id=int(self._rollout_id[i]),
                                   episode_index=int(self._episode_index[i]), ret=float(self._ret[i]),
-                                  length=int(self._len[i]), success=None if success is None else float(success)))
+                                  length=int(self._len[i]), success=None if success is None else float(success),
+                                  task=task_key(_info_at(step_info, "task", i))))  # multi-task envs name it
         self._episode_index[i] += 1
         self._ret[i], self._len[i] = 0.0, 0
 
@@ -377,9 +378,10 @@ class Collector:
             rollout.truncated[-1] = True
             rid = int(self._rollout_id[i])
             k.append((rid, rollout))
+            task = next((s.task for s in stats if (s.env_index, s.rollout_id) == (i, rid) and s.task), None)
             stats.append(EpisodeStats(env_index=i, rollout_id=rid, episode_index=int(self._episode_index[i]),
                                       ret=float(self._ret[i]), length=int(self._len[i]),
-                                      success=0.0 if reports_success else None))
+                                      success=0.0 if reports_success else None, task=task))  # its episodes' task
             self.capped_rollouts += 1
 
 

@@ -6,7 +6,8 @@ continuous ones, 0/1 entries for multi-binary ones. Working on vectors (not ids)
 signature Q(s, a_vec) and one actor loss serve all three kinds.
 
 Common interface: `sample(shape=())`, `rsample(shape=())` (reparameterised or straight-through;
-not defined for `Categorical`, whose actor loss uses the exact expectation instead),
+not defined for `Categorical`, whose actor loss uses the exact expectation instead; with
+`LossConfig.discrete_action_input` it samples through `Categorical.straight_through_sample`),
 `log_prob(a_vec [..., G, A]) -> [..., G]`, `mode() -> a_vec`, `entropy() -> [..., G]`, `dtype`.
 Continuous actions (`ModelConfig.continuous_dist`): `TanhGaussian` (default), `TanhGMM` (a mixture of
 squashed Gaussians) or `ShiftedBeta` (a Beta rescaled to [-1, 1]); docs/method.md compares them with the
@@ -23,6 +24,9 @@ import torch.nn.functional as F
 
 _LOG_2 = math.log(2.0)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+GUMBEL_TEMPERATURE = 0.5
+"""Temperature of `Categorical.straight_through_sample`'s relaxed probabilities (the official AMAGO's
+`DiscreteLikeContinuous` default)."""
 
 
 def _shape(shape: torch.Size | tuple[int, ...] | int) -> tuple[int, ...]:
@@ -74,6 +78,16 @@ class Categorical:
             "the actor loss uses the exact expectation over actions."
         )
 
+    def straight_through_sample(
+        self, shape: torch.Size | tuple[int, ...] | int = (), temperature: float = GUMBEL_TEMPERATURE
+    ) -> torch.Tensor:
+        """A one-hot sample a ~ π [*shape, ..., G, A] that carries the gradient of its relaxation: the
+        straight-through Gumbel-softmax (Jang et al. 2017), used only by the online term of a critic that takes
+        discrete actions as input (`LossConfig.discrete_action_input`). See `straight_through_gumbel`."""
+        shape = _shape(shape)
+        noise = _gumbel(shape + self.logits.shape, self.logits.detach())
+        return straight_through_gumbel(self.logits, noise, temperature)
+
     def log_prob(self, a_vec: torch.Tensor) -> torch.Tensor:
         """log π(a) for one-hot vectors [..., G, A] -> [..., G] (a zero vector gives 0)."""
         return (a_vec * self.logits).sum(-1)
@@ -83,6 +97,18 @@ class Categorical:
 
     def entropy(self) -> torch.Tensor:
         return -(self.probs * self.logits).sum(-1)  # [..., G]
+
+
+def straight_through_gumbel(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
+    """one_hot(argmax(logits + noise)) in value, d softmax((logits + noise) / temperature) in gradient.
+
+    With standard Gumbel `noise` the value is an exact sample of softmax(logits) (Gumbel-max); the gradient is
+    that of the relaxed probabilities y = softmax((logits + noise) / τ), ∂y_i/∂logits_j = y_i (δ_ij - y_j) / τ:
+    biased (it differentiates the relaxation, not the sample), as the official `F.gumbel_softmax(hard=True)`.
+    `noise` broadcasts against `logits` (extra leading sample dims)."""
+    soft = torch.softmax((logits + noise) / temperature, dim=-1)
+    hard = F.one_hot(soft.argmax(-1), soft.shape[-1]).to(soft.dtype)
+    return hard + (soft - soft.detach())  # exactly `hard` in value
 
 
 class TanhGaussian:

@@ -153,6 +153,10 @@ class Critic(nn.Module):
     `num_bins=K` (`LossConfig.critic_kind = "twohot"`) makes it a classification critic: every output above
     gains a last dim of K bin logits ([..., C, G, A, K] or [..., C, G, K]), the output layer K times wider; the
     hidden layers and every other parameter keep their names and shapes. None (the default): one value each.
+
+    `action_input=True` (`LossConfig.discrete_action_input`) builds a discrete critic as the (s, a) critic over
+    one-hot action vectors (AMAGO-2's form: its size does not grow with the number of actions); `every_action`
+    then evaluates the A one-hot actions. Other action kinds take actions as input anyway and ignore it.
     """
 
     def __init__(
@@ -164,6 +168,7 @@ class Critic(nn.Module):
         hidden: int = 256,
         layers: int = 2,
         num_bins: int | None = None,
+        action_input: bool = False,
     ) -> None:
         super().__init__()
         if layers < 1:
@@ -171,7 +176,7 @@ class Critic(nn.Module):
         if num_bins is not None and num_bins < 2:
             raise ValueError(f"a classification critic needs at least 2 bins, got {num_bins}")
         self.spec, self.num_gammas, self.num_critics, self.num_bins = spec, num_gammas, num_critics, num_bins
-        self.discrete = spec.kind == "discrete"
+        self.discrete = spec.kind == "discrete" and not action_input  # Q for every action from s alone
         C, G, A, H = num_critics, num_gammas, spec.dim, hidden
         fan_in = d_in if self.discrete else d_in + A
         self.w_state = nn.Parameter(_uniform((C, d_in, H), fan_in))  # [C, d, H]
@@ -257,6 +262,27 @@ class Critic(nn.Module):
         if w_action is None:
             raise RuntimeError("a continuous or multi-binary critic must have action weights (w_action)")
         return self._forward_sa(s, a, w, w_action, C, H, G)
+
+    @property
+    def sums_over_actions(self) -> bool:
+        """Whether the learner takes V(s) = Σ_a π(a|s) Q(s, a) exactly, from `every_action`, rather than from
+        sampled actions: always for the per-action critic; for `action_input` while A <= G, where the A one-hot
+        rows per state are no more than the sampled target's one action per discount (the measured cost:
+        docs/method.md, benchmarks/discrete_action_input_cost.py)."""
+        return self.discrete or (self.spec.kind == "discrete" and self.spec.dim <= self.num_gammas)
+
+    def every_action(self, s: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """Outputs for every discrete action, [..., C, G, A(, K)]: `forward(s)` of the per-action critic, or the
+        (s, a) critic (`action_input`) at the A one-hot actions, as A leading sample dims of one call
+        (one action for every discount, so A x the rows of one action)."""
+        if self.discrete:
+            return self(s, members=members)
+        if self.spec.kind != "discrete":
+            raise ValueError(f"every_action needs discrete actions, not {self.spec.kind} ones")
+        A = self.spec.dim
+        eye = torch.eye(A, device=s.device).view(A, *([1] * (s.dim() - 1)), 1, A)  # [A, 1, .., 1, 1, A]
+        out = self(s, eye, members=members)  # [A, ..., C, G(, K)]
+        return out.movedim(0, -1 if self.num_bins is None else -2)
 
     def _forward_sa(
         self, s: torch.Tensor, a: torch.Tensor, w: _Weights, w_action: torch.Tensor, C: int, H: int, G: int

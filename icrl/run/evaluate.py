@@ -3,7 +3,7 @@
 `evaluate` is the greedy evaluation every path runs (`eval_row`: the training-time one, seeded by the epoch);
 `load_run` is the one run loader (`icrl.load`, `icrl eval`): it rebuilds the agent exactly as training does
 (`icrl.run.components.build_agent`) and loads the weights of a checkpoint; `evaluate_run` evaluates them and `write_eval` stores the result in RUN_DIR/eval.json
-atomically. Used by `icrl train`, `icrl learn` and `icrl eval RUN_DIR`.
+atomically (`icrl.run.reporting.eval_table` prints it). Used by `icrl train`, `icrl learn` and `icrl eval RUN_DIR`.
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def evaluation_episodes(agent: Any, collector: Any, num_rollouts: int, device: t
 def play(agent: Any, venv: Any, device: torch.device, rollouts: int, *, seed: int, max_steps: int | None,
          deterministic: bool = True) -> dict[str, Any]:
     """Evaluate `agent` in `venv` (icrl's wrapped vector env) over exactly `rollouts` rollouts: the summary, and each
-    rollout's return, success and length (`returns`, `successes`, `lengths`). `icrl eval` and
+    rollout's return, success and length (`returns`, `successes`, `lengths`; `tasks` where the env names them). `icrl eval` and
     `icrl.evaluate` both call this, with the same seeds, so they agree on the same weights and env."""
     from icrl.envs import Collector
-    from icrl.run.episodes import group_rollouts, summarize_episodes
+    from icrl.run.episodes import group_rollouts, rollout_task, summarize_episodes
     from icrl.seeding import derive_seed
     from icrl.types import ActionSpec
 
@@ -65,8 +65,10 @@ def play(agent: Any, venv: Any, device: torch.device, rollouts: int, *, seed: in
     # every env played ceil(rollouts / N) rollouts: keep exactly `rollouts`, the first ones of each env first
     groups = sorted(group_rollouts(episodes), key=lambda r: (r[0].rollout_id, r[0].env_index))[:rollouts]
     episodes = [e for r in groups for e in r]
+    tasks = [rollout_task(r) for r in groups]  # multi-task envs: each rollout's task (info["task"])
     return {**summarize_episodes(episodes), "returns": [float(sum(e.ret for e in r)) for r in groups],
-            "successes": [r[-1].success for r in groups], "lengths": [int(sum(e.length for e in r)) for r in groups]}
+            "successes": [r[-1].success for r in groups], "lengths": [int(sum(e.length for e in r)) for r in groups],
+            **({"tasks": tasks} if any(t is not None for t in tasks) else {})}
 
 
 def eval_row(agent: Any, collector: Any, cfg: ExperimentConfig, device: torch.device, *, epoch: int,
@@ -369,35 +371,3 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
 
 def write_eval(run_dir: str | Path, result: dict[str, Any]) -> Path:
     return write_json_atomic(Path(run_dir) / "eval.json", result)
-
-
-def eval_table(result: dict[str, Any]):
-    """A rich Table of an `evaluate_run` result (plus the adaptation curve of multi-episode tasks)."""
-    from rich.table import Table
-
-    def num(v: float | None, fmt: str = "+.3f") -> str:
-        return "n/a" if v is None else format(v, fmt)
-
-    table = Table(title=f"eval of {result['run_dir']} ({result['env']} {json.dumps(result['env_kwargs'])})")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    ret = num(result.get("return_mean"))
-    if result.get("return_std") is not None:
-        ret += f" ± {result['return_std']:.3f}"
-    table.add_row("return (mean ± std over rollouts)", ret)
-    table.add_row("success rate", num(result.get("success_rate"), ".2f"))
-    table.add_row("rollouts", str(result.get("rollouts")))
-    table.add_row("episode length (mean)", num(result.get("episode_length_mean"), ".1f"))
-    table.caption = f"weights: {result['weights']}, seed {result['seed']}"
-    by_ep = result.get("return_by_episode")
-    if by_ep:
-        succ = result.get("success_by_episode")
-        curve = Table(title="adaptation curve (by episode index within a rollout)")
-        curve.add_column("episode", justify="right")
-        curve.add_column("return", justify="right")
-        if succ:
-            curve.add_column("success", justify="right")
-        for i, r in enumerate(by_ep):
-            curve.add_row(str(i + 1), f"{r:+.3f}", *([f"{succ[i]:.2f}"] if succ else []))
-        return table, curve
-    return (table,)

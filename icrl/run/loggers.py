@@ -65,19 +65,24 @@ JsonlLogger = MetricsLog
 """The JSONL back-end (RUN_DIR/metrics.jsonl): the run's record, always on."""
 
 
+ROW_PREFIXES = ("train", "eval", "time", "async")
+"""The prefixes a metrics row's keys may carry; an eval row's own stats have none (`return_mean`, `return/<task>`)."""
+
+
 def scalars(row: dict[str, Any]) -> dict[str, float]:
     """Flat scalar metrics of a row for TensorBoard / W&B, named with their `train/`, `eval/`, `time/` prefix.
 
-    Keys that already carry a prefix keep it; the other numbers get the row's kind as prefix
-    (`return_mean` of an eval row -> `eval/return_mean`); lists become one scalar per index
-    (`eval/return_by_episode/1`, counted from 1); None, strings, `kind` and `env_steps` are skipped.
+    Keys that already carry one of `ROW_PREFIXES` keep it; the other numbers get the row's kind as prefix
+    (`return_mean` of an eval row -> `eval/return_mean`, its per-task `return/<task>` -> `eval/return/<task>`);
+    lists become one scalar per index (`eval/return_by_episode/1`, counted from 1); None, strings, `kind` and
+    `env_steps` are skipped.
     """
     kind = str(row.get("kind", "train"))
     out: dict[str, float] = {}
     for key, value in row.items():
         if key in ("kind", "env_steps"):
             continue
-        name = key if "/" in key else f"{kind}/{key}"
+        name = key if key.split("/", 1)[0] in ROW_PREFIXES else f"{kind}/{key}"
         if isinstance(value, (list, tuple)):
             for i, v in enumerate(value, start=1):
                 v = _clean(v)

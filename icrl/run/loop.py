@@ -18,7 +18,7 @@ from icrl.envs.wrapper import agent_obs_space
 from icrl.run.callbacks import Callbacks, TrainingRun
 from icrl.run.checkpoint import save_checkpoint
 from icrl.run.components import Components, build_components, run_scope
-from icrl.run.episodes import train_stats
+from icrl.run.episodes import TASK_METRIC_PREFIXES, train_stats
 from icrl.run.evaluate import eval_row, evaluate
 from icrl.run.loggers import Logger, MultiLogger, progress_bar, progress_line, say
 from icrl.run.reporting import due, open_log, report_epoch, row_head
@@ -223,6 +223,7 @@ def train_row(c: Components, epoch: int, start: float, episodes: list[EpisodeSta
         "time/env_steps_per_s": (c.env_steps() - steps0) / max(timer["collect"], 1e-9),
         "time/updates_per_s": n_updates / max(timer["update"], 1e-9) if n_updates else 0.0,
         **{f"train/{k}": v for k, v in metrics.items()},
+        **{f"train/{k}": v for k, v in stats.items() if k.startswith(TASK_METRIC_PREFIXES)},  # multi-task envs
     }
 
 

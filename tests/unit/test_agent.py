@@ -32,6 +32,12 @@ KINDS = ["discrete", "continuous", "multibinary"]
 CRITICS = {"regression": {}, "twohot": {"critic_kind": "twohot", "critic_bins": 16, "critic_min_value": -50.0,
                                         "critic_max_value": 50.0}}  # LossConfig fields of each critic kind
 GAMMAS = (0.5, 0.9, 0.99)
+# `discrete_action_input` (discrete critics only): T-Maze's 4 actions take the exact sums over the one-hot actions
+# with 4 discounts (A <= G) and sampled actions with GAMMAS' 3 (`Critic.sums_over_actions`)
+ACTION_INPUT = {"exact": {"discrete_action_input": True, "gammas": (0.5, 0.9, 0.95, 0.99)},
+                "sampled": {"discrete_action_input": True}}
+ROUTING_CRITICS = {**CRITICS, **{f"{c}-action-input-{v}": {**CRITICS[c], **kw} for c in CRITICS
+                                 for v, kw in ACTION_INPUT.items()}}
 SEQ = 8
 
 
@@ -50,7 +56,7 @@ def model_cfg(traj: str = "transformer", max_seq_len: int = SEQ, **model_kw) -> 
 
 
 def loss_cfg(**kw) -> LossConfig:
-    return LossConfig(gammas=GAMMAS, num_critics=3, redq_subset=2, **kw)
+    return LossConfig(**{"gammas": GAMMAS, "num_critics": 3, "redq_subset": 2, **kw})
 
 
 class ToyEnv(gym.Env):
@@ -198,10 +204,14 @@ def kind_batch(request, tmp_path_factory):
     return kind, batch, obs_space, spec
 
 
-@pytest.fixture(params=list(CRITICS))
-def critic_kw(request) -> dict:
-    """The LossConfig fields of a regression or a two-hot critic: every routing test runs with both."""
-    return CRITICS[request.param]
+@pytest.fixture(params=list(ROUTING_CRITICS))
+def critic_kw(request, kind_batch) -> dict:
+    """The LossConfig fields of a regression or a two-hot critic, each also with discrete actions as the critic's
+    input (exact sums or sampled actions): every routing test runs with each. Non-discrete critics take actions as
+    input anyway (the option changes nothing there), so they run the first two only."""
+    if "action-input" in request.param and kind_batch[0] != "discrete":
+        pytest.skip("discrete_action_input changes discrete critics only")
+    return ROUTING_CRITICS[request.param]
 
 
 def test_critic_loss_alone_reaches_critic_and_encoder_only(kind_batch, critic_kw):
@@ -316,6 +326,47 @@ def test_learner_update_moves_online_targets_by_ema_and_popart(kind, tmp_path):
     for p in [*agent.target_actor.parameters(), *agent.target_critic.parameters()]:
         assert not p.requires_grad and p.grad is None
     assert learner.updates == 1
+
+
+@pytest.mark.parametrize("values", list(ACTION_INPUT))
+@pytest.mark.parametrize("critic", list(CRITICS))
+def test_learner_update_with_discrete_actions_as_critic_input(critic, values, tmp_path):
+    """`discrete_action_input`: the critic is the (s, a) critic over one-hot actions (one output per member and
+    discount, no per-action outputs), and a Learner update with it, for either critic kind and either V(s)
+    estimate, is finite, moves every part of the network, and moves the targets by EMA (after PopArt's exact
+    rescale of the regression critic's [C, H, G] output layer)."""
+    batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
+    cfg = _experiment().replace(**CRITICS[critic], **ACTION_INPUT[values])
+    torch.manual_seed(0)
+    agent = Agent(obs_space, spec, cfg.model, cfg.loss)
+    C, G, H = cfg.loss.num_critics, len(cfg.loss.gammas), cfg.model.head_hidden
+    bins = (cfg.loss.critic_bins,) if critic == "twohot" else ()
+    assert not agent.critic.discrete and agent.critic.w_action.shape == (C, spec.dim, H)
+    assert agent.critic.w_out.shape == (C, H, G, *bins)
+    assert agent.critic.sums_over_actions is (values == "exact")
+    agent.popart.count.fill_(1)  # statistics already initialised: this update rescales
+    learner = Learner(agent, cfg, torch.device("cpu"))
+    before = {n: t.detach().clone() for n, t in agent.state_dict().items()}
+    mu0, sigma0 = agent.popart.mu.clone(), agent.popart.sigma.clone()
+    metrics = learner.update(batch)
+    assert learner.updates == 1 and all(torch.isfinite(v).all() for v in metrics.values())
+    after = agent.state_dict()
+    for prefix in ("tstep_encoder.", "traj_encoder.", "actor.", "critic."):
+        names = [n for n, p in agent.named_parameters() if n.startswith(prefix)]
+        assert any(not torch.equal(before[n], after[n]) for n in names), prefix
+    assert not torch.equal(before["critic.w_action"], after["critic.w_action"])
+    tau = cfg.loss.tau
+    scale, shift = sigma0 / agent.popart.sigma, (mu0 - agent.popart.mu) / agent.popart.sigma
+    w_out, b_out = before["target_critic.w_out"], before["target_critic.b_out"]
+    if critic == "regression":  # rescaled per discount; a two-hot critic is never rescaled
+        w_out, b_out = w_out * scale, b_out * scale + shift
+    torch.testing.assert_close(agent.target_critic.w_out.detach(), (1 - tau) * w_out + tau * after["critic.w_out"],
+                               atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(agent.target_critic.b_out.detach(), (1 - tau) * b_out + tau * after["critic.b_out"],
+                               atol=1e-6, rtol=1e-5)
+    for n in ("w_action", "w_state"):
+        expected = (1 - tau) * before[f"target_critic.{n}"] + tau * after[f"critic.{n}"]
+        torch.testing.assert_close(getattr(agent.target_critic, n).detach(), expected, atol=1e-6, rtol=1e-5)
 
 
 ACTOR_OPTIONS = {  # ModelConfig fields of the actor's options (docs/method.md)

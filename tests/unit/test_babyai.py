@@ -81,7 +81,8 @@ def test_spaces_image_encoding_and_checker():
     assert space["goal"] == gym.spaces.Box(0, 32, (72,), np.int64) and env.metadata["goal_vocab"] == 32
     assert space["direction"] == gym.spaces.Discrete(4) and env.action_space == gym.spaces.Discrete(7)
     obs, info = env.reset(seed=0)
-    assert space.contains(obs) and info["mission"] == env.mission
+    assert space.contains(obs) and info["mission"] == env.mission and info["task"] == "GoToLocal"
+    assert bb.BabyAI("BabyAI-GoToLocal-v0").level == "GoToLocal"  # the level's name, also from its id
     assert obs["goal"].tolist() == bb.tokenize_mission(env.mission).tolist()
     # the one-hot image decodes back to minigrid's (object, color, state) ids
     raw = env.level_env.unwrapped.gen_obs()["image"]  # [7, 7, 3]
@@ -151,7 +152,7 @@ def test_success_from_the_bot_and_failure_on_timeout():
         bot = BabyAIBot(env.level_env)
         for _ in range(200):
             _, reward, term, trunc, info = env.step(bot.replan())
-            assert info["success"] == float(reward > 0)
+            assert info["success"] == float(reward > 0) and info["task"] == level  # the level names the task
             if term or trunc:
                 break
         assert term and not trunc and reward > 0 and info["success"] == 1.0, level

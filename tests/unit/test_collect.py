@@ -249,3 +249,84 @@ def test_make_env_errors():
         make_env("CartPole-v1", {"bogus": 1})
     with pytest.raises(ValueError, match="nonexistent_module"):
         make_env("nonexistent_module:factory")
+
+
+# ------------------------------------------------------------------------------------------ per-task metrics
+class NamedTasks(gym.Env):
+    """A task per rollout, shown in the observation, with episodes of `lengths` steps in turn (1-3 at random when
+    None); `info["task"]` only on the step that ends an episode (the contract's minimum)."""
+
+    NAMES = ("go to/red ball", "plain", "x" * 80)  # becomes go_to_red_ball, plain, 64 x (icrl.types.task_key)
+    observation_space = gym.spaces.Discrete(3)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, lengths: tuple[int, ...] | None = None):
+        self.lengths, self.episode = lengths, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if options is None or options.get("new_task", True):
+            self.task, self.episode = int(self.np_random.integers(3)), 0
+        lengths = self.lengths or (int(self.np_random.integers(1, 4)),)
+        self.t, self.length = 0, lengths[self.episode % len(lengths)]
+        self.episode += 1
+        return self.task, {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.length
+        return self.task, 1.0 + self.task, done, False, {"task": self.NAMES[self.task]} if done else {}
+
+
+def named_venv(n: int, k: int, lengths=None, asynchronous: bool = False) -> gym.vector.VectorEnv:
+    cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
+    return cls([lambda: TimestepWrapper(NamedTasks(lengths), episodes_per_rollout=k)] * n,
+               autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+KEYS = ["go_to_red_ball", "plain", "x" * 64]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_episode_stats_carry_the_task_of_their_rollout(asynchronous):
+    """Every episode of a 3-episode rollout names its task: the inner ones from the step's info, the one that ends
+    the rollout from `final_info` (SAME_STEP autoreset), also across `collect` calls."""
+    venv = named_venv(3, 3, asynchronous=asynchronous)
+    col = Collector(venv, TimestepWrapper(NamedTasks()).action_spec, seed=0)
+    per_rollout = defaultdict(list)
+    finished = []
+    for _ in range(4):
+        rollouts, stats = col.collect(RandomPolicy(col.action_spec, 0), 3 * 7)
+        finished += list(zip(col.last_sources, rollouts))
+        for s in stats:
+            per_rollout[(s.env_index, s.rollout_id)].append(s)
+    venv.close()
+    assert len(finished) >= 6
+    for src, r in finished:
+        eps = per_rollout[src]
+        task = KEYS[int(r.obs["obs"][0].argmax())]  # the task the rollout played, from its observation
+        assert [e.episode_index for e in eps] == [0, 1, 2] and {e.task for e in eps} == {task}
+        assert sum(e.ret for e in eps) == pytest.approx(float(r.reward.sum()))
+    assert {e.task for eps in per_rollout.values() for e in eps} == set(KEYS)
+
+
+def test_a_capped_evaluation_rollout_keeps_its_task():
+    """At the evaluation step cap a rollout counts as it stands: its unfinished episode takes the task its
+    finished episodes named; a rollout with none finished names none."""
+    venv = named_venv(2, 2, lengths=(2, 100))  # the second episode outlasts the cap
+    col = Collector(venv, TimestepWrapper(NamedTasks()).action_spec)
+    rollouts, stats = col.collect_rollouts(RandomPolicy(col.action_spec, 0), 2, seed=3, max_steps=10)
+    assert col.capped_rollouts == 2 and len(stats) == 4
+    for (i, _), r in zip(col.last_sources, rollouts):
+        task = KEYS[int(r.obs["obs"][0].argmax())]
+        assert [s.task for s in stats if s.env_index == i] == [task, task]
+    _, stats = Collector(named_venv(1, 1, lengths=(100,)), col.action_spec).collect_rollouts(
+        RandomPolicy(col.action_spec, 0), 1, seed=3, max_steps=5)
+    assert [s.task for s in stats] == [None]
+
+
+def test_no_task_reported_no_task_stored():
+    venv = make_vector_env(*TASK, 2, episodes_per_rollout=2)
+    col = Collector(venv, TimestepWrapper(TMaze()).action_spec, seed=0)
+    _, stats = col.collect(RandomPolicy(col.action_spec, 1), 40)
+    assert stats and all(s.task is None for s in stats)

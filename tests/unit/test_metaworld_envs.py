@@ -45,7 +45,7 @@ def test_spaces_and_checker():
     assert isinstance(env.observation_space, gym.spaces.Box) and env.observation_space.shape == (39,)
     assert env.action_space == gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     obs, info = env.reset(seed=0)
-    assert env.observation_space.contains(obs) and info == {"task_id": 0}
+    assert env.observation_space.contains(obs) and info == {"task_id": 0, "task": "reach-v3"}
     assert np.all(obs[-3:] == 0.0)  # ML setting: the goal is hidden
     assert len(env.tasks) == 50 and env.class_names == ["reach-v3"]
     check_env(env, skip_render_check=True)
@@ -210,7 +210,7 @@ def test_ml10_train_and_test_classes(ml10):
         assert train.observation_space.contains(obs) and info["task_id"] == train.class_names.index(train.task_name)
         seen.add(train.task_name)
         _, _, _, trunc, info = [train.step(train.action_space.sample()) for _ in range(3)][-1]
-        assert trunc and info["success"] in (0.0, 1.0)
+        assert trunc and info["success"] in (0.0, 1.0) and info["task"] == train.task_name  # per-task metrics
     assert len(seen) >= 8  # a new class per rollout, uniformly
     # a kept task keeps its class
     name = train.task_name
@@ -224,3 +224,13 @@ def test_ml10_train_and_test_classes(ml10):
     test.reset(seed=0)
     assert test.task_name in test.class_names
     test.close()
+
+
+def test_infos_name_the_task_class():
+    """`info["task"]` (per-task metrics, docs/CONTRACTS.md) is the task class; checked without metaworld."""
+    from types import SimpleNamespace
+
+    env = object.__new__(mw.MetaWorldML)  # the task list only: no benchmark, no MuJoCo
+    env.tasks = [SimpleNamespace(env_name="reach-v3"), SimpleNamespace(env_name="push-v3")]
+    env.class_names, env.task_index = ["reach-v3", "push-v3"], 1
+    assert env._info() == {"task_id": 1, "task": "push-v3"}

@@ -138,6 +138,7 @@ def test_multi_task_fixed_within_rollout_and_resampled_across():
     for rollout in range(30):
         _, info = env.reset(seed=rollout) if rollout == 0 else env.reset(options={"new_task": True})
         task = info["task_id"]
+        assert info["task"] == env.task_name == env.names[task]  # the name icrl logs per-task returns under
         tasks.append(task)
         for _ in range(3):  # further episodes of the same rollout keep the task
             _, info = env.reset(options={"new_task": False})
@@ -152,7 +153,7 @@ def test_multi_task_fixed_within_rollout_and_resampled_across():
         task, done, episodes = info["task_id"], False, 0
         while not done:
             _, _, term, trunc, info = wrapped.step(wrapped.action_space.sample())
-            assert info["task_id"] == task
+            assert info["task_id"] == task and info["task"] == wrapped.unwrapped.names[task]
             episodes += bool(info.get("episode_end"))
             done = term or trunc
         assert episodes == 3
@@ -194,4 +195,22 @@ def test_multi_through_collector():
     spec = venv.envs[0].action_spec
     rollouts, stats = Collector(venv, spec, seed=0).collect(RandomPolicy(spec, seed=0), 400)
     assert rollouts and stats and all(-1.0 - 1e-6 <= s.ret <= 1.0 + 1e-6 for s in stats)
+    venv.close()
+
+
+def test_multi_task_episode_stats_name_each_rollouts_task():
+    """The collector's EpisodeStats carry `info["task"]`: every episode of a 2-episode rollout names the task the
+    rollout played (its rewards come from that task: CountRecall's, Bandit's and RepeatPrevious' differ)."""
+    from icrl.envs import make_vector_env
+
+    names = ["RepeatPreviousEasy", "MultiarmedBanditEasy", "CountRecallEasy"]
+    venv = make_vector_env("popgym_multi", {"names": names}, 3, episodes_per_rollout=2)
+    col = Collector(venv, venv.envs[0].action_spec, seed=0)
+    rollouts, stats = col.collect(RandomPolicy(col.action_spec, 0), 3 * 450)
+    assert rollouts and stats and all(s.task in names for s in stats)
+    by_rollout: dict = {}
+    for s in stats:
+        by_rollout.setdefault((s.env_index, s.rollout_id), set()).add(s.task)
+    assert all(len(tasks) == 1 for tasks in by_rollout.values())  # one task per rollout
+    assert len({s.task for s in stats}) >= 2  # and another across rollouts
     venv.close()

@@ -11,20 +11,23 @@ import torch
 from icrl.config import ExperimentConfig
 from icrl.run.distributed import Replicas, resolve_device
 from icrl.run.episodes import (
+    TASK_METRIC_PREFIXES,
     group_rollouts,
     rollout_sums,
     summarize_episodes,
     train_stats,
     train_stats_all_ranks,
 )
-from icrl.run.reporting import due, report_epoch, row_head
+from icrl.run.loggers import scalars
+from icrl.run.reporting import due, eval_table, report_epoch, row_head
 from icrl.run.timer import Timer
 from icrl.run.updates import LazyLoader
-from icrl.types import EpisodeStats
+from icrl.types import EpisodeStats, task_key
 
 
-def ep(env, rollout, index, ret, success=None, length=5):
-    return EpisodeStats(env_index=env, rollout_id=rollout, episode_index=index, ret=ret, length=length, success=success)
+def ep(env, rollout, index, ret, success=None, length=5, task=None):
+    return EpisodeStats(env_index=env, rollout_id=rollout, episode_index=index, ret=ret, length=length, success=success,
+                        task=task)
 
 
 # Two rollouts: env 0 has a 3-episode rollout (reported out of order), env 1 a single-episode one.
@@ -50,6 +53,50 @@ def test_sums_give_the_same_means_as_the_summary():
     assert every["return_mean"] == pytest.approx(8.0) and every["success_rate"] == pytest.approx(1.0)
     assert train_stats(EPISODES, one) == summarize_episodes(EPISODES)  # one process: the summary itself
     assert train_stats_all_ranks([], one) == {"return_mean": None, "success_rate": None}
+
+
+# Multi-task: three rollouts of task "a" (one of 2 episodes, one whose episodes name it only at the end), one of "b"
+# (no success reported), one that names no task.
+TASKS = [ep(0, 0, 0, 1.0, 0.0, task="a"), ep(0, 0, 1, 2.0, 1.0, task="a"), ep(1, 0, 0, 5.0, 0.0, task=None),
+         ep(1, 0, 1, 1.0, 0.0, task="a"), ep(0, 1, 0, -1.0, task="b"), ep(2, 0, 0, 7.0, 1.0)]
+
+
+def test_per_task_metrics_average_each_tasks_rollouts():
+    s = summarize_episodes(TASKS)
+    assert s["return_mean"] == pytest.approx((3 + 6 - 1 + 7) / 4) and s["rollouts"] == 4  # as before
+    per_task = {k: v for k, v in s.items() if k.startswith(TASK_METRIC_PREFIXES)}
+    assert per_task == {"return/a": pytest.approx(4.5), "success/a": pytest.approx(0.5), "rollouts/a": 2,
+                        "return/b": pytest.approx(-1.0), "rollouts/b": 1}  # b reports no success: no key
+    assert list(per_task) == sorted(per_task, key=lambda k: (k.split("/")[1], TASK_METRIC_PREFIXES.index(
+        k.split("/")[0] + "/")))  # task by task, in name order
+    assert not any(k.startswith(TASK_METRIC_PREFIXES) for k in summarize_episodes(EPISODES))  # no task: no keys
+    assert train_stats(TASKS, Replicas(torch.device("cpu")))["return/a"] == pytest.approx(4.5)
+    # a metrics backend logs an eval row's per-task keys under eval/, a train row's keep train/
+    assert scalars({"kind": "eval", "return/a": 4.5, "time/eval_s": 1.0}) == {"eval/return/a": 4.5, "time/eval_s": 1.0}
+    assert scalars({"kind": "train", "train/return/a": 4.5}) == {"train/return/a": 4.5}
+
+
+def test_task_names_become_safe_metric_keys():
+    assert task_key("RepeatFirstEasy") == "RepeatFirstEasy" and task_key("reach-v3") == "reach-v3"
+    assert task_key("go to/the red ball!") == "go_to_the_red_ball_" and task_key(3) == "3"
+    assert task_key("x" * 100) == "x" * 64 and task_key(None) is None and task_key("") is None
+    assert EpisodeStats(0, 0, 0, 1.0, 1, None) == EpisodeStats(0, 0, 0, 1.0, 1, None, task=None)  # optional field
+
+
+def test_eval_table_shows_one_row_per_task():
+    from rich.console import Console
+
+    result = {"run_dir": "r", "env": "popgym_multi", "env_kwargs": {}, "weights": "w", "seed": 0,
+              **summarize_episodes(TASKS)}
+    tables = eval_table(result)
+    assert len(tables) == 3  # summary, adaptation curve (2-episode rollouts), by task
+    console = Console(width=120, record=True)
+    console.print(tables[-1])
+    lines = [line for line in console.export_text().splitlines() if line.strip().startswith("│")]
+    assert len(lines) == 2  # the rows of tasks a and b
+    assert lines[0].split() == ["│", "a", "│", "2", "│", "+4.500", "│", "0.50", "│"] and "n/a" in lines[1]
+    plain = {k: v for k, v in result.items() if not k.startswith(TASK_METRIC_PREFIXES)}
+    assert len(eval_table(plain)) == 2  # no task: no table
 
 
 def test_single_process_replicas_decide_alone():

@@ -29,7 +29,9 @@ object on your left next to a grey object in front of you"); short levels can pa
 
 Success: minigrid gives reward 1 - 0.9 * steps / max_steps > 0 on completing the mission and 0 on failing
 it or timing out. `info["success"]` is 1.0 on a step with reward > 0 (the episode then terminates) and 0.0 on
-every other step, so its value at an episode's last step is that episode's success.
+every other step, so its value at an episode's last step is that episode's success. Every reset and step info
+holds `info["task"]`, the level's name ("GoToLocal"): icrl logs return and success per task (docs/CONTRACTS.md),
+so an env that mixes levels reports each episode's level (one level per env here: one task, all its missions).
 
 Tasks: a task is the layout and mission made from a task seed drawn from the env's `np_random`.
 `reset()` (or `new_task=True`, or a seeded reset) draws a new one; `reset(options={"new_task": False})`
@@ -159,6 +161,7 @@ class BabyAI(gym.Env):
         if int(max_mission_len) < 1:
             raise ValueError(f"BabyAI max_mission_len must be >= 1, got {max_mission_len}")
         self.env_id = env_id
+        self.level = next(name for name, i in levels.items() if i == env_id)  # "GoToLocal": the info["task"]
         self.max_mission_len = int(max_mission_len)
         self.image_encoding = image_encoding
         # disable_env_checker: the checker cannot sample minigrid's MissionSpace and only warns
@@ -209,11 +212,11 @@ class BabyAI(gym.Env):
             raw, _ = self.level_env.reset(seed=self.task_seed)
         self.mission = str(raw["mission"])
         self._goal = tokenize_mission(self.mission, self.max_mission_len)
-        return self._obs(raw), {"mission": self.mission}
+        return self._obs(raw), {"mission": self.mission, "task": self.level}
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         raw, reward, terminated, truncated, _ = self.level_env.step(int(np.asarray(action).reshape(())))
-        info = {"success": float(float(reward) > 0)}
+        info = {"success": float(float(reward) > 0), "task": self.level}
         return self._obs(raw), float(reward), bool(terminated), bool(truncated), info
 
     def render(self) -> Any:

@@ -21,7 +21,9 @@ Success: metaworld reports `info["success"]` per step (the object is at the goal
 its value at the episode's last step says whether the episode ever succeeded. This is the number metaworld's
 own evaluation computes (`metaworld.evaluation` ends each episode at its first success) and the usual ML1/ML10
 success rate; a "success at the last step" rate would punish pushing the object past the goal after reaching
-it. The per-step value is `info["step_success"]`.
+it. The per-step value is `info["step_success"]`. Every reset and step info holds `info["task"]`, the task class
+("reach-v3"; icrl logs return and success per task, docs/CONTRACTS.md), and `info["task_id"]`, its index in
+`class_names`.
 
 Cost: building the benchmark's task lists is slow (`metaworld.ML1` ~1 s, `metaworld.ML10` ~12 s), so it
 happens once per (benchmark, task, seed) and process (`get_benchmark`, cached): the copies of a
@@ -178,7 +180,7 @@ class MetaWorldML(gym.Env):
         return self._envs[self.task_name]
 
     def _info(self) -> dict[str, Any]:
-        return {"task_id": self.class_names.index(self.task_name)}
+        return {"task_id": self.class_names.index(self.task_name), "task": self.task_name}
 
     # ----------------------------------------------------------------------------------------------- API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:

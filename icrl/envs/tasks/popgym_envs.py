@@ -231,8 +231,9 @@ class PopGymMulti(gym.Env):
       is invalid for the current task (>= its n) is executed as action 0 (a fixed valid action); the
       returned info then holds `invalid_action=True`. Tasks with continuous actions (the Pendulum envs) are
       rejected.
-    - Rewards, termination and the absence of a success signal are the task's own; `info["task_id"]` is
-      the index into `names` of the current task (for logging; the agent never sees info).
+    - Rewards, termination and the absence of a success signal are the task's own; every reset and step info
+      holds `info["task"]`, the current task's class name (e.g. "RepeatFirstEasy": icrl logs return per task,
+      docs/CONTRACTS.md), and `info["task_id"]`, its index into `names` (the agent never sees info).
     """
 
     metadata = {"render_modes": []}
@@ -309,7 +310,10 @@ class PopGymMulti(gym.Env):
             self.task = int(self.np_random.integers(len(self.envs)))
         env_seed, self._task_seeds[self.task] = self._task_seeds[self.task], None  # each seed used once
         raw, info = self.envs[self.task].reset(seed=env_seed)
-        return self._obs(raw), {**info, "task_id": self.task}
+        return self._obs(raw), {**info, **self._task_info()}
+
+    def _task_info(self) -> dict[str, Any]:
+        return {"task": self.task_name, "task_id": self.task}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         a = int(np.asarray(action).reshape(()))
@@ -317,7 +321,7 @@ class PopGymMulti(gym.Env):
             raise ValueError(f"action {a} outside [0, {self.action_space.n})")
         invalid = a >= self._n_actions[self.task]
         raw, reward, terminated, truncated, info = self.envs[self.task].step(np.int64(0 if invalid else a))
-        info = {**info, "task_id": self.task}
+        info = {**info, **self._task_info()}
         if invalid:
             info["invalid_action"] = True
         return self._obs(raw), float(reward), bool(terminated), bool(truncated), info
