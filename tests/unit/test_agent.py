@@ -117,6 +117,13 @@ def real_batch(kind: str, root, batch_size: int = 6) -> tuple[Batch, gym.spaces.
     return batch, venv.single_observation_space["obs"], spec
 
 
+def assert_every_part_moved(agent: Agent, before: dict, after: dict) -> None:
+    """An update changed some parameter of each of the encoders, the actor and the critic."""
+    for prefix in ("tstep_encoder.", "traj_encoder.", "actor.", "critic."):
+        names = [n for n, p in agent.named_parameters() if n.startswith(prefix)]
+        assert any(not torch.equal(before[n], after[n]) for n in names), prefix
+
+
 def build_agent(obs_space, spec, traj: str = "transformer", max_seq_len: int = SEQ, model_kw: dict | None = None,
                 **loss_kw) -> Agent:
     torch.manual_seed(0)
@@ -295,9 +302,7 @@ def test_learner_update_moves_online_targets_by_ema_and_popart(kind, tmp_path):
     tau = cfg.loss.tau
 
     # online parameters moved, in every part of the network
-    for prefix in ("tstep_encoder.", "traj_encoder.", "actor.", "critic."):
-        names = [n for n, p in agent.named_parameters() if n.startswith(prefix)]
-        assert any(not torch.equal(before[n], after[n]) for n in names), prefix
+    assert_every_part_moved(agent, before, after)
     assert agent.tstep_encoder.obs_norm.count > 0  # the running obs statistics saw the batch
 
     # targets: exactly one EMA step toward the *updated* online weights (target_actor untouched by PopArt)
@@ -351,9 +356,7 @@ def test_learner_update_with_discrete_actions_as_critic_input(critic, values, tm
     metrics = learner.update(batch)
     assert learner.updates == 1 and all(torch.isfinite(v).all() for v in metrics.values())
     after = agent.state_dict()
-    for prefix in ("tstep_encoder.", "traj_encoder.", "actor.", "critic."):
-        names = [n for n, p in agent.named_parameters() if n.startswith(prefix)]
-        assert any(not torch.equal(before[n], after[n]) for n in names), prefix
+    assert_every_part_moved(agent, before, after)
     assert not torch.equal(before["critic.w_action"], after["critic.w_action"])
     tau = cfg.loss.tau
     scale, shift = sigma0 / agent.popart.sigma, (mu0 - agent.popart.mu) / agent.popart.sigma
@@ -390,9 +393,7 @@ def test_learner_update_and_acting_with_each_actor_option(kind, option, tmp_path
     metrics = learner.update(batch)
     assert learner.updates == 1 and all(torch.isfinite(v).all() for v in metrics.values())
     after = agent.state_dict()
-    for prefix in ("tstep_encoder.", "traj_encoder.", "actor.", "critic."):
-        names = [n for n, p in agent.named_parameters() if n.startswith(prefix)]
-        assert any(not torch.equal(before[n], after[n]) for n in names), prefix
+    assert_every_part_moved(agent, before, after)
     still = [n for n, _ in agent.actor.named_parameters() if torch.equal(before[f"actor.{n}"], after[f"actor.{n}"])]
     assert not still, f"actor parameters the update did not reach: {still}"
     for n, p in agent.target_actor.named_parameters():
