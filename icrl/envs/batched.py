@@ -22,6 +22,7 @@ as every reset and step of the per-copy task reports it). The meta-RL tasks are 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Callable, NamedTuple
 
 import gymnasium as gym
@@ -43,7 +44,7 @@ class StepArrays(NamedTuple):
     achieved: np.ndarray | None = None  # [N, K] int64, -1 padded: goal tasks' tokens this step achieved
 
 
-class BatchedTaskEnv(gym.vector.VectorEnv):
+class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
     """The vector-env side shared by the batched tasks: spaces, seeding, timesteps, rollouts of one or several
     episodes, SAME_STEP autoreset.
 
@@ -234,21 +235,25 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
         self._proto.close()
 
     # ------------------------------------------------------------------------------ the task's part
+    @abstractmethod
     def _draw_tasks(self, rows: np.ndarray) -> None:
-        raise NotImplementedError
+        """A new hidden task for `rows`, drawn from `self._rng(i)` with the per-copy task's own reset calls."""
 
     def _draw_episodes(self, rows: np.ndarray) -> None:
         """The draws of the per-copy task's `reset(options={"new_task": False})` for `rows`: none by default
         (the task keeps its hidden task and draws nothing)."""
 
+    @abstractmethod
     def _reset_rows(self, rows: np.ndarray) -> None:
-        raise NotImplementedError
+        """The episode's state of `rows` at its reset (the hidden task already drawn)."""
 
+    @abstractmethod
     def _obs(self) -> dict[str, np.ndarray]:
-        raise NotImplementedError
+        """The observation's flattened keys -> [N, ...] arrays of the current state, fresh each call."""
 
+    @abstractmethod
     def _step_arrays(self, actions: np.ndarray) -> StepArrays:
-        raise NotImplementedError
+        """Every copy's step on its stored actions [N(, D)]."""
 
     def _task_reset(self, i: int, options: dict[str, Any] | None = None) -> Any:
         """The per-copy task (the prototype's), reset with copy i's generator: its draws are copy i's, made

@@ -15,6 +15,7 @@ nothing); GoalGrid draws a new start and instruction at every reset, as its per-
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any
 
 import numpy as np
@@ -70,8 +71,9 @@ class BatchedGoalTask(BatchedTaskEnv):
         """[N, k] int64: the instructions with completed slots zeroed (`InstructionProgress.goal`)."""
         return np.where(self._slot >= self._current[:, None], self._tokens, 0)
 
+    @abstractmethod
     def _act(self, actions: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Move every copy by its action; [N] int64: the token each copy's step achieved (0: none)."""
 
     def _step_arrays(self, actions: np.ndarray) -> StepArrays:
         token = self._act(actions)  # [N]
