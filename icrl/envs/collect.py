@@ -107,8 +107,9 @@ class _StepRing:
         self.ts, (self.action, self.reward, self.terminated, self.truncated) = grown[:-4], grown[-4:]
 
     def put_timestep(self, k: int, batch: dict) -> None:
-        for arr, (path, _) in zip(self.ts, _leaves(batch)):
-            arr[k % self.cap] = _at(batch, path)
+        j = k % self.cap
+        for path, arr in zip(self.paths, self.ts):
+            arr[j] = _at(batch, path)  # the paths of the first batch: one lookup per leaf, no re-flattening
 
     def put_step(self, k: int, action: np.ndarray, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> None:
         j = k % self.cap
