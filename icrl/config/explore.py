@@ -10,7 +10,8 @@ from icrl.config.errors import ConfigError
 
 # The library's exploration defaults: the official AMAGO's ε-greedy (ε from 1.0 to 0.05, annealed over each
 # env copy's own steps, every env drawing its own scale of it per rollout, flat within a rollout). The
-# anneal is 10x shorter than the official 1M steps per env, which CPU-sized runs never reach.
+# anneal's 100,000 steps per env (10x shorter than the official 1M, which CPU-sized runs never reach) is a
+# cap: a run with a budget anneals over ANNEAL_FRACTION of each env copy's share of it (`ExploreConfig.resolve`).
 EXPLORE_DEFAULTS: dict[str, Any] = {
     "train_actions": "sample",
     "eps_start": 1.0,
@@ -27,6 +28,15 @@ EXPLORE_DEFAULTS: dict[str, Any] = {
     "noise_start": 0.5,
     "noise_end": 0.05,
 }
+
+ANNEAL_FRACTION = 0.5
+"""Where no task or user sets `eps_anneal_steps`, ε (and continuous noise) anneals over this fraction of each env
+copy's share of the run's env-step budget (at most EXPLORE_DEFAULTS' 100,000 steps per env), so every run
+ends exploring at `eps_end`, as Stable-Baselines3's and CleanRL's `exploration_fraction` (0.1, 0.5) do. A fixed
+100,000 steps per env never ended in a default run (8 envs: 800,000 env steps against a budget of 100,000): CartPole-v1
+trained at ε ≈ 0.9 x a per-env scale throughout, and its greedy return stayed ~10 where an anneal over 2,000 steps
+per env reached ~110 (docs/results.md, CartPole-v1 at the defaults). The cue_recall and goal_grid presets had set
+the same thing by hand (150 of 300 and 500 of 1,250 steps per env)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,9 @@ class ExploreConfig:
     """Discrete: ε once annealed (unset: 0.05)."""
     eps_anneal_steps: int | None = None
     """Steps *of each env copy* over which ε (and continuous noise) decays linearly; per env, so the schedule
-    does not depend on the number of parallel envs (unset: 100,000)."""
+    does not depend on the number of parallel envs. Unset: `ANNEAL_FRACTION` (half) of each env copy's share of
+    --total-env-steps, at most 100,000 (the run's config.json records the number; with several data-parallel
+    processes or collectors each copy's share is smaller, so the anneal covers more of the run)."""
     per_env_scale: bool | None = None
     """Each env draws its own uniform [0, 1) multiplier of ε per rollout, so a batch always mixes nearly
     greedy and very exploratory rollouts (unset: True)."""
@@ -80,10 +92,14 @@ class ExploreConfig:
     noise_end: float | None = None
     """Continuous: std of the Gaussian action noise once annealed (unset: 0.05)."""
 
-    def resolve(self, recommendation: dict[str, Any] | None = None) -> ExploreConfig:
+    def resolve(self, recommendation: dict[str, Any] | None = None, steps_per_env: int | None = None) -> ExploreConfig:
         """Unset fields filled from `recommendation` (the task's; ignored with task_recommendation=False),
-        then from EXPLORE_DEFAULTS. Idempotent."""
+        then from EXPLORE_DEFAULTS; `eps_anneal_steps` from `steps_per_env` (each env copy's share of the run's
+        budget, `ANNEAL_FRACTION` of it) where it is given and neither sets it. Idempotent."""
         rec = dict(recommendation or {}) if self.task_recommendation else {}
+        if steps_per_env is not None and "eps_anneal_steps" not in rec:
+            cap = EXPLORE_DEFAULTS["eps_anneal_steps"]
+            rec["eps_anneal_steps"] = max(1, min(cap, round(ANNEAL_FRACTION * steps_per_env)))
         unknown = sorted(set(rec) - set(EXPLORE_DEFAULTS))
         if unknown:
             raise ConfigError(f"the task's recommended exploration names unknown fields {unknown}")

@@ -83,20 +83,21 @@ def open_replay(cfg: ExperimentConfig, run_dir: Path) -> DiskReplay:
 
 
 def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
-    """`cfg` with its unset fields resolved, so config.json records exactly what ran: exploration, the
-    context and the env-step budget from the task's recommendations (asked of `factory`, the user's env class
-    or factory, when given), else the library defaults (`ExploreConfig.resolve`, `DEFAULT_CONTEXT`,
-    `DEFAULT_ENV_STEPS`); n-step returns and PopArt's floor from the context and the exploration
+    """`cfg` with its unset fields resolved, so config.json records exactly what ran: the env-step budget,
+    exploration and the context from the task's recommendations (asked of `factory`, the user's env class
+    or factory, when given), else the library defaults (`DEFAULT_ENV_STEPS`, `ExploreConfig.resolve`: the ε
+    anneal from the budget, `DEFAULT_CONTEXT`); n-step returns and PopArt's floor from the context and the exploration
     (`LossConfig.resolved`); then whether the learner compiles (`ExperimentConfig.compiles`, which depends on
     the context and the budget)."""
     e = cfg.env
+    if cfg.schedule.total_env_steps is None:
+        cfg = cfg.replace(total_env_steps=task_budget(e.env, e.kwargs, factory) or DEFAULT_ENV_STEPS)
     rec = task_exploration(e.env, e.kwargs, factory) if cfg.explore.task_recommendation else {}
-    cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec))
+    steps_per_env = cfg.schedule.env_steps // max(e.parallel_envs, 1)
+    cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec, steps_per_env=steps_per_env))
     if cfg.model.max_seq_len is None:
         cfg = cfg.replace(max_seq_len=rollout_context(task_context(e.env, e.kwargs, factory), e))
     cfg = dataclasses.replace(cfg, loss=cfg.loss.resolved(cfg.model.context, cfg.explore.eps_shape))
-    if cfg.schedule.total_env_steps is None:
-        cfg = cfg.replace(total_env_steps=task_budget(e.env, e.kwargs, factory) or DEFAULT_ENV_STEPS)
     return cfg.replace(compile=cfg.compiles)
 
 

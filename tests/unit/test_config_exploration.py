@@ -119,7 +119,7 @@ def test_unset_fields_take_the_task_recommendation_then_the_defaults():
     assert with_task_defaults(mine).explore.train_actions == "sample"
     off = ExperimentConfig(env=EnvConfig(env="tmaze"), explore=ExploreConfig(task_recommendation=False))
     resolved = with_task_defaults(off).explore
-    assert all(getattr(resolved, k) == v for k, v in EXPLORE_DEFAULTS.items())
+    assert all(getattr(resolved, k) == v for k, v in EXPLORE_DEFAULTS.items() if k != "eps_anneal_steps")
     assert with_task_defaults(cfg) == cfg  # idempotent: resuming resolves to the same config
     with pytest.raises(ConfigError, match="shape-horizon"):
         ExperimentConfig(explore=ExploreConfig(eps_shape="window")).validate()
@@ -132,3 +132,28 @@ def test_apply_overrides_parses_json_and_names_bad_keys():
     assert cfg.optim.lr == 0.001 and cfg.loss.gammas == (0.9, 0.99) and cfg.env.env == "tmaze_active"
     with pytest.raises(ConfigError, match="train.nope"):
         apply_overrides(cfg, ["train.nope=1"])
+
+
+def test_the_anneal_follows_the_budget_unless_a_task_or_the_user_sets_it():
+    from icrl.config.explore import ANNEAL_FRACTION
+    from icrl.run.components import with_task_defaults
+
+    def anneal(**fields):
+        return with_task_defaults(ExperimentConfig().replace(**fields)).explore.eps_anneal_steps
+
+    # half of each env copy's share of the budget: CartPole-v1 with 8 envs and 50,000 env steps anneals over
+    # 3,125 steps per env (the fixed 100,000 per env never ended: 800,000 env steps)
+    assert ANNEAL_FRACTION == 0.5
+    assert anneal(env="CartPole-v1", total_env_steps=50_000, parallel_envs=8) == 3_125
+    assert anneal(env="CartPole-v1", total_env_steps=50_000, parallel_envs=16) == 1_562
+    assert anneal(env="CartPole-v1") == 100_000 // 8 // 2  # the library's default budget
+    assert anneal(env="CartPole-v1", total_env_steps=10_000_000, parallel_envs=8) == 100_000  # the cap
+    assert anneal(env="CartPole-v1", total_env_steps=3, parallel_envs=8) == 1
+    # a task's recommendation (T-Maze: 100,000) and the user's value win; so does a preset's
+    assert anneal(env="tmaze", total_env_steps=50_000) == 100_000
+    assert anneal(env="CartPole-v1", total_env_steps=50_000, eps_anneal_steps=777) == 777
+    # the budget is resolved first, from the task where unset (T-Maze 500: 1,000,000 env steps)
+    cfg = with_task_defaults(ExperimentConfig().replace(env="tmaze", env_kwargs='{"length": 500}',
+                                                        task_recommendation=False))
+    assert cfg.schedule.total_env_steps == 1_000_000 and cfg.explore.eps_anneal_steps == 62_500
+    assert with_task_defaults(cfg) == cfg  # idempotent: a resumed run keeps its anneal
