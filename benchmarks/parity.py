@@ -224,25 +224,33 @@ def summarize(runs: list[dict]) -> list[dict]:
             rs = [r for r in runs if r["task"] == name and r["lib"] == lib]
             if not rs:
                 continue
+            rs = sorted(rs, key=lambda r: r["seed"])
             solved = [r for r in rs if r["solved_env_steps"] is not None]
-            rows.append({"task": name, "lib": lib, "seeds": sorted(r["seed"] for r in rs),
+            rows.append({"task": name, "lib": lib, "seeds": [r["seed"] for r in rs],
                          "solved": f"{len(solved)}/{len(rs)}", "threshold": rs[0]["threshold"],
                          "env_steps_to_threshold": _mean([r["solved_env_steps"] for r in solved]),
+                         "env_steps_per_seed": [r["solved_env_steps"] for r in rs],  # None: not solved
                          "wall_s_to_threshold": _mean([r["solved_wall_s"] for r in solved]),
                          "best_return": _mean([r["best_return"] for r in rs]),
-                         "final_return": _mean([r["final_return"] for r in rs])})
+                         "final_return": _mean([r["final_return"] for r in rs]),
+                         "final_return_range": [min(r["final_return"] for r in rs), max(r["final_return"] for r in rs)]})
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
+    """Means over seeds with their spread: each seed's env steps to the threshold (— where it was not reached
+    within the budget) and the range of final returns."""
     def f(x, d=0):
         return "—" if x is None else f"{x:,.{d}f}"
 
-    out = ["| task | library | seeds solved | threshold | env steps to it (mean of solved) | wall s to it (no eval) | best return | "
-           "final return |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| task | library | seeds solved | threshold | env steps to it: mean of solved (per seed) | wall s to it (no eval) | "
+           "best return | final return: mean (min–max) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['task']} | {r['lib']} | {r['solved']} | {r['threshold']} | {f(r['env_steps_to_threshold'])} | "
-                   f"{f(r['wall_s_to_threshold'])} | {f(r['best_return'], 3)} | {f(r['final_return'], 3)} |")
+        per_seed = " / ".join(f(x) for x in r.get("env_steps_per_seed", []))
+        lo, hi = r.get("final_return_range", [r["final_return"]] * 2)
+        final = f(r["final_return"], 3) + (f" ({f(lo, 3)}–{f(hi, 3)})" if len(r["seeds"]) > 1 else "")
+        out.append(f"| {r['task']} | {r['lib']} | {r['solved']} | {r['threshold']} | {f(r['env_steps_to_threshold'])} "
+                   f"({per_seed}) | {f(r['wall_s_to_threshold'])} | {f(r['best_return'], 3)} | {final} |")
     return "\n".join(out) + "\n"
 
 
