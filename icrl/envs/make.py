@@ -20,6 +20,7 @@ import gymnasium as gym
 
 from icrl.envs.batched import batched_env
 from icrl.envs.kwarg_errors import check_kwarg_types, explain_constructor_error
+from icrl.envs.tasks.atari import AtariMulti, atari_env_names, make_atari  # imports without ale-py
 from icrl.envs.tasks.babyai import (  # imports without minigrid; building one needs it
     babyai_env_names,
     make_babyai,
@@ -46,6 +47,7 @@ BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
     "dark_key_door": DarkKeyToDoor,
     "half_cheetah_vel": HalfCheetahVel,
     "crafter": CrafterEnv,
+    "atari_multi": AtariMulti,
     "goal_grid": GoalGrid,
     "mazerunner": MazeRunner,
     "package_delivery": PackageDelivery,
@@ -71,6 +73,9 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
     ),
     "babyai/": EnvFamily(
         make_babyai, babyai_env_names, "BabyAI levels, language missions; extra icrl[minigrid]; icrl envs babyai"
+    ),
+    "atari/": EnvFamily(
+        make_atari, atari_env_names, "Atari 2600 games (ALE, full 18 actions); extra icrl[atari]; icrl envs atari"
     ),
 }
 
