@@ -24,7 +24,7 @@ from icrl.envs import Collector
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.envs.wrapper import agent_obs_space
 from icrl.run.components import build_agent, make_run_envs, open_replay, train_policy
-from icrl.run.episodes import rollout_sums
+from icrl.run.episodes import add_task_sums, rollout_sums, task_sums
 from icrl.run.loggers import say
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec, EpisodeStats
@@ -149,6 +149,7 @@ class Collecting:
             episodes += eps
         for key, value in rollout_sums(episodes).items():
             counters[key] += value
+        counters["tasks"] = add_task_sums(counters.get("tasks", {}), task_sums(episodes))  # multi-task envs
         counters.update(env_steps=collector.total_env_steps, weights_updates=int(self.weights.meta.get("updates", 0)),
                         waited_s=round(self.waited, 2), time=time.time())
         write_counters(self.paths, self.collector_id, counters)

@@ -35,6 +35,7 @@ from icrl.run.components import (
     with_task_defaults,
 )
 from icrl.run.distributed import resolve_device
+from icrl.run.episodes import add_task_sums, metrics_from_task_sums
 from icrl.run.evaluate import eval_row
 from icrl.run.loggers import say
 from icrl.run.reporting import due, open_log, report_epoch, row_head
@@ -151,7 +152,8 @@ class Learning:
         start = time.perf_counter() - wall_offset
         while learner.updates < self.total_updates and not stop:
             epoch += 1
-            timer, steps0, time0, sums0 = Timer(), self.counts.env_steps, time.perf_counter(), dict(self.counts.sums)
+            timer, steps0, time0 = Timer(), self.counts.env_steps, time.perf_counter()
+            sums0 = {**self.counts.sums, "tasks": self.counts.tasks}
             target = min(epoch * upe, self.total_updates)
             metrics = self.update_to(target, batches, timer, stop)
             if learner.updates < target:  # stopped within the epoch: checkpointed below, not logged
@@ -239,10 +241,12 @@ class Learning:
         return metrics
 
     def train_row(self, epoch: int, start: float, metrics: dict[str, float], timer: Timer, steps0: int,
-                  time0: float, sums0: dict[str, float]) -> dict[str, Any]:
-        """The epoch's train row: the collectors' rollouts stored since the epoch began, and the updates."""
+                  time0: float, sums0: dict[str, Any]) -> dict[str, Any]:
+        """The epoch's train row: the collectors' rollouts stored since the epoch began (with per-task metrics of
+        multi-task envs), and the updates."""
         counts = self.counts
         done = {k: counts.sums[k] - sums0[k] for k in counts.sums}
+        tasks = metrics_from_task_sums(add_task_sums(counts.tasks, sums0["tasks"], sign=-1.0))
         return {
             **row_head("train", epoch, counts.env_steps, self.learner.updates, start),
             "train/return_mean": done["return_sum"] / done["rollouts"] if done["rollouts"] else None,
@@ -254,6 +258,7 @@ class Learning:
             "time/env_steps_per_s": (counts.env_steps - steps0) / max(time.perf_counter() - time0, 1e-9),
             "time/updates_per_s": self.upe / max(timer["update"], 1e-9),
             **{f"train/{k}": v for k, v in metrics.items()},
+            **{f"train/{k}": v for k, v in tasks.items()},
         }
 
     def epsilon(self) -> float:

@@ -47,6 +47,7 @@ from icrl.agent.model import Agent
 from icrl.config import ConfigError
 from icrl.fileio import check_inside, write_text_atomic
 from icrl.run.ckpt_checks import unmatched_names
+from icrl.run.episodes import add_task_sums
 from icrl.run.loggers import say
 from icrl.run.results import save_weights
 
@@ -140,6 +141,7 @@ class RunCounters:
         self.paths = paths
         self.env_steps = self.stored_env_steps = self.rollouts = 0
         self.sums = {"rollouts": 0.0, "return_sum": 0.0, "success_n": 0.0, "success_sum": 0.0}
+        self.tasks: dict[str, dict[str, float]] = {}  # per-task sums of multi-task envs (icrl.run.episodes.task_sums)
         self.collectors = 0
         self.collector_env_steps: list[int] = []  # each collector's own env steps (all its env copies)
 
@@ -151,6 +153,7 @@ class RunCounters:
         self.stored_env_steps = sum(int(c.get("stored_env_steps", 0)) for c in counters)
         self.rollouts = sum(int(c.get("stored_rollouts", 0)) for c in counters)
         self.sums = {k: float(sum(c.get(k, 0) for c in counters)) for k in self.sums}
+        self.tasks = add_task_sums(*(c.get("tasks", {}) for c in counters))
         return self
 
     @property

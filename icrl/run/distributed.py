@@ -24,8 +24,10 @@ What the N ranks share and what they do not:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,6 +79,11 @@ class Replicas(OneProcess):
     def sum(self, values: list[float]) -> list[float]:
         """Element-wise sum of a list of numbers over the ranks."""
         return list(values)
+
+    def gather_json(self, value: Any) -> list[Any]:
+        """Every rank's JSON-serialisable `value`, in rank order (small data, e.g. per-task sums whose keys
+        differ between ranks; sent as JSON text, never pickled)."""
+        return [json.loads(json.dumps(value))]
 
     def all_ready(self, ready: bool) -> bool:
         """True when every rank is `ready`: all ranks update or none, since DDP steps in lockstep."""
@@ -147,6 +154,18 @@ class _Ranks(Replicas):
     def _all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(x) for _ in range(self.world_size)]
         torch.distributed.all_gather(out, x.contiguous())
+        return out
+
+    def gather_json(self, value: Any) -> list[Any]:
+        data = json.dumps(value).encode("utf-8")
+        (longest,) = self.max([len(data)])
+        packed = torch.zeros(longest + 8, dtype=torch.uint8, device=self.device)  # 8 bytes of length, then the text
+        packed[:8] = torch.frombuffer(bytearray(len(data).to_bytes(8, "little")), dtype=torch.uint8)
+        packed[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # JSON text is never empty
+        out = []
+        for p in self._all_gather(packed):
+            raw = p.cpu().numpy().tobytes()
+            out.append(json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")].decode("utf-8")))
         return out
 
     def max(self, values: list[int]) -> list[int]:

@@ -63,46 +63,79 @@ def rollout_task(rollout: list[EpisodeStats]) -> str | None:
     return next((e.task for e in reversed(rollout) if e.task is not None), None)
 
 
-def task_metrics(episodes: list[EpisodeStats]) -> dict[str, float | int]:
-    """Per task, in name order, over the rollouts that name it: `return/<task>` (mean rollout return),
-    `success/<task>` (success rate, only for a task whose env reports success) and `rollouts/<task>` (how many).
-    Empty when no episode names a task."""
+def task_sums(episodes: list[EpisodeStats]) -> dict[str, dict[str, float]]:
+    """Per task, the sums behind `task_metrics` (`rollout_sums`' keys over the rollouts that name it): sums add up
+    over ranks and an asynchronous learner's collectors, where means do not. Empty when no episode names a task."""
     by_task: dict[str, list[list[EpisodeStats]]] = defaultdict(list)
     for r in group_rollouts(episodes):
         task = rollout_task(r)
         if task is not None:
             by_task[task].append(r)
+    return {task: _sums(rollouts) for task, rollouts in by_task.items()}
+
+
+def add_task_sums(*parts: Mapping[str, Mapping[str, float]], sign: float = 1.0) -> dict[str, dict[str, float]]:
+    """`task_sums` added up (ranks, collectors); `sign=-1` subtracts every part after the first (an epoch's share
+    of running totals). A task absent from a part counts zero there; tasks left with no rollout are dropped."""
+    out: dict[str, dict[str, float]] = {}
+    for i, part in enumerate(parts):
+        k = 1.0 if i == 0 else sign
+        for task, sums in part.items():
+            acc = out.setdefault(task, dict.fromkeys(SUM_KEYS, 0.0))
+            for key in SUM_KEYS:
+                acc[key] += k * float(sums.get(key, 0.0))
+    return {task: v for task, v in out.items() if v["rollouts"] > 0}
+
+
+def metrics_from_task_sums(sums: Mapping[str, Mapping[str, float]]) -> dict[str, float | int]:
+    """Per task, in name order: `return/<task>` (mean rollout return), `success/<task>` (success rate, only for a
+    task whose env reports success) and `rollouts/<task>` (how many)."""
     out: dict[str, float | int] = {}
-    for task in sorted(by_task):
-        rollouts = by_task[task]
-        out[f"return/{task}"] = float(np.mean([sum(e.ret for e in r) for r in rollouts]))
-        successes = [r[-1].success for r in rollouts if r[-1].success is not None]
-        if successes:
-            out[f"success/{task}"] = float(np.mean(successes))
-        out[f"rollouts/{task}"] = len(rollouts)
+    for task in sorted(sums):
+        s = sums[task]
+        if s["rollouts"] <= 0:
+            continue
+        out[f"return/{task}"] = s["return_sum"] / s["rollouts"]
+        if s["success_n"] > 0:
+            out[f"success/{task}"] = s["success_sum"] / s["success_n"]
+        out[f"rollouts/{task}"] = int(s["rollouts"])
     return out
+
+
+def task_metrics(episodes: list[EpisodeStats]) -> dict[str, float | int]:
+    """`metrics_from_task_sums` of these episodes. Empty when no episode names a task."""
+    return metrics_from_task_sums(task_sums(episodes))
+
+
+SUM_KEYS = ("rollouts", "return_sum", "success_n", "success_sum")
+"""The keys of `rollout_sums` (and of each task's `task_sums`)."""
+
+
+def _sums(rollouts: list[list[EpisodeStats]]) -> dict[str, float]:
+    succ = [r[-1].success for r in rollouts if r[-1].success is not None]
+    return {"rollouts": len(rollouts), "return_sum": float(sum(sum(e.ret for e in r) for r in rollouts)),
+            "success_n": len(succ), "success_sum": float(sum(succ))}
 
 
 def rollout_sums(episodes: list[EpisodeStats]) -> dict[str, float]:
     """The sums behind `summarize_episodes`' return and success rate: sums add up over rounds (an
     asynchronous learner's collectors) and ranks, where means do not."""
-    eps = group_rollouts(episodes)
-    succ = [r[-1].success for r in eps if r[-1].success is not None]
-    return {"rollouts": len(eps), "return_sum": sum(sum(e.ret for e in r) for r in eps),
-            "success_n": len(succ), "success_sum": float(sum(succ))}
+    return _sums(group_rollouts(episodes))
 
 
-def train_stats_all_ranks(episodes: list[EpisodeStats], replicas: Replicas) -> dict[str, float | None]:
-    """`summarize_episodes`' return and success rate over the rollouts every rank finished."""
+def train_stats_all_ranks(episodes: list[EpisodeStats], replicas: Replicas) -> dict[str, float | int | None]:
+    """`summarize_episodes`' return and success rate over the rollouts every rank finished, with the per-task
+    metrics of multi-task envs (each rank's `task_sums`, gathered as JSON: ranks may have met different tasks)."""
     s = rollout_sums(episodes)
-    n, ret, n_succ, succ_sum = replicas.sum([s["rollouts"], s["return_sum"], s["success_n"], s["success_sum"]])
-    return {"return_mean": ret / n if n else None, "success_rate": succ_sum / n_succ if n_succ else None}
+    n, ret, n_succ, succ_sum = replicas.sum([s[k] for k in SUM_KEYS])
+    tasks = add_task_sums(*replicas.gather_json(task_sums(episodes)))
+    return {"return_mean": ret / n if n else None, "success_rate": succ_sum / n_succ if n_succ else None,
+            **metrics_from_task_sums(tasks)}
 
 
 def train_stats(episodes: list[EpisodeStats], replicas: Replicas) -> Mapping[str, float | None | list]:
-    """The train row's return and success rate: this process's rollouts, or every rank's in a data-parallel
-    run (one process keeps `summarize_episodes`' own arithmetic, with its per-task metrics; a data-parallel run
-    has none in its train rows, as the ranks' task names are not gathered)."""
+    """The train row's return and success rate, with per-task metrics: this process's rollouts, or every
+    rank's in a data-parallel run."""
     if replicas.world_size == 1:
         return summarize_episodes(episodes)
     return train_stats_all_ranks(episodes, replicas)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -80,6 +81,25 @@ def test_packed_gathers_return_every_ranks_rows_in_rank_order():
     assert y.shape == (4, 6, 3) and mask.shape == (4, 6) and mask.dtype == torch.bool
     assert torch.equal(y[:2, :4], ys[0]) and torch.equal(y[2:], ys[1]) and not mask[:2, 4:].any()
     assert torch.equal(mask[:2, :4], masks[0]) and torch.equal(mask[2:], masks[1])
+
+
+def test_json_gather_returns_every_ranks_value_in_rank_order():
+    """Per-task sums differ in their keys between ranks: each rank's JSON text, padded to the longest, comes back
+    whole (names with any characters, values as sent)."""
+    from icrl.run.distributed import _Ranks
+
+    values = [{"RepeatFirstEasy": {"rollouts": 2.0, "return_sum": -0.5}}, {"go to é": {"rollouts": 1.0}, "b": {}}]
+    longest = max(len(json.dumps(v).encode("utf-8")) for v in values)
+    payloads: list[torch.Tensor] = []
+    rank = _Ranks.__new__(_Ranks)  # no process group: only the packing and unpacking are exercised
+    rank.world_size, rank.device = 2, torch.device("cpu")
+    rank.max = lambda v: [longest]  # the all-reduce of the two lengths
+    for v in values:
+        rank._all_gather = lambda t: payloads.append(t) or [t, t]
+        rank.gather_json(v)
+    assert {p.shape for p in payloads} == {(longest + 8,)}
+    rank._all_gather = lambda t: payloads
+    assert rank.gather_json(values[0]) == values
 
 
 def test_state_digest_sees_every_tensor_bit():

@@ -3,6 +3,7 @@ reporting, updates, distributed.Replicas): summaries over rollouts, phase timing
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -11,10 +12,15 @@ import torch
 from icrl.config import ExperimentConfig
 from icrl.run.distributed import Replicas, resolve_device
 from icrl.run.episodes import (
+    SUM_KEYS,
     TASK_METRIC_PREFIXES,
+    add_task_sums,
     group_rollouts,
+    metrics_from_task_sums,
     rollout_sums,
     summarize_episodes,
+    task_metrics,
+    task_sums,
     train_stats,
     train_stats_all_ranks,
 )
@@ -74,6 +80,33 @@ def test_per_task_metrics_average_each_tasks_rollouts():
     # a metrics backend logs an eval row's per-task keys under eval/, a train row's keep train/
     assert scalars({"kind": "eval", "return/a": 4.5, "time/eval_s": 1.0}) == {"eval/return/a": 4.5, "time/eval_s": 1.0}
     assert scalars({"kind": "train", "train/return/a": 4.5}) == {"train/return/a": 4.5}
+
+
+def test_per_task_sums_add_up_over_ranks_and_collectors():
+    """Data-parallel ranks and asynchronous collectors report sums, not means: the per-task metrics of the sums
+    of two halves equal those of the whole (a task one part never met counts zero there)."""
+    halves = [TASKS[:2], TASKS[2:]]  # rank 0 met only task a's first rollout; rank 1 the rest
+    whole = task_metrics(TASKS)
+    assert metrics_from_task_sums(add_task_sums(*(task_sums(h) for h in halves))) == pytest.approx(whole)
+    assert task_sums(EPISODES) == {} and metrics_from_task_sums({}) == {}
+    # an epoch's share of running totals: what was added since the start
+    start, now = task_sums(halves[0]), add_task_sums(task_sums(halves[0]), task_sums(halves[1]))
+    assert add_task_sums(now, start, sign=-1.0) == task_sums(halves[1])
+
+    class TwoRanks(Replicas):  # this process is rank 0; rank 1 holds the other half
+        world_size = 2
+
+        def sum(self, values):
+            other = rollout_sums(halves[1])
+            return [v + other[k] for v, k in zip(values, SUM_KEYS)]
+
+        def gather_json(self, value):
+            return [value, json.loads(json.dumps(task_sums(halves[1])))]
+
+    stats = train_stats(halves[0], TwoRanks(torch.device("cpu")))
+    assert stats["return_mean"] == pytest.approx(summarize_episodes(TASKS)["return_mean"])
+    assert {k: v for k, v in stats.items() if k.startswith(TASK_METRIC_PREFIXES)} == pytest.approx(whole)
+    assert Replicas(torch.device("cpu")).gather_json({"a": [1, 2.5]}) == [{"a": [1, 2.5]}]
 
 
 def test_task_names_become_safe_metric_keys():
