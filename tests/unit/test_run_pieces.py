@@ -207,3 +207,18 @@ def test_lazy_loader_opens_once_and_only_when_asked():
     batches.refresh()
     batches.close()
     assert (loader.refreshed, loader.closed) == (1, 1)
+
+
+def test_the_async_learner_sums_each_collectors_per_task_counters(tmp_path):
+    """Each collector's counter file carries its running per-task sums; the learner's view adds them up (a
+    collector that met no task, or an older counter file without them, adds nothing)."""
+    from icrl.asynchronous.protocol import AsyncPaths, RunCounters, write_counters
+
+    paths = AsyncPaths(tmp_path)
+    paths.make_collectors_dir()
+    halves = [TASKS[:2], TASKS[2:]]
+    for k, half in enumerate(halves):
+        write_counters(paths, k, {"env_steps": 8, **rollout_sums(half), "tasks": task_sums(half)})
+    write_counters(paths, 2, {"env_steps": 8, **rollout_sums([])})
+    counts = RunCounters(paths).read()
+    assert metrics_from_task_sums(counts.tasks) == pytest.approx(task_metrics(TASKS))
