@@ -36,6 +36,8 @@ from icrl.envs.tasks.package_delivery import PackageDelivery
 from icrl.envs.tasks.popgym_envs import popgym_builtin_envs
 from icrl.envs.tasks.recall import CueRecall
 from icrl.envs.tasks.tmaze import TMaze, TMazeActive
+from icrl.envs.tasks.xland import make_xland, xland_env_names  # imports without jax / xminigrid
+from icrl.envs.tasks.xland_vector import make_xland_vector
 from icrl.envs.wrapper import TimestepWrapper
 
 # Name -> factory(**env_kwargs). Other modules may add their tasks here.
@@ -56,11 +58,15 @@ BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
 
 class EnvFamily(NamedTuple):
     """Tasks named "<prefix><member>", resolved when built: `make(member, **env_kwargs)`; `members()` lists
-    them (it may need the family's optional package, so `icrl envs` shows only `help` by default)."""
+    them (it may need the family's optional package, so `icrl envs` shows only `help` by default).
+    `vector(member, env_kwargs, num_envs, episodes_per_rollout, rollout_horizon)`, where given, builds the
+    family's own vector env (every copy stepped at once, as the batched built-in tasks) for `make_vector_env`,
+    or returns None to keep the per-copy envs."""
 
     make: Callable[..., gym.Env]
     members: Callable[[], list[str]]
     help: str
+    vector: Callable[..., gym.vector.VectorEnv | None] | None = None
 
 
 # Prefix -> family. Listed by `icrl envs` without importing the optional packages; `icrl envs metaworld` lists
@@ -76,6 +82,11 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
     ),
     "atari/": EnvFamily(
         make_atari, atari_env_names, "Atari 2600 games (ALE, full 18 actions); extra icrl[atari]; icrl envs atari"
+    ),
+    "xland/": EnvFamily(
+        make_xland, xland_env_names,
+        "XLand-MiniGrid (JAX), a ruleset per rollout, copies stepped at once; extra icrl[jax]; icrl envs xland",
+        vector=make_xland_vector,
     ),
 }
 
@@ -255,15 +266,19 @@ def make_vector_env(
     The env is built once here first, so a bad name or kwarg fails in this process with a clear message
     instead of inside a worker.
     `native`: a built-in task that has a batched form (`icrl.envs.batched`: the same timesteps, rewards and
-    infos under the same seed and rollout settings, every copy stepped at once) gets it; False always builds
-    the per-copy envs.
+    infos under the same seed and rollout settings, every copy stepped at once) gets it, and so does a family
+    member whose family has a vector form (`EnvFamily.vector`: "xland/"); False always builds the per-copy envs.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     fns = list(factories) if factories else [None]
     make_wrapped_env(name, env_kwargs, episodes_per_rollout, rollout_horizon, fns[0]).close()  # bad kwargs: here
     if native and not factories:
-        batched = batched_env(name, dict(env_kwargs or {}), num_envs, episodes_per_rollout, rollout_horizon)
+        batched: gym.vector.VectorEnv | None = batched_env(name, dict(env_kwargs or {}), num_envs,
+                                                           episodes_per_rollout, rollout_horizon)
+        if batched is None:
+            batched = _family_vector_env(name, dict(env_kwargs or {}), num_envs, episodes_per_rollout,
+                                         rollout_horizon)
         if batched is not None:
             return batched
     kwargs = dict(env_kwargs or {})
@@ -273,6 +288,15 @@ def make_vector_env(
     ]
     cls = QuietAsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
     return cls(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def _family_vector_env(name: str, kwargs: dict[str, Any], num_envs: int, episodes_per_rollout: int,
+                       rollout_horizon: int | None) -> gym.vector.VectorEnv | None:
+    """The vector form of a family member (`EnvFamily.vector`), or None where its family has none."""
+    for prefix, family in ENV_FAMILIES.items():
+        if name.startswith(prefix) and family.vector is not None:
+            return family.vector(name[len(prefix):], kwargs, num_envs, episodes_per_rollout, rollout_horizon)
+    return None
 
 
 class QuietAsyncVectorEnv(gym.vector.AsyncVectorEnv):
