@@ -47,7 +47,7 @@ from icrl.agent.model import Agent
 from icrl.config import ConfigError
 from icrl.fileio import check_inside, write_text_atomic
 from icrl.run.ckpt_checks import unmatched_names
-from icrl.run.episodes import add_task_sums
+from icrl.run.episodes import SUM_KEYS, add_task_sums
 from icrl.run.loggers import say
 from icrl.run.results import save_weights
 
@@ -140,7 +140,7 @@ class RunCounters:
     def __init__(self, paths: AsyncPaths) -> None:
         self.paths = paths
         self.env_steps = self.stored_env_steps = self.rollouts = 0
-        self.sums = {"rollouts": 0.0, "return_sum": 0.0, "success_n": 0.0, "success_sum": 0.0}
+        self.sums = dict.fromkeys(SUM_KEYS, 0.0)  # the collectors' rollout_sums, added up
         self.tasks: dict[str, dict[str, float]] = {}  # per-task sums of multi-task envs (icrl.run.episodes.task_sums)
         self.collectors = 0
         self.collector_env_steps: list[int] = []  # each collector's own env steps (all its env copies)

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 import gymnasium as gym
 import numpy as np
 import pytest
+from helpers import assert_same
 
 from icrl.envs.batched import BatchedTaskEnv, batched_env
 from icrl.envs.batched_goals import BatchedGoalGrid, BatchedMazeRunner, BatchedPackageDelivery
@@ -18,30 +19,6 @@ from icrl.envs.collect import Collector, RandomPolicy
 from icrl.envs.make import make_vector_env
 from icrl.envs.tasks.tmaze import TMaze
 from icrl.types import ActionSpec
-
-
-def assert_same(a: Any, b: Any, where: str = "") -> None:
-    """Nested dicts / arrays / object arrays equal in value, dtype and shape (NaN equal to NaN)."""
-    if isinstance(a, tuple):
-        assert isinstance(b, tuple) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-        return
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {list(a)} vs {list(b)}"  # order is no contract
-        for k in a:
-            assert_same(a[k], b[k], f"{where}/{k}")
-        return
-    if isinstance(a, np.ndarray) and a.dtype == object:
-        assert isinstance(b, np.ndarray) and b.dtype == object and a.shape == b.shape, where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert (x is None) == (y is None), f"{where}[{i}]"
-            if x is not None:
-                assert_same(x, y, f"{where}[{i}]")
-        return
-    a, b = np.asarray(a), np.asarray(b)
-    assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
-    np.testing.assert_array_equal(a, b, err_msg=where)
 
 
 def per_copy(name: str, kwargs: dict, n: int, **rollout: Any) -> gym.vector.VectorEnv:

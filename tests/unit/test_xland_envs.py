@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same
 
 import icrl
 from icrl.cli import main as cli_main
@@ -58,30 +59,6 @@ def bench(tmp_path_factory) -> str:
 
 def kw(bench: str, **extra: Any) -> dict[str, Any]:
     return {"benchmark": bench, "split": "all", "max_steps": 10, **extra}  # 10-step episodes: many resets
-
-
-def assert_same(a: Any, b: Any, where: str = "") -> None:
-    """Nested tuples / dicts / arrays / object arrays equal in value, dtype and shape (NaN equal to NaN)."""
-    if isinstance(a, tuple):
-        assert isinstance(b, tuple) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-        return
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} vs {sorted(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{where}/{k}")
-        return
-    if isinstance(a, np.ndarray) and a.dtype == object:
-        assert isinstance(b, np.ndarray) and b.dtype == object and a.shape == b.shape, where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert (x is None) == (y is None), f"{where}[{i}]"
-            if x is not None:
-                assert_same(x, y, f"{where}[{i}]")
-        return
-    a, b = np.asarray(a), np.asarray(b)
-    assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
-    np.testing.assert_array_equal(a, b, err_msg=where)
 
 
 def test_missing_extra_is_a_clear_error(monkeypatch, capsys):
