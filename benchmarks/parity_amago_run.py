@@ -7,7 +7,8 @@ From outside (no AMAGO source edits) it wraps `Experiment.collect_new_training_d
 `train_step` with timers and prints one `PARITY {json}` line per evaluation:
 `{"env_steps": ..., "updates": ..., "wall_s": ..., "eval_s": ..., "return": ...}`, where env steps count the
 training steps collected before the evaluation (all parallel actors), `eval_s` the seconds spent in
-evaluations so far, and `return` is the official "Average Total Return (Across All Env Names)". The wall
+evaluations so far, and `return` is the official "Average Total Return (Across All Env Names)"; `tasks` maps each
+env name to its "Average Total Return in <name>" (one name for a single-task env). The wall
 clock starts when this script starts, as `icrl train`'s does.
 """
 
@@ -20,6 +21,7 @@ T0 = time.time()
 
 from amago.experiment import Experiment  # noqa: E402  (the clock includes the import, as for icrl)
 
+PER_TASK = "Average Total Return in "
 STATE = {"env_steps": 0, "updates": 0, "eval_s": 0.0}
 _collect, _val, _train = Experiment.collect_new_training_data, Experiment.evaluate_val, Experiment.train_step
 
@@ -47,7 +49,8 @@ def val(self):
     ret = captured.get("Average Total Return (Across All Env Names)")
     STATE["eval_s"] += time.time() - t_val
     row = {"env_steps": STATE["env_steps"], "updates": STATE["updates"], "wall_s": round(time.time() - T0, 2),
-           "eval_s": round(STATE["eval_s"], 2), "return": None if ret is None else float(ret)}
+           "eval_s": round(STATE["eval_s"], 2), "return": None if ret is None else float(ret),
+           "tasks": {k[len(PER_TASK):]: float(v) for k, v in captured.items() if k.startswith(PER_TASK)}}
     print("PARITY " + json.dumps(row), flush=True)
 
 

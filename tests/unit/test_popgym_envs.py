@@ -214,3 +214,32 @@ def test_multi_task_episode_stats_name_each_rollouts_task():
     assert all(len(tasks) == 1 for tasks in by_rollout.values())  # one task per rollout
     assert len({s.task for s in stats}) >= 2  # and another across rollouts
     venv.close()
+
+
+def test_multi_reward_scales_multiply_each_tasks_rewards_and_nothing_else():
+    names = ["RepeatFirstEasy", "HigherLowerEasy"]
+    plain = PopGymMulti(names, seed=3)
+    scaled = PopGymMulti(names, seed=3, reward_scales={"HigherLowerEasy": 100.0, "popgym-RepeatFirstEasy-v0": 0.5})
+    assert scaled.reward_scales == [0.5, 100.0]
+    rng = np.random.default_rng(0)
+    seen = set()
+    for rollout in range(6):
+        (o1, i1), (o2, i2) = plain.reset(), scaled.reset()
+        assert i1["task"] == i2["task"] and np.array_equal(o1, o2)
+        factor = {"RepeatFirstEasy": 0.5, "HigherLowerEasy": 100.0}[i1["task"]]
+        done = False
+        while not done:
+            a = int(rng.integers(plain.action_space.n))
+            o1, r1, t1, tr1, _ = plain.step(a)
+            o2, r2, t2, tr2, _ = scaled.step(a)
+            assert np.array_equal(o1, o2) and (t1, tr1) == (t2, tr2)
+            assert r2 == pytest.approx(r1 * factor)
+            seen.add(i1["task"]) if r1 != 0 else None
+            done = t1 or tr1
+    assert seen == set(names)  # both tasks paid rewards, so both factors were checked
+    with pytest.raises(ValueError, match="not in names"):
+        PopGymMulti(names, reward_scales={"RepeatPreviousEasy": 10.0})
+    with pytest.raises(ValueError, match="> 0"):
+        PopGymMulti(names, reward_scales={"HigherLowerEasy": 0.0})
+    with pytest.raises(ValueError, match="> 0"):
+        PopGymMulti(names, reward_scales={"HigherLowerEasy": float("inf")})

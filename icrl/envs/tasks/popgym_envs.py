@@ -231,7 +231,10 @@ class PopGymMulti(gym.Env):
       is invalid for the current task (>= its n) is executed as action 0 (a fixed valid action); the
       returned info then holds `invalid_action=True`. Tasks with continuous actions (the Pendulum envs) are
       rejected.
-    - Rewards, termination and the absence of a success signal are the task's own; every reset and step info
+    - Rewards, termination and the absence of a success signal are the task's own, except that
+      `reward_scales` (task name -> factor, 1 for a task it leaves out) multiplies a task's every reward: a mix
+      whose tasks' returns differ by hidden factors, the setting of AMAGO-2's scale-resistant update
+      (`benchmarks/multitask_scale.py`). Every reset and step info
       holds `info["task"]`, the current task's class name (e.g. "RepeatFirstEasy": icrl logs return per task,
       docs/CONTRACTS.md), and `info["task_id"]`, its index into `names` (the agent never sees info).
     """
@@ -244,6 +247,7 @@ class PopGymMulti(gym.Env):
         names: list[str] | tuple[str, ...] | None = None,
         seed: int | None = None,
         task_kwargs: dict[str, dict[str, Any]] | None = None,
+        reward_scales: dict[str, float] | None = None,
     ):
         names = list(DEFAULT_MULTI_TASKS if names is None else names)
         if not names:
@@ -255,7 +259,15 @@ class PopGymMulti(gym.Env):
         unknown = set(task_kwargs) - set(names)
         if unknown:
             raise ValueError(f"task_kwargs names tasks not in names: {sorted(unknown)}")
+        scales = {resolve_popgym_name(n): v for n, v in (reward_scales or {}).items()}
+        unknown = set(scales) - set(names)
+        if unknown:
+            raise ValueError(f"reward_scales names tasks not in names: {sorted(unknown)}")
+        bad = {n: v for n, v in scales.items() if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0)}
+        if bad:
+            raise ValueError(f"reward_scales must be finite numbers > 0, got {bad}")
         self.names = names
+        self.reward_scales = [float(scales.get(n, 1.0)) for n in names]
         self.envs = [make_popgym(n, **task_kwargs.get(n, {})) for n in names]
         self._obs_fns: list[list[tuple[tuple[str, ...], Callable]]] = []
         lows, highs, self._n_actions = [], [], []
@@ -324,7 +336,7 @@ class PopGymMulti(gym.Env):
         info = {**info, **self._task_info()}
         if invalid:
             info["invalid_action"] = True
-        return self._obs(raw), float(reward), bool(terminated), bool(truncated), info
+        return self._obs(raw), float(reward) * self.reward_scales[self.task], bool(terminated), bool(truncated), info
 
     def close(self) -> None:
         for env in self.envs:
@@ -335,7 +347,9 @@ def popgym_multi(
     names: list[str] | None = None,
     seed: int | None = None,
     task_kwargs: dict[str, dict[str, Any]] | None = None,
+    reward_scales: dict[str, float] | None = None,
 ) -> PopGymMulti:
     """One-shot multi-task POPGym env over `names` (class names or ids; default `DEFAULT_MULTI_TASKS`);
-    `seed` seeds it at construction (a seeded `reset` does too); `task_kwargs` maps a name to its kwargs."""
-    return PopGymMulti(names, seed=seed, task_kwargs=task_kwargs)
+    `seed` seeds it at construction (a seeded `reset` does too); `task_kwargs` maps a name to its kwargs and
+    `reward_scales` a name to a factor on its rewards."""
+    return PopGymMulti(names, seed=seed, task_kwargs=task_kwargs, reward_scales=reward_scales)
