@@ -45,6 +45,7 @@ GAMES = ("RepeatFirstEasy", "RepeatPreviousEasy", "HigherLowerEasy", "MineSweepe
 SCALES = (1.0, 10.0, 100.0, 1000.0)
 BOUND = 20_000.0  # the largest factor x the reward scale 10 x POPGym's return bound 1, and as much again
 BINS = 64
+EVAL_ROLLOUTS = 64  # ~16 per game: at the preset's 24 one game's return moved by up to 1.8 between evaluations
 UPDATES = ("twohot", "regression", "amago")
 MIXES = ("scaled", "unscaled")
 
@@ -60,7 +61,7 @@ def icrl_config(update: str, mix: str, steps: int, seed: int, run_dir: Path, thr
     cfg = multitask()
     cfg = cfg.replace(env_kwargs=json.dumps({"names": list(GAMES), "reward_scales": scales(mix)}),
                       total_env_steps=steps, seed=seed, run_dir=str(run_dir), threads=threads, device="cpu",
-                      checkpoint_every=1_000_000)
+                      checkpoint_every=1_000_000, eval_rollouts=EVAL_ROLLOUTS)
     if update == "twohot":
         return cfg.replace(critic_min_value=-BOUND, critic_max_value=BOUND, critic_bins=BINS)
     return dataclasses.replace(cfg, loss=LossConfig(gammas=cfg.loss.gammas))  # every other loss field: defaults
@@ -106,7 +107,8 @@ def amago_run(mix: str, seed: int, args: argparse.Namespace) -> dict:
            "--max_seq_len", str(m.max_seq_len), "--gammas", *[str(g) for g in loss.gammas], "--bins", str(loss.critic_bins),
            "--value_bound", str(BOUND), "--reward_multiplier", str(loss.reward_scale), "--lr", str(cfg.optim.lr),
            "--warmup", str(cfg.optim.warmup_updates), "--eps_anneal", str(ex.eps_anneal_steps),
-           "--tstep_hidden", str(m.tstep_hidden), "--val_steps", str(3 * m.max_seq_len),
+           "--tstep_hidden", str(m.tstep_hidden),
+           "--val_steps", str(-(-cfg.eval.eval_rollouts // envs) * m.max_seq_len),  # per env: as many rollouts or more
            "--run_name", f"mt_{mix}_s{seed}", "--buffer_dir", str(work / "buffers"), "--memory_size", str(m.d_model),
            "--memory_layers", str(m.layers), "--parallel_actors", str(envs), "--env_mode", "sync", "--epochs", str(epochs),
            "--timesteps_per_epoch", str(sch.steps_per_epoch // envs), "--batches_per_epoch", str(sch.updates_per_epoch),

@@ -21,6 +21,7 @@ def test_the_twohot_update_is_the_preset_with_one_value_range_for_both_mixes():
     preset = multitask()
     for mix in ms.MIXES:
         cfg = ms.icrl_config("twohot", mix, 20_000, 1, Path("r"), 1)
+        assert cfg.eval.eval_rollouts == ms.EVAL_ROLLOUTS
         for group in SAME[:-1]:
             assert getattr(cfg, group) == getattr(preset, group), group
         expected = dataclasses.replace(preset.loss, critic_min_value=-ms.BOUND, critic_max_value=ms.BOUND,
