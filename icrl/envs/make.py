@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import gymnasium as gym
 
-from icrl.envs.batched import batched_env
+from icrl.envs.batched import batched_env, has_batched_form
 from icrl.envs.kwarg_errors import check_kwarg_types, explain_constructor_error
 from icrl.envs.tasks.atari import AtariMulti, atari_env_names, make_atari  # imports without ale-py
 from icrl.envs.tasks.babyai import (  # imports without minigrid; building one needs it
@@ -290,13 +290,29 @@ def make_vector_env(
     return cls(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
-def _family_vector_env(name: str, kwargs: dict[str, Any], num_envs: int, episodes_per_rollout: int,
-                       rollout_horizon: int | None) -> gym.vector.VectorEnv | None:
-    """The vector form of a family member (`EnvFamily.vector`), or None where its family has none."""
+def _family_vector(name: str, kwargs: dict[str, Any]) -> tuple[str, Callable[..., gym.vector.VectorEnv]] | None:
+    """(member, its family's vector-env builder) where `name` has a vector form: not when rendering, which
+    needs the per-copy envs."""
+    if kwargs.get("render_mode") is not None:
+        return None
     for prefix, family in ENV_FAMILIES.items():
         if name.startswith(prefix) and family.vector is not None:
-            return family.vector(name[len(prefix):], kwargs, num_envs, episodes_per_rollout, rollout_horizon)
+            return name[len(prefix):], family.vector
     return None
+
+
+def _family_vector_env(name: str, kwargs: dict[str, Any], num_envs: int, episodes_per_rollout: int,
+                       rollout_horizon: int | None) -> gym.vector.VectorEnv | None:
+    """The vector form of a family member (`EnvFamily.vector`), or None where it has none."""
+    found = _family_vector(name, kwargs)
+    return None if found is None else found[1](found[0], kwargs, num_envs, episodes_per_rollout, rollout_horizon)
+
+
+def steps_copies_at_once(name: str, env_kwargs: dict[str, Any] | None) -> bool:
+    """Whether `make_vector_env` builds `name` as one env stepping every copy at once (a batched built-in task,
+    or a family's vector form): there a copy costs a row of arrays instead of an env of its own."""
+    kwargs = dict(env_kwargs or {})
+    return has_batched_form(name, kwargs) or _family_vector(name, kwargs) is not None
 
 
 class QuietAsyncVectorEnv(gym.vector.AsyncVectorEnv):

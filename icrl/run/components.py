@@ -29,8 +29,7 @@ from icrl.data import DiskReplay
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
-from icrl.envs.batched import has_batched_form
-from icrl.envs.make import task_budget, task_context, task_exploration
+from icrl.envs.make import steps_copies_at_once, task_budget, task_context, task_exploration
 from icrl.envs.user import apply_env
 from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
@@ -64,13 +63,14 @@ MAX_BATCHED_EVAL_ENVS = 128
 
 
 def eval_env_copies(cfg: ExperimentConfig, factories: Sequence[Any] | None = None) -> int:
-    """Env copies for the run's evaluations: one per rollout (up to `MAX_BATCHED_EVAL_ENVS`) where the task is
-    batched (`icrl.envs.batched`: a copy costs a row of arrays, and one wide acting step takes many more env steps
-    per second than several narrow ones: T-Maze 1,000's evaluations were a fifth of its wall time at 8 copies),
-    else the run's `parallel_envs` (a copy of a user's env may hold a simulator). A batched task is batched for
-    rollouts of one episode or several (`episodes_per_rollout`, `rollout_horizon`: make_vector_env passes them on)."""
+    """Env copies for the run's evaluations: one per rollout (up to `MAX_BATCHED_EVAL_ENVS`) where one env steps
+    every copy at once (`icrl.envs.make.steps_copies_at_once`: a batched built-in task or a family's vector form
+    such as "xland/"; a copy costs a row of arrays, and one wide acting step takes many more env steps per second
+    than several narrow ones: T-Maze 1,000's evaluations were a fifth of its wall time at 8 copies), else the
+    run's `parallel_envs` (a copy of a user's env may hold a simulator). Either form serves rollouts of one
+    episode or several (`episodes_per_rollout`, `rollout_horizon`: make_vector_env passes them on)."""
     e = cfg.env
-    batched = not factories and has_batched_form(e.env, e.kwargs)
+    batched = not factories and steps_copies_at_once(e.env, e.kwargs)
     return max(e.parallel_envs, min(cfg.eval.eval_rollouts, MAX_BATCHED_EVAL_ENVS)) if batched else e.parallel_envs
 
 

@@ -222,3 +222,21 @@ def test_the_async_learner_sums_each_collectors_per_task_counters(tmp_path):
     write_counters(paths, 2, {"env_steps": 8, **rollout_sums([])})
     counts = RunCounters(paths).read()
     assert metrics_from_task_sums(counts.tasks) == pytest.approx(task_metrics(TASKS))
+
+
+def test_evaluations_get_a_copy_per_rollout_only_where_one_env_steps_every_copy():
+    from icrl.config import EnvConfig
+    from icrl.run.components import MAX_BATCHED_EVAL_ENVS, eval_env_copies
+
+    def cfg(env, kwargs="{}", rollouts=32, envs=8):
+        return ExperimentConfig(env=EnvConfig(env=env, env_kwargs=kwargs, parallel_envs=envs)).replace(
+            eval_rollouts=rollouts)
+
+    assert eval_env_copies(cfg("tmaze", '{"length": 5}')) == 32  # batched built-in task: a row of arrays per copy
+    assert eval_env_copies(cfg("tmaze", rollouts=4)) == 8  # never fewer than the run's envs
+    assert eval_env_copies(cfg("tmaze", rollouts=10_000)) == MAX_BATCHED_EVAL_ENVS
+    assert eval_env_copies(cfg("CartPole-v1")) == 8  # a copy of a Gymnasium env is an env of its own
+    assert eval_env_copies(cfg("tmaze"), factories=[lambda: None]) == 8  # a user's factory: its own copies
+    # a family's vector form (xland/) steps every copy at once, unless rendering needs the per-copy envs
+    assert eval_env_copies(cfg("xland/XLand-MiniGrid-R1-9x9")) == 32
+    assert eval_env_copies(cfg("xland/XLand-MiniGrid-R1-9x9", '{"render_mode": "rgb_array"}')) == 8

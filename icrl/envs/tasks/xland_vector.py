@@ -93,9 +93,6 @@ class XLandVectorEnv(BatchedTaskEnv):
 
 
 def make_xland_vector(member: str, kwargs: dict[str, Any], num_envs: int, episodes_per_rollout: int = 1,
-                      rollout_horizon: int | None = None) -> XLandVectorEnv | None:
-    """The "xland/" family's vector form for `make_vector_env`; None where the per-copy envs must be used
-    (rendering)."""
-    if kwargs.get("render_mode") is not None:
-        return None
+                      rollout_horizon: int | None = None) -> XLandVectorEnv:
+    """The "xland/" family's vector form for `make_vector_env` (which builds per-copy envs to render)."""
     return XLandVectorEnv(member, num_envs, episodes_per_rollout, rollout_horizon, **kwargs)
