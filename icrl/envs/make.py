@@ -60,13 +60,13 @@ class EnvFamily(NamedTuple):
     """Tasks named "<prefix><member>", resolved when built: `make(member, **env_kwargs)`; `members()` lists
     them (it may need the family's optional package, so `icrl envs` shows only `help` by default).
     `vector(member, env_kwargs, num_envs, episodes_per_rollout, rollout_horizon)`, where given, builds the
-    family's own vector env (every copy stepped at once, as the batched built-in tasks) for `make_vector_env`,
-    or returns None to keep the per-copy envs."""
+    family's own vector env (every copy stepped at once, as the batched built-in tasks) for `make_vector_env`
+    (which builds the per-copy envs to render)."""
 
     make: Callable[..., gym.Env]
     members: Callable[[], list[str]]
     help: str
-    vector: Callable[..., gym.vector.VectorEnv | None] | None = None
+    vector: Callable[..., gym.vector.VectorEnv] | None = None
 
 
 # Prefix -> family. Listed by `icrl envs` without importing the optional packages; `icrl envs metaworld` lists
