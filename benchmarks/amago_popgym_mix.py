@@ -21,8 +21,6 @@ from argparse import ArgumentParser
 
 import gymnasium as gym
 import numpy as np
-
-import amago
 from amago import cli_utils
 from amago.envs import AMAGOEnv
 from amago.envs.builtin.popgym_envs import POPGym

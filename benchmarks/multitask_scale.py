@@ -92,28 +92,38 @@ amago.nets.traj_encoders.TformerTrajEncoder.n_heads = {heads}
 """
 
 
-def amago_run(mix: str, seed: int, args: argparse.Namespace) -> dict:
+def amago_command(mix: str, seed: int, steps: int, work: Path, amago_venv: Path) -> list[str]:
     """The official MultiTaskAgent at icrl's twohot settings (read from the same config, so they cannot drift)."""
-    cfg = icrl_config("twohot", mix, args.steps, seed, Path("unused"), args.threads).validate()
+    from icrl.run.components import (
+        with_task_defaults,  # the ε anneal as icrl's run resolves it from the budget
+    )
+
+    cfg = with_task_defaults(icrl_config("twohot", mix, steps, seed, Path("unused"), 1)).validate()
     m, loss, ex, sch = cfg.model, cfg.loss, cfg.explore, cfg.schedule
     envs = cfg.env.parallel_envs
+    epochs = steps // sch.steps_per_epoch + 1  # the official evaluates at the start of an epoch
+    return [str(amago_venv / "bin" / "python"), str(HERE / "parity_amago_run.py"), str(HERE / "amago_popgym_mix.py"),
+            "--names", *GAMES, "--scales", *[str(s) for s in scales(mix).values()],
+            "--max_seq_len", str(m.max_seq_len), "--gammas", *[str(g) for g in loss.gammas], "--bins", str(loss.critic_bins),
+            "--value_bound", str(BOUND), "--reward_multiplier", str(loss.reward_scale), "--lr", str(cfg.optim.lr),
+            "--warmup", str(cfg.optim.warmup_updates), "--eps_anneal", str(ex.eps_anneal_steps),
+            "--tstep_hidden", str(m.tstep_hidden),
+            "--val_steps", str(-(-cfg.eval.eval_rollouts // envs) * m.max_seq_len),  # per env: as many rollouts or more
+            "--run_name", f"mt_{mix}_s{seed}", "--buffer_dir", str(work / "buffers"), "--memory_size", str(m.d_model),
+            "--memory_layers", str(m.layers), "--parallel_actors", str(envs), "--env_mode", "sync", "--epochs", str(epochs),
+            "--timesteps_per_epoch", str(sch.steps_per_epoch // envs), "--batches_per_epoch", str(sch.updates_per_epoch),
+            "--batch_size", str(cfg.optim.batch_size), "--val_interval", str(cfg.eval.eval_every),
+            "--ckpt_interval", "1000000", "--dloader_workers", "1", "--no_log", "--configs", str(work / "cpu.gin")]
+
+
+def amago_run(mix: str, seed: int, args: argparse.Namespace) -> dict:
     work = Path(args.run_root) / f"{mix}_amago_s{seed}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    (work / "cpu.gin").write_text(GIN.format(heads=m.heads))
-    epochs = sch.total_env_steps // sch.steps_per_epoch + 1  # the official evaluates at the start of an epoch
-    cmd = [str(args.amago_venv / "bin" / "python"), str(HERE / "parity_amago_run.py"), str(HERE / "amago_popgym_mix.py"),
-           "--names", *GAMES, "--scales", *[str(s) for s in scales(mix).values()],
-           "--max_seq_len", str(m.max_seq_len), "--gammas", *[str(g) for g in loss.gammas], "--bins", str(loss.critic_bins),
-           "--value_bound", str(BOUND), "--reward_multiplier", str(loss.reward_scale), "--lr", str(cfg.optim.lr),
-           "--warmup", str(cfg.optim.warmup_updates), "--eps_anneal", str(ex.eps_anneal_steps),
-           "--tstep_hidden", str(m.tstep_hidden),
-           "--val_steps", str(-(-cfg.eval.eval_rollouts // envs) * m.max_seq_len),  # per env: as many rollouts or more
-           "--run_name", f"mt_{mix}_s{seed}", "--buffer_dir", str(work / "buffers"), "--memory_size", str(m.d_model),
-           "--memory_layers", str(m.layers), "--parallel_actors", str(envs), "--env_mode", "sync", "--epochs", str(epochs),
-           "--timesteps_per_epoch", str(sch.steps_per_epoch // envs), "--batches_per_epoch", str(sch.updates_per_epoch),
-           "--batch_size", str(cfg.optim.batch_size), "--val_interval", str(cfg.eval.eval_every),
-           "--ckpt_interval", "1000000", "--dloader_workers", "1", "--no_log", "--configs", str(work / "cpu.gin")]
+    from icrl.config.presets import multitask
+
+    (work / "cpu.gin").write_text(GIN.format(heads=multitask().model.heads))
+    cmd = amago_command(mix, seed, args.steps, work, args.amago_venv)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "WANDB_MODE": "disabled", "TORCH_COMPILE_DISABLE": "1",
            "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()

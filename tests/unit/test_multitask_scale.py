@@ -67,3 +67,18 @@ def test_the_summary_averages_the_last_two_evaluations_per_seed():
     assert row["score_mean"] == pytest.approx(0.625) and row["env_steps"] == 30
     assert row["final_per_task"]["MineSweeperEasy"] == pytest.approx(0.75)
     assert "twohot" in ms.markdown([row])
+
+
+def test_the_official_run_gets_icrls_resolved_settings():
+    cmd = ms.amago_command("scaled", 0, 20_000, Path("w"), Path("venv"))
+    assert "None" not in cmd
+    flag = lambda name: cmd[cmd.index(name) + 1]  # noqa: E731
+    cfg = multitask()
+    assert int(flag("--eps_anneal")) == 20_000 // cfg.env.parallel_envs // 2  # icrl's budget-relative anneal, per env
+    assert int(flag("--memory_size")) == cfg.model.d_model and int(flag("--max_seq_len")) == cfg.model.max_seq_len
+    per_env = int(flag("--timesteps_per_epoch"))
+    assert int(flag("--parallel_actors")) * per_env == cfg.schedule.steps_per_epoch
+    assert int(flag("--batches_per_epoch")) == cfg.schedule.updates_per_epoch
+    assert float(flag("--value_bound")) == ms.BOUND and int(flag("--bins")) == ms.BINS
+    scales = cmd[cmd.index("--scales") + 1: cmd.index("--scales") + 1 + len(ms.GAMES)]
+    assert [float(x) for x in scales] == list(ms.SCALES)
