@@ -157,27 +157,49 @@ def summarize(runs: list[dict]) -> list[dict]:
             rs = sorted((r for r in runs if r["mix"] == mix and r["update"] == update), key=lambda r: r["seed"])
             if not rs:
                 continue
-            finals = [normalised(r)[-1] for r in rs]
-            # the last two evaluations' mean: one evaluation of 24 rollouts holds ~6 per game
-            lasts = [statistics.fmean(x["mean"] for x in normalised(r)[-2:] if x["mean"] is not None) for r in rs]
+            # the last two evaluations' mean: one evaluation of 64 rollouts holds ~16 per game
+            tails = [normalised(r)[-2:] for r in rs]
+            lasts = [statistics.fmean(x["mean"] for x in t if x["mean"] is not None) for t in tails]
             rows.append({"mix": mix, "update": update, "seeds": [r["seed"] for r in rs],
                          "env_steps": rs[0]["curve"][-1]["env_steps"], "score_last2": lasts,
                          "score_mean": statistics.fmean(lasts), "score_sd": statistics.pstdev(lasts),
-                         "final_per_task": {g: statistics.fmean(f["per_task"].get(g, float("nan")) for f in finals)
-                                            for g in GAMES},
+                         "per_task_last2": {g: statistics.fmean(statistics.fmean(x["per_task"][g] for x in t)
+                                                                for t in tails) for g in GAMES},
                          "wall_s": [r["wall_s"] for r in rs]})
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
+def random_play(rollouts: int = 200, seed: int = 0) -> dict[str, float]:
+    """Each game's mean return under uniformly random actions (over the mix's action space, as ε = 1 plays):
+    the floor that a normalised score is read against."""
+    import numpy as np
+
+    from icrl.envs.tasks.popgym_envs import PopGymMulti
+
+    env, rng = PopGymMulti(list(GAMES), seed=seed), np.random.default_rng(seed)
+    returns: dict[str, list[float]] = {g: [] for g in GAMES}
+    for _ in range(rollouts):
+        _, info = env.reset()
+        total, done = 0.0, False
+        while not done:
+            _, r, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+            total, done = total + r, terminated or truncated
+        returns[info["task"]].append(total)
+    return {g: statistics.fmean(v) for g, v in returns.items()}
+
+
+def markdown(rows: list[dict], random: dict[str, float] | None = None) -> str:
     lines = ["| mix | update | seeds | env steps | mean normalised return, last 2 evals (per seed) | "
-             + " | ".join(f"{g} (x{s:g})" for g, s in zip(GAMES, SCALES)) + " |",
+             + " | ".join(f"{g} (scaled: x{s:g})" for g, s in zip(GAMES, SCALES)) + " |",
              "|---|---|---|---|---|" + "---|" * len(GAMES)]
+    if random:
+        lines.append(f"| either | random actions | | | {statistics.fmean(random.values()):+.2f} | "
+                     + " | ".join(f"{random[g]:+.2f}" for g in GAMES) + " |")
     for r in rows:
         per = " / ".join(f"{x:+.2f}" for x in r["score_last2"])
         lines.append(f"| {r['mix']} | {r['update']} | {len(r['seeds'])} | {r['env_steps']:,} | "
                      f"**{r['score_mean']:+.2f}** ± {r['score_sd']:.2f} ({per}) | "
-                     + " | ".join(f"{r['final_per_task'][g]:+.2f}" for g in GAMES) + " |")
+                     + " | ".join(f"{r['per_task_last2'][g]:+.2f}" for g in GAMES) + " |")
     return "\n".join(lines)
 
 
@@ -239,9 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     runs = [json.loads(f.read_text()) for f in sorted((OUT / "runs").glob("*.json"))]
     if not runs:
         sys.exit(f"no stored runs in {OUT / 'runs'}")
-    rows = summarize(runs)
-    (OUT / "multitask_scale.json").write_text(json.dumps(rows, indent=1))
-    table = markdown(rows)
+    rows, random = summarize(runs), random_play()
+    (OUT / "multitask_scale.json").write_text(json.dumps({"rows": rows, "random_actions": random}, indent=1))
+    table = markdown(rows, random)
     (OUT / "multitask_scale.md").write_text(table + "\n")
     plot(runs, OUT / "multitask_scale.png")
     print(table)

@@ -65,7 +65,7 @@ def test_the_summary_averages_the_last_two_evaluations_per_seed():
     [row] = ms.summarize([run(0, (0.0, 0.5)), run(1, (1.0, 1.0))])
     assert row["score_last2"] == pytest.approx([0.25, 1.0])
     assert row["score_mean"] == pytest.approx(0.625) and row["env_steps"] == 30
-    assert row["final_per_task"]["MineSweeperEasy"] == pytest.approx(0.75)
+    assert row["per_task_last2"]["MineSweeperEasy"] == pytest.approx((0.25 + 1.0) / 2)
     assert "twohot" in ms.markdown([row])
 
 
@@ -82,3 +82,11 @@ def test_the_official_run_gets_icrls_resolved_settings():
     assert float(flag("--value_bound")) == ms.BOUND and int(flag("--bins")) == ms.BINS
     scales = cmd[cmd.index("--scales") + 1: cmd.index("--scales") + 1 + len(ms.GAMES)]
     assert [float(x) for x in scales] == list(ms.SCALES)
+
+
+def test_random_play_is_near_each_games_chance_level():
+    pytest.importorskip("popgym")
+    rand = ms.random_play(rollouts=400)
+    assert set(rand) == set(ms.GAMES)
+    assert -0.75 < rand["RepeatFirstEasy"] < -0.25  # 1 card in 4 right on average: (1 - 3) / 4
+    assert -0.2 < rand["HigherLowerEasy"] < 0.2
