@@ -9,9 +9,9 @@ and the score of a run is the mean of the games' normalised returns (each game w
 Updates, all at the `multitask` preset's model, context (52), 8 envs, 0.2 updates per env step, batch 32,
 lr 3e-4 after 50 warm-up updates, discounts (0.9, 0.99) and exploration (`icrl.config.presets.multitask`):
 
-- `twohot`: the preset, AMAGO-2's recipe: a two-hot critic over `BINS` symlog bins on [-BOUND, BOUND] (one range
-  for both mixes: the factor is hidden, so it cannot set the range), discrete actions as critic inputs,
-  filtered behaviour cloning only (online 0, offline 1), 3 value samples;
+- `twohot`: the preset, AMAGO-2's recipe: a two-hot critic over 64 symlog bins on
+  [-MULTITASK_VALUE_BOUND, MULTITASK_VALUE_BOUND] (one range for both mixes: the factor is hidden, so it cannot
+  set the range), discrete actions as critic inputs, filtered behaviour cloning only (online 0, offline 1);
 - `regression`: the library's default single-task update on the same model: regressed critics with PopArt,
   one output per action, online 1 + filtered BC 0.1, 1 value sample;
 - `amago`: the official AMAGO's `MultiTaskAgent` on the same mix (`benchmarks/amago_popgym_mix.py`, run
@@ -43,8 +43,6 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "multitask_scale"
 GAMES = ("RepeatFirstEasy", "RepeatPreviousEasy", "HigherLowerEasy", "MineSweeperEasy")
 SCALES = (1.0, 10.0, 100.0, 1000.0)
-BOUND = 20_000.0  # the largest factor x the reward scale 10 x POPGym's return bound 1, and as much again
-BINS = 64
 EVAL_ROLLOUTS = 64  # ~16 per game: at the preset's 24 one game's return moved by up to 1.8 between evaluations
 UPDATES = ("twohot", "regression", "amago")
 MIXES = ("scaled", "unscaled")
@@ -63,7 +61,7 @@ def icrl_config(update: str, mix: str, steps: int, seed: int, run_dir: Path, thr
                       total_env_steps=steps, seed=seed, run_dir=str(run_dir), threads=threads, device="cpu",
                       checkpoint_every=1_000_000, eval_rollouts=EVAL_ROLLOUTS)
     if update == "twohot":
-        return cfg.replace(critic_min_value=-BOUND, critic_max_value=BOUND, critic_bins=BINS)
+        return cfg
     return dataclasses.replace(cfg, loss=LossConfig(gammas=cfg.loss.gammas))  # every other loss field: defaults
 
 
@@ -105,7 +103,7 @@ def amago_command(mix: str, seed: int, steps: int, work: Path, amago_venv: Path)
     return [str(amago_venv / "bin" / "python"), str(HERE / "parity_amago_run.py"), str(HERE / "amago_popgym_mix.py"),
             "--names", *GAMES, "--scales", *[str(s) for s in scales(mix).values()],
             "--max_seq_len", str(m.max_seq_len), "--gammas", *[str(g) for g in loss.gammas], "--bins", str(loss.critic_bins),
-            "--value_bound", str(BOUND), "--reward_multiplier", str(loss.reward_scale), "--lr", str(cfg.optim.lr),
+            "--value_bound", str(loss.critic_max_value), "--reward_multiplier", str(loss.reward_scale), "--lr", str(cfg.optim.lr),
             "--warmup", str(cfg.optim.warmup_updates), "--eps_anneal", str(ex.eps_anneal_steps),
             "--tstep_hidden", str(m.tstep_hidden),
             "--val_steps", str(-(-cfg.eval.eval_rollouts // envs) * m.max_seq_len),  # per env: as many rollouts or more

@@ -71,11 +71,13 @@ def goal_grid(relabel: str = "all", size: int = 5, num_goals: int = 3) -> Experi
     return cfg.replace(relabel=relabel)
 
 
-MULTITASK_VALUE_BOUND = 20.0
-"""The multitask preset's two-hot bins span [-20, 20]: POPGym scales every game's return into [-1, 1] (and each
-step's reward with it, so every discounted value lies there too), times `reward_scale` 10 is [-10, 10], and the
-bins leave that much again as margin. A task with larger returns, or another --reward-scale, needs
---critic-min-value / --critic-max-value to match (TD targets outside the bins are clamped to them)."""
+MULTITASK_VALUE_BOUND = 20_000.0
+"""The multitask preset's two-hot bins span [-20,000, 20,000], spaced evenly in symlog (so as finely near 0.1 as
+near 1,000, relatively): a game's returns may be scaled by a factor the agent is not told, and one range has to
+hold them all. POPGym bounds every game's return to [-1, 1], times `reward_scale` 10 is [-10, 10]; the range
+holds that times 1,000, and as much again. Measured on a POPGym mix with rewards x1, x10, x100 and x1,000 and on
+the same mix unscaled, it scored the same on both (docs/results.md, multi-task). Returns beyond it, or another
+--reward-scale, need --critic-min-value / --critic-max-value to match (TD targets outside the bins are clamped)."""
 
 MULTITASK_GAMES = ("RepeatFirstEasy", "RepeatPreviousEasy", "HigherLowerEasy")
 """The multitask preset's POPGym games: 51 steps each, 2-4 actions."""
@@ -93,7 +95,8 @@ def multitask() -> ExperimentConfig:
     is an exact sum).
     Metrics rows carry return per game (`return/<task>`, docs/api.md). Sized for a CPU: the other presets' model,
     two discounts and 64 bins (at d_model 64, the default 7 discounts made an update 5x slower than 2); the context
-    holds a whole game (51 steps). Other games: `--env-kwargs '{"names": [...]}'` (`--max-seq-len` for longer ones).
+    holds a whole game (51 steps). Other games: `--env-kwargs '{"names": [...]}'` (`--max-seq-len` for longer ones);
+    hidden factors on their rewards: `"reward_scales": {"<game>": 100, ...}` (benchmarks/multitask_scale.py).
     On one thread of a busy 2-core machine 2,000 env steps (320 updates) took 58 s, so the budget takes ~6 min.
     """
     cfg = ExperimentConfig(
