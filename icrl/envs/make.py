@@ -34,6 +34,7 @@ from icrl.envs.tasks.mazerunner import MazeRunner
 from icrl.envs.tasks.metaworld_envs import make_metaworld, metaworld_env_names  # imports without metaworld
 from icrl.envs.tasks.package_delivery import PackageDelivery
 from icrl.envs.tasks.popgym_envs import popgym_builtin_envs
+from icrl.envs.tasks.procgen import ProcgenGames, make_procgen, procgen_env_names  # imports without procgen
 from icrl.envs.tasks.recall import CueRecall
 from icrl.envs.tasks.tmaze import TMaze, TMazeActive
 from icrl.envs.tasks.xland import make_xland, xland_env_names  # imports without jax / xminigrid
@@ -50,6 +51,7 @@ BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
     "half_cheetah_vel": HalfCheetahVel,
     "crafter": CrafterEnv,
     "atari_multi": AtariMulti,
+    "procgen_multi": ProcgenGames,
     "goal_grid": GoalGrid,
     "mazerunner": MazeRunner,
     "package_delivery": PackageDelivery,
@@ -82,6 +84,11 @@ ENV_FAMILIES: dict[str, EnvFamily] = {
     ),
     "atari/": EnvFamily(
         make_atari, atari_env_names, "Atari 2600 games (ALE, full 18 actions); extra icrl[atari]; icrl envs atari"
+    ),
+    "procgen/": EnvFamily(
+        make_procgen, procgen_env_names,
+        "Procgen games (64x64 RGB, 15 actions), a level per rollout; procgen2 + gym3 --no-deps (docs/tasks.md); "
+        "icrl envs procgen",
     ),
     "xland/": EnvFamily(
         make_xland, xland_env_names,

@@ -35,9 +35,10 @@ def finish_run(run_dir: Path, agent: Agent, cfg: ExperimentConfig, last_eval: di
     """Final weights (RUN_DIR/agent.safetensors), the learning-curve plot and the result line."""
     save_weights(agent, run_dir / "agent.safetensors")
     plot = plot_learning_curves([run_dir], run_dir / "learning_curve.png", title=f"{cfg.env.env} {cfg.env.env_kwargs}")
-    success = last_eval.get("success_rate")
+    success, ret = last_eval.get("success_rate"), last_eval.get("return_mean")
     say(
-        f"[bold green]result[/bold green]: eval return {last_eval['return_mean']:+.3f}"
+        "[bold green]result[/bold green]: eval return "
+        + (f"{ret:+.3f}" if ret is not None else "none (no evaluation rollout ended: raise --eval-max-steps)")
         + (f", success rate {success:.2f}" if success is not None else "")
         + f" over {last_eval['rollouts']} rollouts after {env_steps:,} env steps and "
         f"{updates:,} updates in {last_eval['wall_time']:.0f} s; plot: {plot}"

@@ -223,7 +223,7 @@ def test_multi_reward_scales_multiply_each_tasks_rewards_and_nothing_else():
     assert scaled.reward_scales == [0.5, 100.0]
     rng = np.random.default_rng(0)
     seen = set()
-    for rollout in range(6):
+    for _ in range(6):
         (o1, i1), (o2, i2) = plain.reset(), scaled.reset()
         assert i1["task"] == i2["task"] and np.array_equal(o1, o2)
         factor = {"RepeatFirstEasy": 0.5, "HigherLowerEasy": 100.0}[i1["task"]]
@@ -234,7 +234,8 @@ def test_multi_reward_scales_multiply_each_tasks_rewards_and_nothing_else():
             o2, r2, t2, tr2, _ = scaled.step(a)
             assert np.array_equal(o1, o2) and (t1, tr1) == (t2, tr2)
             assert r2 == pytest.approx(r1 * factor)
-            seen.add(i1["task"]) if r1 != 0 else None
+            if r1 != 0:
+                seen.add(i1["task"])
             done = t1 or tr1
     assert seen == set(names)  # both tasks paid rewards, so both factors were checked
     with pytest.raises(ValueError, match="not in names"):

@@ -240,3 +240,19 @@ def test_evaluations_get_a_copy_per_rollout_only_where_one_env_steps_every_copy(
     # a family's vector form (xland/) steps every copy at once, unless rendering needs the per-copy envs
     assert eval_env_copies(cfg("xland/XLand-MiniGrid-R1-9x9")) == 32
     assert eval_env_copies(cfg("xland/XLand-MiniGrid-R1-9x9", '{"render_mode": "rgb_array"}')) == 8
+
+
+def test_the_result_line_says_when_no_evaluation_rollout_ended(monkeypatch, tmp_path):
+    """An env whose rollouts outlast --eval-max-steps leaves return_mean None: the run still ends, with a line
+    that says so and how to fix it (it raised a TypeError formatting None before)."""
+    from icrl.run import results
+
+    lines: list[str] = []
+    monkeypatch.setattr(results, "save_weights", lambda agent, path: path)
+    monkeypatch.setattr(results, "plot_learning_curves", lambda *a, **k: tmp_path / "plot.png")
+    monkeypatch.setattr(results, "say", lines.append)
+    row = {"return_mean": None, "success_rate": None, "rollouts": 0, "wall_time": 3.0}
+    results.finish_run(tmp_path, None, ExperimentConfig(), row, env_steps=96, updates=2)
+    assert "eval return none (no evaluation rollout ended: raise --eval-max-steps)" in lines[-1]
+    results.finish_run(tmp_path, None, ExperimentConfig(), {**row, "return_mean": 0.5, "rollouts": 4}, 96, 2)
+    assert "eval return +0.500 over 4 rollouts" in lines[-1]
