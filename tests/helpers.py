@@ -53,3 +53,33 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
     a, b = np.asarray(a), np.asarray(b)
     assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
     np.testing.assert_array_equal(a, b, err_msg=where)
+
+
+def tiny_run_tasks(env: str, env_kwargs: dict[str, Any], run_dir: Path, tasks: set[str]) -> None:
+    """Train a tiny agent on a multi-task env for 96 env steps (2 envs, an evaluation of 4 rollouts after each of 2
+    epochs) and check that its metrics rows name only `tasks`: `return/<task>` in every evaluation, whose
+    per-task rollouts add up to all of them, and `train/return/<task>` in a train row."""
+    import json
+
+    import torch
+
+    import icrl
+    from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
+    from icrl.run.loggers import read_metrics
+
+    torch.set_num_threads(1)
+    cfg = ExperimentConfig(
+        env=EnvConfig(env=env, env_kwargs=json.dumps(env_kwargs), parallel_envs=2),
+        model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, tstep_hidden=16, max_seq_len=16),
+    ).replace(run_dir=str(run_dir), total_env_steps=96, steps_per_epoch=48, updates_per_epoch=1,
+              batch_size=2, eval_every=1, eval_rollouts=4, log_every=1, device="cpu", threads=1)
+    icrl.train(cfg)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert evals and any(r["kind"] == "train" for r in rows)
+    for row in evals:
+        played = {k.removeprefix("return/") for k in row if k.startswith("return/")}
+        assert played and played <= tasks, row
+        assert sum(row[f"rollouts/{t}"] for t in played) == row["rollouts"] == 4
+    trained = {k.removeprefix("train/return/") for r in rows for k in r if k.startswith("train/return/")}
+    assert trained and trained <= tasks

@@ -5,21 +5,17 @@ need ale-py; a step takes about a millisecond, so the tests play short stretches
 
 from __future__ import annotations
 
-import json
 import sys
 
 import numpy as np
 import pytest
-import torch
+from helpers import tiny_run_tasks
 
-import icrl
 from icrl.cli import main as cli_main
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs import make_env, make_wrapped_env
 from icrl.envs.make import ENV_FAMILIES
 from icrl.envs.tasks import atari
 from icrl.nets.tstep import is_image_space
-from icrl.run.loggers import read_metrics
 
 ALE_REASON = "ale-py is not installed: pip install 'icrl[atari]'"
 
@@ -134,21 +130,6 @@ def test_bad_kwargs_are_one_line_errors(ale):
 
 
 def test_a_tiny_run_logs_return_per_game(ale, tmp_path):
-    torch.set_num_threads(1)
     games = ["Pong", "Breakout"]
     kwargs = {"games": games, "time_limit": 60, "resolution": 42}  # 12-step episodes: rollouts finish
-    cfg = ExperimentConfig(
-        env=EnvConfig(env="atari_multi", env_kwargs=json.dumps(kwargs), parallel_envs=2),
-        model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, tstep_hidden=16, max_seq_len=16),
-    ).replace(run_dir=str(tmp_path / "atari"), total_env_steps=96, steps_per_epoch=48, updates_per_epoch=1,
-              batch_size=2, eval_every=1, eval_rollouts=4, log_every=1, device="cpu", threads=1)
-    icrl.train(cfg)
-    rows = read_metrics(tmp_path / "atari" / "metrics.jsonl")
-    evals = [r for r in rows if r["kind"] == "eval"]
-    assert evals and any(r["kind"] == "train" for r in rows)
-    for row in evals:
-        played = {k.removeprefix("return/") for k in row if k.startswith("return/")}
-        assert played and played <= set(games), row
-        assert sum(row[f"rollouts/{g}"] for g in played) == row["rollouts"] == 4
-    trained = {k.removeprefix("train/return/") for r in rows for k in r if k.startswith("train/return/")}
-    assert trained and trained <= set(games)
+    tiny_run_tasks("atari_multi", kwargs, tmp_path / "atari", set(games))

@@ -6,19 +6,15 @@ their pins: the module's docstring); a step takes ~0.1 ms."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 
 import numpy as np
 import pytest
-import torch
+from helpers import tiny_run_tasks
 
-import icrl
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs import make_env, make_wrapped_env
 from icrl.envs.tasks import procgen
 from icrl.nets.tstep import is_image_space
-from icrl.run.loggers import read_metrics
 
 REASON = "procgen is not installed: pip install cffi imageio && pip install --no-deps procgen2 gym3"
 
@@ -121,20 +117,5 @@ def test_two_attempt_rollouts_and_a_tiny_run_log_return_per_game(engine, tmp_pat
         ends, steps, done = ends + bool(step_info.get("episode_end")), steps + 1, terminated or truncated
         assert (step_info["task"], step_info["level"]) == (info["task"], info["level"])
     assert ends == 2 and steps <= 11  # the bridge step between attempts, at most
-    torch.set_num_threads(1)
-    games = ["coinrun", "bigfish"]
-    cfg = ExperimentConfig(  # 12-step episodes: rollouts finish
-        env=EnvConfig(env="procgen_multi", env_kwargs=json.dumps({"games": games, "time_limit": 12}), parallel_envs=2),
-        model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, tstep_hidden=16, max_seq_len=16),
-    ).replace(run_dir=str(tmp_path / "procgen"), total_env_steps=96, steps_per_epoch=48, updates_per_epoch=1,
-              batch_size=2, eval_every=1, eval_rollouts=4, log_every=1, device="cpu", threads=1)
-    icrl.train(cfg)
-    rows = read_metrics(tmp_path / "procgen" / "metrics.jsonl")
-    evals = [r for r in rows if r["kind"] == "eval"]
-    assert evals and any(r["kind"] == "train" for r in rows)
-    for row in evals:
-        played = {k.removeprefix("return/") for k in row if k.startswith("return/")}
-        assert played and played <= set(games), row
-        assert sum(row[f"rollouts/{g}"] for g in played) == row["rollouts"] == 4
-    trained = {k.removeprefix("train/return/") for r in rows for k in r if k.startswith("train/return/")}
-    assert trained and trained <= set(games)
+    games = {"coinrun", "bigfish"}  # 12-step episodes: rollouts finish
+    tiny_run_tasks("procgen_multi", {"games": sorted(games), "time_limit": 12}, tmp_path / "procgen", games)

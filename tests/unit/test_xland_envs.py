@@ -7,24 +7,19 @@ compiles each kernel once per number of copies (~1-3 s), so the tests share a fe
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from helpers import assert_same
+from helpers import assert_same, tiny_run_tasks
 
-import icrl
 from icrl.cli import main as cli_main
-from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs import make_env, make_wrapped_env
 from icrl.envs.collect import Collector, RandomPolicy
 from icrl.envs.make import make_vector_env
 from icrl.envs.tasks.xland_vector import XLandVectorEnv
 from icrl.nets.tstep import is_image_space
-from icrl.run.loggers import read_metrics
 from icrl.types import ActionSpec
 
 REASON = "xminigrid is not installed: pip install 'icrl[jax]'"
@@ -172,18 +167,4 @@ def test_a_benchmark_that_cannot_be_downloaded_says_where_to_put_it(bench, monke
 
 
 def test_a_tiny_run_logs_return_per_task(bench, tmp_path):
-    torch.set_num_threads(1)
-    cfg = ExperimentConfig(
-        env=EnvConfig(env=XLAND, env_kwargs=json.dumps(kw(bench)), parallel_envs=2),
-        model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, tstep_hidden=16, max_seq_len=16),
-    ).replace(run_dir=str(tmp_path / "xland"), total_env_steps=96, steps_per_epoch=48, updates_per_epoch=1,
-              batch_size=2, eval_every=1, eval_rollouts=4, log_every=1, device="cpu", threads=1)
-    icrl.train(cfg)
-    rows = read_metrics(tmp_path / "xland" / "metrics.jsonl")
-    evals = [r for r in rows if r["kind"] == "eval"]
-    assert evals and any(r["kind"] == "train" for r in rows)
-    for row in evals:
-        played = {k.removeprefix("return/") for k in row if k.startswith("return/")}
-        assert played and played <= KINDS, row
-    trained = {k.removeprefix("train/return/") for r in rows for k in r if k.startswith("train/return/")}
-    assert trained and trained <= KINDS
+    tiny_run_tasks(XLAND, kw(bench), tmp_path / "xland", KINDS)
