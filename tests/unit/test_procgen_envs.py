@@ -93,6 +93,7 @@ def test_reward_factors_multiply_one_games_rewards(engine):
     ({"distribution_mode": "extreme"}, "distribution_mode"),
     ({"levels": [9, 5]}, "levels"),
     ({"reward_scales": {"coinrun": 0}}, "reward_scales"),
+    ({"reward_scales": {"coinrun": "ten"}}, "reward_scales"),
     ({"time_limit": 0}, "time_limit"),
     ({"games": ["maze"], "reward_scales": {"coinrun": 2}}, "reward_scales"),
 ])

@@ -108,7 +108,8 @@ class ProcgenGames(gym.Env):
         if not 0 <= lo <= hi < 2**31 - 1:
             raise ValueError(f"procgen levels must be (low, high) with 0 <= low <= high, got {tuple(levels)}")
         scales = dict(reward_scales or {})
-        if set(scales) - set(self.games) or any(not (np.isfinite(v) and v > 0) for v in scales.values()):
+        if set(scales) - set(self.games) or any(
+                not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0) for v in scales.values()):
             raise ValueError(f"procgen reward_scales must map games of {self.games} to numbers > 0, got {scales}")
         if time_limit is not None and (type(time_limit) is not int or time_limit < 1):
             raise ValueError(f"procgen time_limit must be a whole number of steps >= 1 or None, got {time_limit!r}")
@@ -157,7 +158,6 @@ class ProcgenGames(gym.Env):
         truncated = not done and self.time_limit is not None and self._steps >= self.time_limit
         reward = float(reward[0]) * self.reward_scales.get(self.game, 1.0)  # type: ignore[arg-type]
         return obs["rgb"][0].copy(), reward, done, truncated, info
-
 
     def close(self) -> None:
         if self._env is not None:
