@@ -92,9 +92,8 @@ amago.nets.traj_encoders.TformerTrajEncoder.n_heads = {heads}
 
 def amago_command(mix: str, seed: int, steps: int, work: Path, amago_venv: Path) -> list[str]:
     """The official MultiTaskAgent at icrl's twohot settings (read from the same config, so they cannot drift)."""
-    from icrl.run.components import (
-        with_task_defaults,  # the ε anneal as icrl's run resolves it from the budget
-    )
+    # resolved as icrl's run resolves it: the ε anneal from the budget
+    from icrl.run.components import with_task_defaults
 
     cfg = with_task_defaults(icrl_config("twohot", mix, steps, seed, Path("unused"), 1)).validate()
     m, loss, ex, sch = cfg.model, cfg.loss, cfg.explore, cfg.schedule
@@ -115,11 +114,11 @@ def amago_command(mix: str, seed: int, steps: int, work: Path, amago_venv: Path)
 
 
 def amago_run(mix: str, seed: int, args: argparse.Namespace) -> dict:
+    from icrl.config.presets import multitask
+
     work = Path(args.run_root) / f"{mix}_amago_s{seed}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    from icrl.config.presets import multitask
-
     (work / "cpu.gin").write_text(GIN.format(heads=multitask().model.heads))
     cmd = amago_command(mix, seed, args.steps, work, args.amago_venv)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "WANDB_MODE": "disabled", "TORCH_COMPILE_DISABLE": "1",
