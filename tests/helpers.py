@@ -83,3 +83,24 @@ def tiny_run_tasks(env: str, env_kwargs: dict[str, Any], run_dir: Path, tasks: s
         assert sum(row[f"rollouts/{t}"] for t in played) == row["rollouts"] == 4
     trained = {k.removeprefix("train/return/") for r in rows for k in r if k.startswith("train/return/")}
     assert trained and trained <= tasks
+
+
+def assert_missing_extra_reported(monkeypatch: Any, capsys: Any, module: str, names: list[str], family: str,
+                                  extra: str) -> None:
+    """With `module` unimportable, building each env of `names` raises an ImportError naming
+    `pip install 'icrl[<extra>]'`, and `icrl envs <family>` exits with that hint in one line."""
+    import re
+
+    import pytest
+
+    from icrl.cli import main as cli_main
+    from icrl.envs import make_env
+
+    monkeypatch.setitem(sys.modules, module, None)  # `import <module>` now raises ImportError
+    for name in names:
+        with pytest.raises(ImportError, match=re.escape(f"pip install 'icrl[{extra}]'")):
+            make_env(name)
+    with pytest.raises(SystemExit):
+        cli_main(["envs", family])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"icrl[{extra}]" in err

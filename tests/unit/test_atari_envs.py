@@ -5,13 +5,10 @@ need ale-py; a step takes about a millisecond, so the tests play short stretches
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
-from helpers import tiny_run_tasks
+from helpers import assert_missing_extra_reported, tiny_run_tasks
 
-from icrl.cli import main as cli_main
 from icrl.envs import make_env, make_wrapped_env
 from icrl.envs.make import ENV_FAMILIES
 from icrl.envs.tasks import atari
@@ -39,14 +36,7 @@ def _play(env, seed: int, actions) -> tuple[list[np.ndarray], list[float], list[
 
 
 def test_missing_extra_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "ale_py", None)  # `import ale_py` now raises ImportError
-    for name in ("atari/Pong", "atari_multi"):
-        with pytest.raises(ImportError, match=r"pip install 'icrl\[atari\]'"):
-            make_env(name)
-    with pytest.raises(SystemExit):
-        cli_main(["envs", "atari"])
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "icrl[atari]" in err
+    assert_missing_extra_reported(monkeypatch, capsys, "ale_py", ["atari/Pong", "atari_multi"], "atari", "atari")
 
 
 def test_spaces_are_images_with_the_full_action_space(ale):

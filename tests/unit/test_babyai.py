@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import ast
 import inspect
-import sys
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from helpers import assert_missing_extra_reported
 
-from icrl.cli import main as cli_main
 from icrl.envs import Collector, RandomPolicy, TimestepWrapper, make_env, make_vector_env
 from icrl.envs.tasks import babyai as bb
 from icrl.nets.tstep import is_image_space
@@ -214,10 +213,4 @@ def test_rollouts_through_vector_env_and_collector():
 
 
 def test_missing_extra_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "minigrid", None)  # `import minigrid` now raises ImportError
-    with pytest.raises(ImportError, match=r"pip install 'icrl\[minigrid\]'"):
-        make_env("babyai/GoToLocal")
-    with pytest.raises(SystemExit):
-        cli_main(["envs", "babyai"])
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "icrl[minigrid]" in err
+    assert_missing_extra_reported(monkeypatch, capsys, "minigrid", ["babyai/GoToLocal"], "babyai", "minigrid")
