@@ -22,8 +22,9 @@ lr 3e-4 after 50 warm-up updates, discounts (0.9, 0.99) and exploration (`icrl.c
         --amago-src /path/amago-src --amago-venv /path/amago-venv
     python benchmarks/multitask_scale.py --report
 
-Writes one `runs/<mix>_<update>_s<seed>.json` per run under `benchmarks/results/multitask_scale/` (resumable:
-a stored run is skipped unless `--rerun`), and `--report` writes `multitask_scale.json`, `.md` and `.png`.
+Writes one `runs/<mix>_<update>_s<seed>.json` per run under `benchmarks/results/multitask_scale/` (run output,
+not kept in git; resumable: a stored run is skipped unless `--rerun`), then `multitask_scale.json` (the table's
+rows and every run's per-game curve), `.md` and `.png` from all stored runs (`--report`: from them alone).
 """
 
 from __future__ import annotations
@@ -259,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     if not runs:
         sys.exit(f"no stored runs in {OUT / 'runs'}")
     rows, random = summarize(runs), random_play()
-    (OUT / "multitask_scale.json").write_text(json.dumps({"rows": rows, "random_actions": random}, indent=1))
+    curves = [{k: r[k] for k in ("mix", "update", "seed", "wall_s", "loadavg", "curve")} for r in runs]
+    (OUT / "multitask_scale.json").write_text(json.dumps({"rows": rows, "random_actions": random, "runs": curves}))
     table = markdown(rows, random)
     (OUT / "multitask_scale.md").write_text(table + "\n")
     plot(runs, OUT / "multitask_scale.png")
