@@ -40,6 +40,12 @@ import sys
 import time
 from pathlib import Path
 
+from parity import (  # benchmarks/ is on sys.path when this file runs as a script
+    GIN,
+    amago_curve,
+    subprocess_env,
+)
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "multitask_scale"
 GAMES = ("RepeatFirstEasy", "RepeatPreviousEasy", "HigherLowerEasy", "MineSweeperEasy")
@@ -82,13 +88,6 @@ def icrl_run(update: str, mix: str, seed: int, args: argparse.Namespace) -> dict
     return {"config": json.loads(cfg.to_json()), "wall_s": round(time.perf_counter() - t0, 1), "curve": curve}
 
 
-GIN = """from __gin__ import dynamic_registration
-import amago.nets.transformer
-import amago.nets.traj_encoders
-
-amago.nets.traj_encoders.TformerTrajEncoder.attention_type = @amago.nets.transformer.VanillaAttention
-amago.nets.traj_encoders.TformerTrajEncoder.n_heads = {heads}
-"""
 
 
 def amago_command(mix: str, seed: int, steps: int, work: Path, amago_venv: Path) -> list[str]:
@@ -122,13 +121,12 @@ def amago_run(mix: str, seed: int, args: argparse.Namespace) -> dict:
     work.mkdir(parents=True)
     (work / "cpu.gin").write_text(GIN.format(heads=multitask().model.heads))
     cmd = amago_command(mix, seed, args.steps, work, args.amago_venv)
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "WANDB_MODE": "disabled", "TORCH_COMPILE_DISABLE": "1",
-           "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     log = work / "stdout.log"
     with open(log, "w") as out:
-        rc = subprocess.run(cmd, cwd=str(args.amago_src), stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-    rows = [json.loads(x[len("PARITY "):]) for x in log.read_text(errors="replace").splitlines() if x.startswith("PARITY ")]
+        rc = subprocess.run(cmd, cwd=str(args.amago_src), stdout=out, stderr=subprocess.STDOUT,
+                            env=subprocess_env(args.threads)).returncode
+    rows = amago_curve(log)
     if rc != 0 or not rows:
         raise RuntimeError(f"the official run failed (rc {rc}); see {log}")
     curve = [{"env_steps": r["env_steps"], "updates": r["updates"], "wall_s": r["wall_s"], "tasks": r["tasks"]} for r in rows]

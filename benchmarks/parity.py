@@ -45,8 +45,14 @@ import amago.nets.transformer
 import amago.nets.traj_encoders
 
 amago.nets.traj_encoders.TformerTrajEncoder.attention_type = @amago.nets.transformer.VanillaAttention
-amago.nets.traj_encoders.TformerTrajEncoder.n_heads = 4
+amago.nets.traj_encoders.TformerTrajEncoder.n_heads = {heads}
 """
+
+
+def subprocess_env(threads: int) -> dict[str, str]:
+    """The environment of a run's subprocess, either library: its threads, no wandb, no torch.compile."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "disabled", "TORCH_COMPILE_DISABLE": "1",
+            "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,7 @@ def amago_command(task: Task, seed: int, args: argparse.Namespace, buffers: Path
     epochs = task.budget // (ENVS * task.steps_per_env) + 1  # evaluation comes at the start of each epoch
     gin = CACHE / "cpu_tformer.gin"
     gin.parent.mkdir(parents=True, exist_ok=True)
-    gin.write_text(GIN)
+    gin.write_text(GIN.format(heads=4))
     return [str(args.amago_venv / "bin" / "python"), str(HERE / "parity_amago_run.py"), task.amago_script,
             *task.amago_args, "--run_name", f"parity_{task.name}_s{seed}", "--buffer_dir", str(buffers),
             "--memory_size", str(task.d_model), "--memory_layers", "2", "--parallel_actors", str(ENVS),
@@ -180,8 +186,7 @@ def run_one(task: Task, lib: str, seed: int, args: argparse.Namespace) -> dict:
     else:
         cmd, cwd = amago_command(task, seed, args, work / "buffers"), str(args.amago_src)
         curve_of = lambda: amago_curve(log)  # noqa: E731
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "WANDB_MODE": "disabled", "TORCH_COMPILE_DISABLE": "1",
-           "PYTHONUNBUFFERED": "1"}
+    env = subprocess_env(args.threads)
     start = time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
