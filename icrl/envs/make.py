@@ -25,6 +25,7 @@ from icrl.envs.tasks.babyai import (  # imports without minigrid; building one n
     babyai_env_names,
     make_babyai,
 )
+from icrl.envs.tasks.bandit import BernoulliBandit
 from icrl.envs.tasks.crafter_env import CrafterEnv  # imports without crafter; building one needs it
 from icrl.envs.tasks.frozen_lake import MetaFrozenLake
 from icrl.envs.tasks.goal_grid import GoalGrid
@@ -48,6 +49,7 @@ BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
     "cue_recall": CueRecall,
     "meta_frozen_lake": MetaFrozenLake,
     "dark_key_door": DarkKeyToDoor,
+    "bandit": BernoulliBandit,
     "half_cheetah_vel": HalfCheetahVel,
     "crafter": CrafterEnv,
     "atari_multi": AtariMulti,

@@ -1,0 +1,132 @@
+"""Bernoulli bandits: the meta-RL task whose optimal in-context strategy is known (RL², Duan et al. 2016).
+
+Every rollout draws a new hidden task, the success probability p_i ~ U(0, 1) of each of `arms` arms, and
+then lasts `horizon` pulls; a pull of arm i pays 1 with probability p_i. Nothing in the observation tells the
+arms apart (it is the fraction of pulls left), so the agent can only learn which arm is good from its own
+actions and rewards earlier in the rollout: the exploration / exploitation trade-off, in context.
+
+With a uniform prior the Bayes-optimal strategy is known exactly: dynamic programming over the posterior
+counts (`bayes_optimal_return`). Together with the oracle that always pulls the best arm
+(`oracle_return`, E[max_i p_i] per pull) and random pulls (0.5 per pull) it places any learning curve on
+an absolute scale: a policy's return can be read as a fraction of the way from random to Bayes-optimal,
+which no agent can exceed on average.
+
+This module imports only numpy and Gymnasium (and works with Gymnasium 0.29 too), so the official AMAGO's
+side of `benchmarks/parity.py` loads this very file by path and both libraries play the same task.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+class BernoulliBandit(gym.Env):
+    """`arms` Bernoulli arms with hidden p_i ~ U(0, 1), redrawn every reset; `horizon` pulls per episode.
+
+    kwargs:
+      arms: number of arms (>= 2).
+      horizon: pulls per episode (>= 1); the episode ends (terminated) after the last one.
+
+    Observation: Box(1,) = pulls left / horizon (the agent sees its previous action and reward through the
+    timestep, as every icrl and AMAGO agent does). `info["regret"]` on the last step: horizon * max_i p_i minus
+    the episode's expected reward given its pulls (sum of p of the arms pulled), the standard bandit regret.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, arms: int = 2, horizon: int = 50) -> None:
+        if int(arms) < 2:
+            raise ValueError(f"BernoulliBandit arms must be >= 2, got {arms}")
+        if int(horizon) < 1:
+            raise ValueError(f"BernoulliBandit horizon must be >= 1, got {horizon}")
+        self.arms, self.horizon = int(arms), int(horizon)
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(self.arms)
+        self.probs = np.full(self.arms, 0.5)  # the hidden task
+        self._t = 0
+        self._expected = 0.0  # sum of p over the arms pulled so far
+
+    @staticmethod
+    def recommended_context(arms: int = 2, horizon: int = 50, **_: Any) -> int:
+        """The whole episode: the last pull should see every earlier pull's outcome."""
+        return int(horizon)
+
+    def _obs(self) -> np.ndarray:
+        return np.array([(self.horizon - self._t) / self.horizon], np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.probs = self.np_random.uniform(0.0, 1.0, self.arms)
+        self._t, self._expected = 0, 0.0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        arm = int(np.asarray(action).reshape(()))
+        if not 0 <= arm < self.arms:
+            raise ValueError(f"BernoulliBandit action must be an arm in [0, {self.arms}), got {action!r}")
+        if self._t >= self.horizon:
+            raise RuntimeError("BernoulliBandit.step after the episode ended: call reset()")
+        p = float(self.probs[arm])
+        reward = float(self.np_random.random() < p)
+        self._t += 1
+        self._expected += p
+        terminated = self._t >= self.horizon
+        info = {"regret": self.horizon * float(self.probs.max()) - self._expected} if terminated else {}
+        return self._obs(), reward, terminated, False, info
+
+
+def oracle_return(arms: int, horizon: int) -> float:
+    """Expected return of always pulling the best arm: horizon * E[max of `arms` U(0, 1)] = horizon * k / (k + 1)."""
+    return horizon * arms / (arms + 1)
+
+
+def bayes_optimal_return(arms: int, horizon: int) -> float:
+    """Expected return of the Bayes-optimal policy under the U(0, 1) prior, exactly (dynamic programming).
+
+    The posterior of arm i after s successes and f failures is Beta(s + 1, f + 1); the value of a posterior
+    state with n pulls left is max_i [m_i (1 + V(success of i)) + (1 - m_i) V(failure of i)], m_i = (s + 1) /
+    (s + f + 2). Arms are exchangeable, so a state is the sorted tuple of (s, f) pairs; the number of states
+    grows as horizon^(2 * arms), so this is meant for small problems (2 arms up to a few hundred pulls,
+    3 arms up to ~30)."""
+    if arms < 1 or horizon < 0:
+        raise ValueError(f"bayes_optimal_return needs arms >= 1 and horizon >= 0, got {arms}, {horizon}")
+    if math.comb(horizon + 2 * arms, 2 * arms) // math.factorial(arms) > 5_000_000:
+        raise ValueError(f"bayes_optimal_return: {arms} arms x {horizon} pulls has too many posterior states")
+
+    @lru_cache(maxsize=None)
+    def value(state: tuple[tuple[int, int], ...], left: int) -> float:
+        if left == 0:
+            return 0.0
+        best = 0.0
+        for i, (s, f) in enumerate(state):
+            if i and state[i - 1] == (s, f):
+                continue  # an identical posterior: the same value
+            m = (s + 1) / (s + f + 2)
+            win = tuple(sorted(state[:i] + ((s + 1, f),) + state[i + 1:]))
+            lose = tuple(sorted(state[:i] + ((s, f + 1),) + state[i + 1:]))
+            best = max(best, m * (1.0 + value(win, left - 1)) + (1.0 - m) * value(lose, left - 1))
+        return best
+
+    return value(tuple([(0, 0)] * arms), horizon)
+
+
+def thompson_return(arms: int, horizon: int, rollouts: int = 20_000, seed: int = 0) -> float:
+    """Monte-Carlo mean return of Thompson sampling (Beta(1, 1) priors): a classical in-context strategy that
+    needs no training, close to but below Bayes-optimal."""
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(0.0, 1.0, (rollouts, arms))  # [N, K] hidden tasks
+    succ, fail = np.zeros((rollouts, arms)), np.zeros((rollouts, arms))
+    total = np.zeros(rollouts)
+    rows = np.arange(rollouts)
+    for _ in range(horizon):
+        arm = rng.beta(succ + 1, fail + 1).argmax(axis=1)  # [N]
+        r = (rng.random(rollouts) < p[rows, arm]).astype(float)
+        succ[rows, arm] += r
+        fail[rows, arm] += 1.0 - r
+        total += r
+    return float(total.mean())

@@ -1,0 +1,100 @@
+"""The Bernoulli bandit task and its known optimum."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from icrl.envs.make import make_env
+from icrl.envs.tasks.bandit import BernoulliBandit, bayes_optimal_return, oracle_return, thompson_return
+
+
+def test_episode_contract_and_regret() -> None:
+    env = BernoulliBandit(arms=3, horizon=4)
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs) and obs[0] == 1.0
+    probs = env.probs.copy()
+    total, expected = 0.0, 0.0
+    for t in range(4):
+        obs, r, terminated, truncated, info = env.step(t % 3)
+        assert r in (0.0, 1.0) and not truncated
+        total += r
+        expected += probs[t % 3]
+        assert terminated == (t == 3)
+        assert obs[0] == pytest.approx((3 - t) / 4)
+    assert info["regret"] == pytest.approx(4 * probs.max() - expected)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(0)
+
+
+def test_every_reset_draws_a_new_task_and_rewards_follow_it() -> None:
+    env = BernoulliBandit(arms=2, horizon=2000)
+    env.reset(seed=1)
+    first = env.probs.copy()
+    env.reset()
+    assert not np.allclose(first, env.probs)
+    arm = int(env.probs.argmax())
+    mean = np.mean([env.step(arm)[1] for _ in range(2000)])
+    assert mean == pytest.approx(env.probs[arm], abs=0.05)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"arms": 1}, "arms must be >= 2"), ({"horizon": 0}, "horizon")])
+def test_bad_kwargs_name_the_problem(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        BernoulliBandit(**kwargs)
+
+
+def test_bad_action_names_the_range() -> None:
+    env = BernoulliBandit(arms=2, horizon=3)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"\[0, 2\)"):
+        env.step(2)
+
+
+def _brute_force_optimum(arms: int, horizon: int) -> float:
+    """Bayes-optimal value by plain recursion over the (unsorted) posterior counts: the DP's reference."""
+    def value(counts: tuple, left: int) -> float:
+        if left == 0:
+            return 0.0
+        best = 0.0
+        for i, (s, f) in enumerate(counts):
+            m = (s + 1) / (s + f + 2)
+            win = counts[:i] + ((s + 1, f),) + counts[i + 1:]
+            lose = counts[:i] + ((s, f + 1),) + counts[i + 1:]
+            best = max(best, m * (1 + value(win, left - 1)) + (1 - m) * value(lose, left - 1))
+        return best
+
+    return value(((0, 0),) * arms, horizon)
+
+
+def test_bayes_optimal_matches_brute_force_and_hand_values() -> None:
+    assert bayes_optimal_return(2, 1) == pytest.approx(0.5)
+    # pull one arm; keep it after a success (posterior mean 2/3), switch after a failure (1/2)
+    assert bayes_optimal_return(2, 2) == pytest.approx(0.5 + 0.5 * 2 / 3 + 0.5 * 0.5)
+    for arms, horizon in itertools.product((2, 3), (3, 5)):
+        assert bayes_optimal_return(arms, horizon) == pytest.approx(_brute_force_optimum(arms, horizon))
+
+
+def test_the_reference_lines_are_ordered() -> None:
+    """random < Thompson sampling < Bayes-optimal < oracle: the scale a learning curve is read on."""
+    arms, horizon = 2, 30
+    bayes = bayes_optimal_return(arms, horizon)
+    thompson = thompson_return(arms, horizon, rollouts=40_000, seed=0)
+    assert horizon / 2 < thompson < bayes < oracle_return(arms, horizon)
+    assert thompson == pytest.approx(bayes, rel=0.06)  # Thompson sampling is near-optimal here
+    with pytest.raises(ValueError, match="too many"):
+        bayes_optimal_return(8, 200)
+
+
+def test_builds_by_name_with_the_timestep_wrapper() -> None:
+    env = make_env("bandit", env_kwargs={"arms": 3, "horizon": 7})
+    obs, _ = env.reset(seed=0)
+    steps = 0
+    done = False
+    while not done:
+        obs, _, term, trunc, _ = env.step(env.action_space.sample())
+        done = term or trunc
+        steps += 1
+    assert steps == 7
