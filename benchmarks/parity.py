@@ -35,9 +35,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from icrl.config.explore import ANNEAL_FRACTION, EXPLORE_DEFAULTS
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "parity"
 CACHE = Path(os.environ.get("ICRL_PARITY_CACHE", Path.home() / ".cache" / "icrl-parity"))
+ENVS = 8
 TORCH = "torch==2.13.0"  # the CPU wheel of these machines; pinned on every pip call of the official venv
 GIN = """# Plain attention on CPU (no flash-attn); VanillaAttention is not gin-configurable: dynamic registration.
 from __gin__ import dynamic_registration
@@ -68,6 +71,8 @@ class Task:
     amago_script: str
     amago_args: list[str] = field(default_factory=list)
     eval_rollouts: int = 8  # icrl; the official evaluates as many as its val steps hold
+    icrl_args: list[str] = field(default_factory=list)
+    run_full: bool = False  # run the whole budget even once solved: the late curve (a fall after the best) is a result
 
 
 def tmaze(n: int, budget: int) -> Task:
@@ -80,6 +85,19 @@ def popgym(name: str, threshold: float, budget: int = 10_608) -> Task:
                 ["--env", name, "--max_seq_len", "64"], eval_rollouts=32)
 
 
+def meta(name: str, icrl_env: str, icrl_kwargs: dict, rollout: int, threshold: float, budget: int,
+         amago_args: list[str], icrl_args: list[str] = ()) -> Task:
+    """A meta-RL row: context = the whole rollout, 100 updates per 100 steps of each env (0.125 updates per env
+    step, the official Meta-Frozen-Lake example's ratio), 128 evaluation rollouts, the whole budget (whether
+    the return holds after its best is part of the result). The official side is
+    `amago_meta_rl.py` (the example with the harness's settings), exploring over icrl's anneal."""
+    anneal = min(EXPLORE_DEFAULTS["eps_anneal_steps"], int(ANNEAL_FRACTION * budget / ENVS))  # icrl's, resolved
+    return Task(name, icrl_env, icrl_kwargs, 64, rollout, 100, budget, threshold, str(HERE / "amago_meta_rl.py"),
+                [*amago_args, "--max_seq_len", str(rollout), "--eps_anneal", str(anneal),
+                 "--val_steps", str(128 // ENVS * rollout)], eval_rollouts=128, icrl_args=list(icrl_args),
+                run_full=True)
+
+
 # Thresholds: T-Maze and the Repeat tasks are solved at ~1.0; for the others a fixed bar that separates
 # learning from chance (POPGym's returns lie in [-1, 1]).
 TASKS = {t.name: t for t in [
@@ -87,11 +105,15 @@ TASKS = {t.name: t for t in [
     popgym("RepeatPreviousEasy", 0.95), popgym("RepeatFirstEasy", 0.95), popgym("CountRecallEasy", 0.0, 20_400),
     popgym("AutoencodeEasy", 0.0, 20_400), popgym("PositionOnlyCartPoleEasy", 0.9, 20_400),
     popgym("PositionOnlyPendulumEasy", 0.5, 20_400),
+    # Bayes-optimal 32.0, Thompson sampling 31.3, random 25 (icrl.envs.tasks.bandit)
+    meta("bandit", "bandit", {"arms": 2, "horizon": 50}, 50, 30.0, 30_000, ["--env", "bandit", "--arms", "2", "--horizon", "50"]),
+    # 3 attempts of 25 steps at one random 5x5 lake; return = attempts that reached the goal
+    meta("metafrozenlake", "meta_frozen_lake", {"size": 5, "max_episode_steps": 25}, 75, 1.5, 40_000,
+         ["--env", "meta_frozen_lake", "--lake_size", "5", "--k_episodes", "3"], ["--episodes-per-rollout", "3"]),
 ]}
 ALIASES = {"repeat_previous": "RepeatPreviousEasy", "repeat_first": "RepeatFirstEasy", "count_recall": "CountRecallEasy",
-           "autoencode": "AutoencodeEasy", "cartpole": "PositionOnlyCartPoleEasy", "pendulum": "PositionOnlyPendulumEasy"}
-ENVS = 8
-
+           "autoencode": "AutoencodeEasy", "cartpole": "PositionOnlyCartPoleEasy", "pendulum": "PositionOnlyPendulumEasy",
+           "meta_frozen_lake": "metafrozenlake"}
 
 # ---------------------------------------------------------------------------------------------- set-up
 def setup_amago(args: argparse.Namespace) -> None:
@@ -130,7 +152,7 @@ def icrl_command(task: Task, seed: int, run_dir: Path, threads: int) -> list[str
             "--parallel-envs", str(ENVS), "--steps-per-epoch", str(ENVS * task.steps_per_env),
             "--updates-per-epoch", "100", "--batch-size", "24", "--total-env-steps", str(task.budget),
             "--eval-every", "1", "--eval-rollouts", str(task.eval_rollouts), "--checkpoint-every", "1000000",
-            "--seed", str(seed), "--threads", str(threads), "--device", "cpu", "--run-dir", str(run_dir)]
+            "--seed", str(seed), "--threads", str(threads), "--device", "cpu", "--run-dir", str(run_dir), *task.icrl_args]
 
 
 def amago_command(task: Task, seed: int, args: argparse.Namespace, buffers: Path) -> list[str]:
@@ -193,7 +215,7 @@ def run_one(task: Task, lib: str, seed: int, args: argparse.Namespace) -> dict:
         stopped_early = False
         while proc.poll() is None:
             time.sleep(2.0)
-            if args.hold and solved_at(curve_of(), task.threshold, args.hold) is not None:
+            if args.hold and not task.run_full and solved_at(curve_of(), task.threshold, args.hold) is not None:
                 proc.terminate()  # both libraries stop cleanly on SIGTERM
                 stopped_early = True
                 try:

@@ -8,7 +8,8 @@ From outside (no AMAGO source edits) it wraps `Experiment.collect_new_training_d
 `{"env_steps": ..., "updates": ..., "wall_s": ..., "eval_s": ..., "return": ...}`, where env steps count the
 training steps collected before the evaluation (all parallel actors), `eval_s` the seconds spent in
 evaluations so far, and `return` is the official "Average Total Return (Across All Env Names)"; `tasks` maps each
-env name to its "Average Total Return in <name>" (one name for a single-task env). The wall
+env name to its "Average Total Return in <name>" (one name for a single-task env) and `specials` holds the env's
+own logged averages ("Average Episode 0 Success in <name>" for Meta-Frozen-Lake's attempts). The wall
 clock starts when this script starts, as `icrl train`'s does.
 """
 
@@ -50,7 +51,9 @@ def val(self):
     STATE["eval_s"] += time.time() - t_val
     row = {"env_steps": STATE["env_steps"], "updates": STATE["updates"], "wall_s": round(time.time() - T0, 2),
            "eval_s": round(STATE["eval_s"], 2), "return": None if ret is None else float(ret),
-           "tasks": {k[len(PER_TASK):]: float(v) for k, v in captured.items() if k.startswith(PER_TASK)}}
+           "tasks": {k[len(PER_TASK):]: float(v) for k, v in captured.items() if k.startswith(PER_TASK)},
+           "specials": {k: float(v) for k, v in captured.items()
+                        if k.startswith("Average ") and " in " in k and not k.startswith(PER_TASK)}}
     print("PARITY " + json.dumps(row), flush=True)
 
 
