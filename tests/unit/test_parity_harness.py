@@ -1,0 +1,55 @@
+"""benchmarks/parity.py runs both libraries at the same settings: the icrl command parsed by icrl's own CLI
+against the official command's flags, for every row (and the meta-RL rows' exploration anneal). Nothing is trained."""
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import parity  # noqa: E402
+
+from icrl.cli import parse  # noqa: E402
+from icrl.run.components import with_task_defaults  # noqa: E402
+
+
+def icrl_config(task: parity.Task):
+    cmd = parity.icrl_command(task, 0, Path("/tmp/unused"), 1)
+    args = parse(cmd[cmd.index("train"):])
+    return with_task_defaults(args.config).validate()
+
+
+def official_flags(task: parity.Task) -> dict[str, str]:
+    args = argparse.Namespace(amago_venv=Path("venv"), amago_val_interval=1)
+    cmd = parity.amago_command(task, 0, args, Path("/tmp/unused"))
+    return {a: b for a, b in zip(cmd, cmd[1:]) if a.startswith("--")}
+
+
+@pytest.mark.parametrize("name", sorted(parity.TASKS))
+def test_both_libraries_get_the_same_model_context_envs_and_update_ratio(name):
+    task = parity.TASKS[name]
+    if task.icrl_env.startswith("popgym/"):
+        pytest.importorskip("popgym")
+    cfg, flags = icrl_config(task), official_flags(task)
+    assert cfg.model.d_model == int(flags["--memory_size"]) == task.d_model
+    assert cfg.model.layers == int(flags["--memory_layers"])
+    assert cfg.model.max_seq_len == task.context
+    assert cfg.env.parallel_envs == int(flags["--parallel_actors"])
+    assert cfg.schedule.steps_per_epoch == cfg.env.parallel_envs * int(flags["--timesteps_per_epoch"])
+    assert cfg.schedule.updates_per_epoch == int(flags["--batches_per_epoch"])
+    assert cfg.optim.batch_size == int(flags["--batch_size"])
+    if "--max_seq_len" in flags:
+        assert int(flags["--max_seq_len"]) == task.context
+
+
+@pytest.mark.parametrize("name", [n for n, t in parity.TASKS.items() if t.run_full])
+def test_meta_rows_explore_alike_see_whole_rollouts_and_evaluate_alike(name):
+    task = parity.TASKS[name]
+    cfg, flags = icrl_config(task), official_flags(task)
+    assert cfg.explore.eps_anneal_steps == int(flags["--eps_anneal"])  # icrl's budget-relative anneal, per env
+    assert (cfg.explore.eps_start, cfg.explore.eps_end, cfg.explore.per_env_scale) == (1.0, 0.05, True)
+    kw = cfg.env.kwargs  # the context holds the whole rollout: every pull, or every step of every attempt
+    rollout = kw["horizon"] if cfg.env.env == "bandit" else cfg.env.episodes_per_rollout * kw["max_episode_steps"]
+    assert rollout == task.context
+    assert int(flags["--val_steps"]) * cfg.env.parallel_envs >= cfg.eval.eval_rollouts * rollout
