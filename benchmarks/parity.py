@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 from icrl.config.explore import ANNEAL_FRACTION, EXPLORE_DEFAULTS
 
@@ -73,6 +74,7 @@ class Task:
     eval_rollouts: int = 8  # icrl; the official evaluates as many as its val steps hold
     icrl_args: list[str] = field(default_factory=list)
     run_full: bool = False  # run the whole budget even once solved: the late curve (a fall after the best) is a result
+    references: Callable[[], dict[str, float]] | None = None  # known returns drawn beside the curves
 
 
 def tmaze(n: int, budget: int) -> Task:
@@ -86,7 +88,8 @@ def popgym(name: str, threshold: float, budget: int = 10_608) -> Task:
 
 
 def meta(name: str, icrl_env: str, icrl_kwargs: dict, rollout: int, threshold: float, budget: int,
-         amago_args: list[str], icrl_args: list[str] = ()) -> Task:
+         amago_args: list[str], icrl_args: Sequence[str] = (),
+         references: Callable[[], dict[str, float]] | None = None) -> Task:
     """A meta-RL row: context = the whole rollout, 100 updates per 100 steps of each env (0.125 updates per env
     step, the official Meta-Frozen-Lake example's ratio), 128 evaluation rollouts, the whole budget (whether
     the return holds after its best is part of the result). The official side is
@@ -95,7 +98,14 @@ def meta(name: str, icrl_env: str, icrl_kwargs: dict, rollout: int, threshold: f
     return Task(name, icrl_env, icrl_kwargs, 64, rollout, 100, budget, threshold, str(HERE / "amago_meta_rl.py"),
                 [*amago_args, "--max_seq_len", str(rollout), "--eps_anneal", str(anneal),
                  "--val_steps", str(128 // ENVS * rollout)], eval_rollouts=128, icrl_args=list(icrl_args),
-                run_full=True)
+                run_full=True, references=references)
+
+
+def bandit_references(arms: int, horizon: int) -> dict[str, float]:
+    from icrl.envs.tasks.bandit import bayes_optimal_return, thompson_return
+
+    return {"Bayes-optimal": bayes_optimal_return(arms, horizon), "Thompson sampling": thompson_return(arms, horizon),
+            "random": horizon / 2}
 
 
 # Thresholds: T-Maze and the Repeat tasks are solved at ~1.0; for the others a fixed bar that separates
@@ -106,7 +116,8 @@ TASKS = {t.name: t for t in [
     popgym("AutoencodeEasy", 0.0, 20_400), popgym("PositionOnlyCartPoleEasy", 0.9, 20_400),
     popgym("PositionOnlyPendulumEasy", 0.5, 20_400),
     # Bayes-optimal 32.0, Thompson sampling 31.3, random 25 (icrl.envs.tasks.bandit)
-    meta("bandit", "bandit", {"arms": 2, "horizon": 50}, 50, 30.0, 30_000, ["--env", "bandit", "--arms", "2", "--horizon", "50"]),
+    meta("bandit", "bandit", {"arms": 2, "horizon": 50}, 50, 30.0, 30_000, ["--env", "bandit", "--arms", "2", "--horizon", "50"],
+         references=lambda: bandit_references(2, 50)),
     # 3 attempts of 25 steps at one random 5x5 lake; return = attempts that reached the goal
     meta("metafrozenlake", "meta_frozen_lake", {"size": 5, "max_episode_steps": 25}, 75, 1.5, 40_000,
          ["--env", "meta_frozen_lake", "--lake_size", "5", "--k_episodes", "3"], ["--episodes-per-rollout", "3"]),
@@ -178,13 +189,24 @@ def icrl_curve(run_dir: Path) -> list[dict]:
         if r.get("kind") == "eval":
             eval_s += r.get("time/eval_s", 0.0)
             curve.append({"env_steps": r["env_steps"], "updates": r["updates"], "wall_s": round(r["wall_time"], 2),
-                          "eval_s": round(eval_s, 2), "return": r["return_mean"], "success": r.get("success_rate")})
+                          "eval_s": round(eval_s, 2), "return": r["return_mean"], "success": r.get("success_rate"),
+                          "success_by_episode": r.get("success_by_episode")})
     return curve
 
 
 def amago_curve(log: Path) -> list[dict]:
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     return [json.loads(x[len("PARITY "):]) for x in lines if x.startswith("PARITY ")]
+
+
+def success_by_episode(row: dict) -> list[float] | None:
+    """One evaluation's success rate by attempt within a rollout (attempt 1 first), from either library's curve:
+    icrl logs the list, the official code one "Average Episode k Success in <env>" per attempt."""
+    if row.get("success_by_episode"):
+        return row["success_by_episode"]
+    per = {int(k.split()[2]): v for k, v in row.get("specials", {}).items() if k.startswith("Average Episode ")
+           and k.split()[3:4] == ["Success"]}
+    return [per[k] for k in sorted(per)] or None
 
 
 def solved_at(curve: list[dict], threshold: float, hold: int) -> dict | None:
@@ -300,6 +322,9 @@ def plot(runs: list[dict], path: Path) -> None:
             ax.plot(xs, ys, color="tab:blue" if r["lib"] == "icrl" else "tab:orange", alpha=0.8,
                     label=f"{r['lib']} s{r['seed']}")
         ax.axhline(TASKS[name].threshold, color="gray", ls=":", lw=1)
+        refs = TASKS[name].references
+        for (label, value), style in zip((refs() if refs else {}).items(), ("-", "--", "-.")):
+            ax.axhline(value, color="black", ls=style, lw=0.8, alpha=0.6, label=f"{label} {value:.1f}")
         ax.set_title(name)
         ax.set_xlabel("env steps")
         ax.set_ylabel("eval return")
@@ -320,14 +345,38 @@ def stored_runs() -> list[dict]:
     return sorted(runs.values(), key=lambda r: (order.get(r["task"], len(order)), r["lib"] != "icrl", r["seed"]))
 
 
+def _per_seed(xs: list[float | None]) -> str:
+    return " / ".join("—" if x is None else f"{x:.2f}" for x in xs)
+
+
+def meta_markdown(runs: list[dict]) -> str:
+    """The rows that run their whole budget: does the return hold after its best (the last evaluation over the
+    best, per seed), and success by attempt within a rollout at the last evaluation (the adaptation curve)."""
+    out = ["| task | library | seeds | best return (per seed) | last return (per seed) | last / best (per seed) | "
+           "success by attempt, last evaluation (mean of seeds) |", "|---|---|---|---|---|---|---|"]
+    for name, task in TASKS.items():
+        for lib in ("icrl", "amago"):
+            rs = sorted((r for r in runs if r["task"] == name and r["lib"] == lib and task.run_full),
+                        key=lambda r: r["seed"])
+            if not rs:
+                continue
+            attempts = [success_by_episode(r["curve"][-1]) for r in rs]
+            attempts = [a for a in attempts if a]
+            by = " / ".join(f"{sum(col) / len(col):.2f}" for col in zip(*attempts)) if attempts else "—"
+            best, last = [r["best_return"] for r in rs], [r["final_return"] for r in rs]
+            ratio = [lst / b if b else None for lst, b in zip(last, best)]
+            out.append(f"| {name} | {lib} | {len(rs)} | {_per_seed(best)} | {_per_seed(last)} | {_per_seed(ratio)} | {by} |")
+    return "\n".join(out) + "\n" if len(out) > 2 else ""
+
+
 def report() -> list[dict]:
     runs = stored_runs()
     rows = summarize(runs)
     (OUT / "parity.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
-    (OUT / "parity.md").write_text(markdown(rows))
+    (OUT / "parity.md").write_text(markdown(rows) + "\n" + meta_markdown(runs))
     if any(r.get("curve") for r in runs):  # runs recorded before curves were kept have none to draw
         plot([r for r in runs if r.get("curve")], OUT / "parity.png")
-    print(markdown(rows))
+    print(markdown(rows) + "\n" + meta_markdown(runs))
     return rows
 
 

@@ -53,3 +53,25 @@ def test_meta_rows_explore_alike_see_whole_rollouts_and_evaluate_alike(name):
     rollout = kw["horizon"] if cfg.env.env == "bandit" else cfg.env.episodes_per_rollout * kw["max_episode_steps"]
     assert rollout == task.context
     assert int(flags["--val_steps"]) * cfg.env.parallel_envs >= cfg.eval.eval_rollouts * rollout
+
+
+def test_success_by_attempt_reads_either_librarys_evaluation():
+    assert parity.success_by_episode({"success_by_episode": [0.25, 0.5]}) == [0.25, 0.5]
+    official = {"specials": {"Average Episode 1 Success in lake": 0.6, "Average Episode 0 Success in lake": 0.2,
+                             "Average Mean Velocity in lake": 3.0}}
+    assert parity.success_by_episode(official) == [0.2, 0.6]  # attempt order, other specials ignored
+    assert parity.success_by_episode({"return": 1.0}) is None
+
+
+def test_the_meta_table_shows_whether_the_return_holds_after_its_best():
+    def run(lib, seed, returns, last_attempts):
+        curve = [{"env_steps": i, "return": x} for i, x in enumerate(returns)]
+        curve[-1]["success_by_episode"] = last_attempts
+        return {"task": "metafrozenlake", "lib": lib, "seed": seed, "curve": curve,
+                "best_return": max(returns), "final_return": returns[-1]}
+
+    table = parity.meta_markdown([run("icrl", 0, [0.5, 2.0, 1.0], [0.2, 0.4, 0.4]),
+                                  run("icrl", 1, [1.0, 2.0], [0.4, 0.6, 1.0])])
+    [row] = [line for line in table.splitlines() if line.startswith("| metafrozenlake")]
+    assert "| 2.00 / 2.00 | 1.00 / 2.00 | 0.50 / 1.00 | 0.30 / 0.50 / 0.70 |" in row
+    assert parity.meta_markdown([{**run("icrl", 0, [1.0], [1.0]), "task": "tmaze20"}]) == ""  # not a meta row
