@@ -43,7 +43,7 @@ def test_both_libraries_get_the_same_model_context_envs_and_update_ratio(name):
         assert int(flags["--max_seq_len"]) == task.context
 
 
-@pytest.mark.parametrize("name", [n for n, t in parity.TASKS.items() if t.run_full])
+@pytest.mark.parametrize("name", [n for n, t in parity.TASKS.items() if t.amago_script.endswith("amago_meta_rl.py")])
 def test_meta_rows_explore_alike_see_whole_rollouts_and_evaluate_alike(name):
     task = parity.TASKS[name]
     cfg, flags = icrl_config(task), official_flags(task)
