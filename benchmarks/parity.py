@@ -155,6 +155,8 @@ def setup_amago(args: argparse.Namespace) -> None:
     subprocess.run([*pip, TORCH], check=True)
     subprocess.run([*pip, "-e", str(src), TORCH, "gymnasium<=0.29.1"], check=True)
     subprocess.run([*pip, "matplotlib", "popgym", TORCH, "gymnasium<=0.29.1"], check=True)  # tmaze.py imports matplotlib
+    # the Half-Cheetah-Vel row: MuJoCo 3.3 (HalfCheetah-v4 of gymnasium 0.29; its renderer module imports imageio)
+    subprocess.run([*pip, "mujoco==3.3.0", "imageio", TORCH, "gymnasium<=0.29.1"], check=True)
     subprocess.run([str(py), "-c", "import torch; assert torch.version.cuda is None, 'a CUDA torch was installed'"],
                    check=True)
     print(f"official AMAGO ready: {py} (source {src})")
