@@ -121,7 +121,8 @@ TASKS = {t.name: t for t in [
     # the official example's task (one 1,000-step episode per rollout, a hidden target in [0, 3] m/s) and context 32;
     # 100 updates per 250 steps of each env. A random policy scores about -1,600.
     Task("halfcheetahvel", "half_cheetah_vel", {"episode_steps": 1000}, 64, 32, 250, 40_000, -400.0,
-         "examples/12_half_cheetah_vel.py", ["--policy_seq_len", "32"], eval_rollouts=8, run_full=True),
+         "examples/12_half_cheetah_vel.py", ["--policy_seq_len", "32"], eval_rollouts=8, run_full=True,
+         icrl_args=["--chunk-len", "192"]),  # stored in pieces of 192 steps, as the example's traj_save_len
     # 3 attempts of 25 steps at one random 5x5 lake; return = attempts that reached the goal
     meta("metafrozenlake", "meta_frozen_lake", {"size": 5, "max_episode_steps": 25}, 75, 1.5, 40_000,
          ["--env", "meta_frozen_lake", "--lake_size", "5", "--k_episodes", "3"], ["--episodes-per-rollout", "3"]),
