@@ -356,11 +356,23 @@ def _per_seed(xs: list[float | None]) -> str:
     return " / ".join("—" if x is None else f"{x:.2f}" for x in xs)
 
 
+SMOOTH = 3  # evaluations averaged for the hold check: one evaluation's noise (128 rollouts) is a few % of the return
+
+
+def smoothed(curve: list[dict]) -> list[float]:
+    """The running mean of SMOOTH evaluations in a row (the first full window onwards)."""
+    rets = [c["return"] for c in curve if c["return"] is not None]
+    return [sum(rets[i - SMOOTH:i]) / SMOOTH for i in range(SMOOTH, len(rets) + 1)] or rets[-1:]
+
+
 def meta_markdown(runs: list[dict]) -> str:
-    """The rows that run their whole budget: does the return hold after its best (the last evaluation over the
-    best, per seed), and success by attempt within a rollout at the last evaluation (the adaptation curve)."""
-    out = ["| task | library | seeds | best return (per seed) | last return (per seed) | last / best (per seed) | "
-           "success by attempt, last evaluation (mean of seeds) |", "|---|---|---|---|---|---|---|"]
+    """The rows that run their whole budget: does the return hold after its best, and success by attempt within
+    a rollout at the last evaluation (the adaptation curve). The hold check compares means of SMOOTH evaluations
+    (the last ones against the best such run): the best single evaluation is the top of the noise, so a
+    single evaluation's last / best falls short of 1 even on a flat curve."""
+    out = [f"| task | library | seeds | best / last single evaluation (per seed) | best / last mean of {SMOOTH} in a "
+           f"row (per seed) | last / best, means of {SMOOTH} (per seed) | success by attempt, last evaluation "
+           "(mean of seeds) |", "|---|---|---|---|---|---|---|"]
     for name, task in TASKS.items():
         for lib in ("icrl", "amago"):
             rs = sorted((r for r in runs if r["task"] == name and r["lib"] == lib and task.run_full),
@@ -370,9 +382,11 @@ def meta_markdown(runs: list[dict]) -> str:
             attempts = [success_by_episode(r["curve"][-1]) for r in rs]
             attempts = [a for a in attempts if a]
             by = " / ".join(f"{sum(col) / len(col):.2f}" for col in zip(*attempts)) if attempts else "—"
-            best, last = [r["best_return"] for r in rs], [r["final_return"] for r in rs]
-            ratio = [lst / b if b else None for lst, b in zip(last, best)]
-            out.append(f"| {name} | {lib} | {len(rs)} | {_per_seed(best)} | {_per_seed(last)} | {_per_seed(ratio)} | {by} |")
+            single = " / ".join(f"{r['best_return']:.2f}, {r['final_return']:.2f}" for r in rs)
+            smooth = [smoothed(r["curve"]) for r in rs]
+            means = " / ".join(f"{max(m):.2f}, {m[-1]:.2f}" for m in smooth)
+            ratio = _per_seed([m[-1] / max(m) if max(m) > 0 else None for m in smooth])
+            out.append(f"| {name} | {lib} | {len(rs)} | {single} | {means} | {ratio} | {by} |")
     return "\n".join(out) + "\n" if len(out) > 2 else ""
 
 

@@ -70,8 +70,11 @@ def test_the_meta_table_shows_whether_the_return_holds_after_its_best():
         return {"task": "metafrozenlake", "lib": lib, "seed": seed, "curve": curve,
                 "best_return": max(returns), "final_return": returns[-1]}
 
-    table = parity.meta_markdown([run("icrl", 0, [0.5, 2.0, 1.0], [0.2, 0.4, 0.4]),
-                                  run("icrl", 1, [1.0, 2.0], [0.4, 0.6, 1.0])])
+    assert parity.SMOOTH == 3
+    held = run("icrl", 0, [0.0, 1.0, 1.2, 0.8, 1.0, 1.0, 1.0], [0.2, 0.4, 0.4])  # noisy but flat at 1.0
+    fell = run("icrl", 1, [1.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0], [0.4, 0.6, 1.0])  # a fall from 2 to 1
+    table = parity.meta_markdown([held, fell])
     [row] = [line for line in table.splitlines() if line.startswith("| metafrozenlake")]
-    assert "| 2.00 / 2.00 | 1.00 / 2.00 | 0.50 / 1.00 | 0.30 / 0.50 / 0.70 |" in row
-    assert parity.meta_markdown([{**run("icrl", 0, [1.0], [1.0]), "task": "tmaze20"}]) == ""  # not a meta row
+    assert "| 1.20, 1.00 / 2.00, 1.00 |" in row  # the best single evaluation
+    assert "| 1.00, 1.00 / 2.00, 1.00 | 1.00 / 0.50 | 0.30 / 0.50 / 0.70 |" in row
+    assert parity.meta_markdown([{**held, "task": "tmaze20"}]) == ""  # not a row that runs its whole budget
