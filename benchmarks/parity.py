@@ -409,7 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--hold", type=int, default=2, help="evaluations in a row at the threshold that end a run "
                                                       "(0: run the whole budget)")
-    p.add_argument("--max-wall", type=float, default=3600.0, help="seconds before a run is killed")
+    p.add_argument("--max-wall", type=float, default=10_800.0, help="seconds before a run is killed (the official "
+                   "PositionOnlyPendulumEasy run needs ~75 minutes here beside another job)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rerun", action="store_true", help="run again even where a stored result exists")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the stored runs")
