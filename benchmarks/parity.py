@@ -102,10 +102,10 @@ def meta(name: str, icrl_env: str, icrl_kwargs: dict, rollout: int, threshold: f
 
 
 def bandit_references(arms: int, horizon: int) -> dict[str, float]:
-    from icrl.envs.tasks.bandit import bayes_optimal_return, thompson_return
+    from icrl.envs.tasks.bandit import bayes_optimal_return, thompson_return, win_stay_lose_shift_return
 
     return {"Bayes-optimal": bayes_optimal_return(arms, horizon), "Thompson sampling": thompson_return(arms, horizon),
-            "random": horizon / 2}
+            "win-stay lose-shift": win_stay_lose_shift_return(arms, horizon), "random": horizon / 2}
 
 
 # Thresholds: T-Maze and the Repeat tasks are solved at ~1.0; for the others a fixed bar that separates
@@ -115,7 +115,7 @@ TASKS = {t.name: t for t in [
     popgym("RepeatPreviousEasy", 0.95), popgym("RepeatFirstEasy", 0.95), popgym("CountRecallEasy", 0.0, 20_400),
     popgym("AutoencodeEasy", 0.0, 20_400), popgym("PositionOnlyCartPoleEasy", 0.9, 20_400),
     popgym("PositionOnlyPendulumEasy", 0.5, 20_400),
-    # Bayes-optimal 32.0, Thompson sampling 31.3, random 25 (icrl.envs.tasks.bandit)
+    # Bayes-optimal 32.0, Thompson sampling 31.3, win-stay lose-shift 29.4, random 25 (icrl.envs.tasks.bandit)
     meta("bandit", "bandit", {"arms": 2, "horizon": 50}, 50, 30.0, 30_000, ["--env", "bandit", "--arms", "2", "--horizon", "50"],
          references=lambda: bandit_references(2, 50)),
     # the official example's task (one 1,000-step episode per rollout, a hidden target in [0, 3] m/s) and context 32;
@@ -330,7 +330,7 @@ def plot(runs: list[dict], path: Path) -> None:
                     label=f"{r['lib']} s{r['seed']}")
         ax.axhline(TASKS[name].threshold, color="gray", ls=":", lw=1)
         refs = TASKS[name].references
-        for (label, value), style in zip((refs() if refs else {}).items(), ("-", "--", "-.")):
+        for (label, value), style in zip((refs() if refs else {}).items(), ("-", "--", "-.", ":")):
             ax.axhline(value, color="black", ls=style, lw=0.8, alpha=0.6, label=f"{label} {value:.1f}")
         ax.set_title(name)
         ax.set_xlabel("env steps")

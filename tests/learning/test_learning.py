@@ -117,10 +117,13 @@ def test_the_control_preset_balances_cartpole(tmp_path):
 
 def test_meta_rl_learns_the_bandits_in_context_strategy(tmp_path):
     """Meta-RL: two Bernoulli arms redrawn every rollout, 50 pulls, nothing in the observation tells them apart,
-    so the agent must find the better arm from its own pulls within the rollout (icrl.envs.tasks.bandit). Random
-    pulls score 25, the Bayes-optimal policy 32.0, Thompson sampling 31.3. At the parity harness's settings
-    (benchmarks/parity.py, row `bandit`) icrl scores 30-33 from ~6,000 env steps on (seeds 0-2,
-    docs/results.md); this run stops at 8,000. A policy that ignores its history is stuck at the random level."""
+    so the agent can only find the better arm from its own pulls and rewards within the rollout
+    (icrl.envs.tasks.bandit). Random pulls score 25 (a policy that ignores the rewards it saw), win-stay
+    lose-shift 29.4 (the last step alone), Thompson sampling 31.3, the Bayes-optimal policy 32.0. This run
+    (8,000 env steps, 1,000 updates) scored 31.1 over 256 rollouts; the threshold guards the meta-RL path
+    against learning nothing from its history. That icrl uses more than the last step (31-32 from ~6,000 env
+    steps on, seeds 0-2, beside the official code) is the parity harness's `bandit` row, not this test's claim:
+    one evaluation's noise (±0.8 here) is too close to the 2-point gap to WSLS for a stable CI threshold."""
     cfg = ExperimentConfig(
         env=EnvConfig(env="bandit", env_kwargs='{"arms": 2, "horizon": 50}', parallel_envs=8),
         model=ModelConfig(d_model=64, layers=2, heads=4, max_seq_len=50),

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from icrl.envs.make import make_env
-from icrl.envs.tasks.bandit import BernoulliBandit, bayes_optimal_return, oracle_return, thompson_return
+from icrl.envs.tasks.bandit import (
+    BernoulliBandit,
+    bayes_optimal_return,
+    oracle_return,
+    thompson_return,
+    win_stay_lose_shift_return,
+)
 
 
 def test_episode_contract_and_regret() -> None:
@@ -78,11 +84,13 @@ def test_bayes_optimal_matches_brute_force_and_hand_values() -> None:
 
 
 def test_the_reference_lines_are_ordered() -> None:
-    """random < Thompson sampling < Bayes-optimal < oracle: the scale a learning curve is read on."""
+    """random < win-stay lose-shift < Thompson sampling < Bayes-optimal < oracle: the scale a learning curve is
+    read on."""
     arms, horizon = 2, 30
     bayes = bayes_optimal_return(arms, horizon)
     thompson = thompson_return(arms, horizon, rollouts=40_000, seed=0)
-    assert horizon / 2 < thompson < bayes < oracle_return(arms, horizon)
+    wsls = win_stay_lose_shift_return(arms, horizon, rollouts=40_000, seed=0)
+    assert horizon / 2 < wsls < thompson < bayes < oracle_return(arms, horizon)
     assert thompson == pytest.approx(bayes, rel=0.06)  # Thompson sampling is near-optimal here
     with pytest.raises(ValueError, match="too many"):
         bayes_optimal_return(8, 200)
