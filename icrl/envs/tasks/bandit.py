@@ -132,7 +132,7 @@ def thompson_return(arms: int, horizon: int, rollouts: int = 20_000, seed: int =
     return float(total.mean())
 
 
-def win_stay_lose_shift_return(arms: int, horizon: int, rollouts: int = 20_000, seed: int = 0) -> float:
+def win_stay_lose_shift_return(arms: int, horizon: int, rollouts: int = 100_000, seed: int = 0) -> float:
     """Monte-Carlo mean return of win-stay, lose-shift (keep a paying arm, else switch to another at random):
     the best a policy can do that remembers only its previous action and reward (2 arms, 50 pulls: 29.4). A
     score above it shows the agent uses more of its history than the last step."""
