@@ -34,9 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
-
-from icrl.config.explore import ANNEAL_FRACTION, EXPLORE_DEFAULTS
+from typing import Any, Callable, Sequence
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "parity"
@@ -75,6 +73,7 @@ class Task:
     icrl_args: list[str] = field(default_factory=list)
     run_full: bool = False  # run the whole budget even once solved: the late curve (a fall after the best) is a result
     references: Callable[[], dict[str, float]] | None = None  # known returns drawn beside the curves
+    explore_as_icrl: bool = False  # the official side gets icrl's resolved ε anneal (`--eps_anneal`)
 
 
 def tmaze(n: int, budget: int) -> Task:
@@ -94,11 +93,10 @@ def meta(name: str, icrl_env: str, icrl_kwargs: dict, rollout: int, threshold: f
     step, the official Meta-Frozen-Lake example's ratio), 128 evaluation rollouts, the whole budget (whether
     the return holds after its best is part of the result). The official side is
     `amago_meta_rl.py` (the example with the harness's settings), exploring over icrl's anneal."""
-    anneal = min(EXPLORE_DEFAULTS["eps_anneal_steps"], int(ANNEAL_FRACTION * budget / ENVS))  # icrl's, resolved
     return Task(name, icrl_env, icrl_kwargs, 64, rollout, 100, budget, threshold, str(HERE / "amago_meta_rl.py"),
-                [*amago_args, "--max_seq_len", str(rollout), "--eps_anneal", str(anneal),
-                 "--val_steps", str(128 // ENVS * rollout)], eval_rollouts=128, icrl_args=list(icrl_args),
-                run_full=True, references=references)
+                [*amago_args, "--max_seq_len", str(rollout), "--val_steps", str(128 // ENVS * rollout)],
+                eval_rollouts=128, icrl_args=list(icrl_args), run_full=True, references=references,
+                explore_as_icrl=True)
 
 
 def bandit_references(arms: int, horizon: int) -> dict[str, float]:
@@ -173,13 +171,24 @@ def icrl_command(task: Task, seed: int, run_dir: Path, threads: int) -> list[str
             "--seed", str(seed), "--threads", str(threads), "--device", "cpu", "--run-dir", str(run_dir), *task.icrl_args]
 
 
+def icrl_config(task: Task) -> Any:
+    """The ExperimentConfig icrl's run of `task` resolves to (its CLI parse of `icrl_command`, then the task's
+    and the library's defaults): what the official side must be given where the row says so."""
+    from icrl.cli import parse
+    from icrl.run.components import with_task_defaults
+
+    cmd = icrl_command(task, 0, Path("unused"), 1)
+    return with_task_defaults(parse(cmd[cmd.index("train"):]).config).validate()
+
+
 def amago_command(task: Task, seed: int, args: argparse.Namespace, buffers: Path) -> list[str]:
+    explore = ["--eps_anneal", str(icrl_config(task).explore.eps_anneal_steps)] if task.explore_as_icrl else []
     epochs = task.budget // (ENVS * task.steps_per_env) + 1  # evaluation comes at the start of each epoch
     gin = CACHE / "cpu_tformer.gin"
     gin.parent.mkdir(parents=True, exist_ok=True)
     gin.write_text(GIN.format(heads=4))
     return [str(args.amago_venv / "bin" / "python"), str(HERE / "parity_amago_run.py"), task.amago_script,
-            *task.amago_args, "--run_name", f"parity_{task.name}_s{seed}", "--buffer_dir", str(buffers),
+            *task.amago_args, *explore, "--run_name", f"parity_{task.name}_s{seed}", "--buffer_dir", str(buffers),
             "--memory_size", str(task.d_model), "--memory_layers", "2", "--parallel_actors", str(ENVS),
             "--env_mode", "sync", "--epochs", str(epochs), "--timesteps_per_epoch", str(task.steps_per_env),
             "--batches_per_epoch", "100", "--batch_size", "24", "--val_interval", str(args.amago_val_interval),
@@ -373,10 +382,9 @@ def meta_markdown(runs: list[dict]) -> str:
     out = [f"| task | library | seeds | best / last single evaluation (per seed) | best / last mean of {SMOOTH} in a "
            f"row (per seed) | last / best, means of {SMOOTH} (per seed) | success by attempt, last evaluation "
            "(mean of seeds) |", "|---|---|---|---|---|---|---|"]
-    for name, task in TASKS.items():
+    for name in (n for n, t in TASKS.items() if t.run_full):
         for lib in ("icrl", "amago"):
-            rs = sorted((r for r in runs if r["task"] == name and r["lib"] == lib and task.run_full),
-                        key=lambda r: r["seed"])
+            rs = sorted((r for r in runs if r["task"] == name and r["lib"] == lib), key=lambda r: r["seed"])
             if not rs:
                 continue
             attempts = [success_by_episode(r["curve"][-1]) for r in rs]

@@ -10,14 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import parity  # noqa: E402
 
-from icrl.cli import parse  # noqa: E402
-from icrl.run.components import with_task_defaults  # noqa: E402
-
-
-def icrl_config(task: parity.Task):
-    cmd = parity.icrl_command(task, 0, Path("/tmp/unused"), 1)
-    args = parse(cmd[cmd.index("train"):])
-    return with_task_defaults(args.config).validate()
+icrl_config = parity.icrl_config
 
 
 def official_flags(task: parity.Task) -> dict[str, str]:
@@ -43,7 +36,7 @@ def test_both_libraries_get_the_same_model_context_envs_and_update_ratio(name):
         assert int(flags["--max_seq_len"]) == task.context
 
 
-@pytest.mark.parametrize("name", [n for n, t in parity.TASKS.items() if t.amago_script.endswith("amago_meta_rl.py")])
+@pytest.mark.parametrize("name", [n for n, t in parity.TASKS.items() if t.explore_as_icrl])
 def test_meta_rows_explore_alike_see_whole_rollouts_and_evaluate_alike(name):
     task = parity.TASKS[name]
     cfg, flags = icrl_config(task), official_flags(task)
