@@ -4,7 +4,7 @@ Why: one NaN reward or observation reaches every weight within a few updates (th
 PopArt's moments and the EMA targets), after which the run trains on to exit 0 with garbage weights. So
 values are checked at each door: env outputs as they arrive (`first_nonfinite`; the collector's error names
 the env, the step and the key), replay files as they are read (the storage layer skips them like corrupt files),
-each update's loss and gradient norm (`UpdateGuard`: skipped with a warning), and every weights file
+each update's loss and gradient norm (`UpdateGuard`: skipped on the device, warned about once per epoch), and every weights file
 before it is written (`assert_finite_weights`).
 """
 
@@ -90,35 +90,54 @@ def assert_finite_weights(module: torch.nn.Module, what: str) -> None:
 
 
 class UpdateGuard:
-    """Decides whether an update's step may be applied: its loss and gradient norm must be finite.
+    """Decides, on the device, whether an update's step may be applied: its loss and gradient norm must be
+    finite. The host reads the verdicts once per epoch (`check`), never inside an update.
 
-    A skipped update applies nothing (no optimiser step, no PopArt or EMA change) and warns on the first skip
-    and every `warn_every`-th after it; `max_consecutive` skips in a row raise NonFiniteError, because then
-    the data or weights are broken and skipping would only turn the rest of the run into a no-op.
+    A skipped update applies nothing (no optimiser step, no PopArt or EMA change: the learner passes the
+    verdict to each); `check` warns on the first skip and every `warn_every`-th after it, and raises
+    NonFiniteError once `max_consecutive` updates in a row were skipped, because then the data or weights are
+    broken and skipping would only turn the rest of the run into a no-op.
     """
 
     def __init__(self, warn_every: int = 100, max_consecutive: int = 100) -> None:
-        self.skipped = 0
-        self.consecutive = 0
         self.warn_every, self.max_consecutive = warn_every, max_consecutive
+        self._counts: torch.Tensor | None = None  # [3] long on the device: skipped, in a row now, longest run
+        self._warned = 0  # skips already warned about
 
-    def ok(self, *values: torch.Tensor) -> bool:
-        """True when every value is finite (one host sync); counts and warns about a skip otherwise."""
-        finite = bool(torch.stack([v.detach().float().reshape(()) for v in values]).isfinite().all())
-        if finite:
-            self.consecutive = 0
-            return True
-        self.skipped += 1
-        self.consecutive += 1
-        if self.consecutive >= self.max_consecutive:
+    def observe(self, *values: torch.Tensor) -> torch.Tensor:
+        """A 0-dim bool tensor, True when every value is finite; counts a skip otherwise. No host sync."""
+        ok = torch.stack([v.detach().float().reshape(()) for v in values]).isfinite().all()
+        if self._counts is None:
+            self._counts = torch.zeros(3, dtype=torch.long, device=ok.device)
+        bad = (~ok).long()
+        c = self._counts
+        c[0].add_(bad)
+        c[1].add_(bad).mul_(bad)  # (run + 1) after a skip, 0 after an applied update
+        torch.maximum(c[2], c[1], out=c[2])
+        return ok
+
+    @property
+    def skipped(self) -> int:
+        """Updates skipped so far (reads the device)."""
+        return 0 if self._counts is None else int(self._counts[0])
+
+    def check(self) -> None:
+        """Read the verdicts since the last check (one host sync): warn about new skips, raise when too many
+        came in a row."""
+        if self._counts is None:
+            return
+        skipped, _, longest = (int(x) for x in self._counts.tolist())
+        self._counts[2].copy_(self._counts[1])  # the longest run since this check starts with the current one
+        if longest >= self.max_consecutive:
             raise NonFiniteError(
-                f"{self.consecutive} updates in a row had a non-finite loss or gradient; the run stopped before "
+                f"{longest} updates in a row had a non-finite loss or gradient; the run stopped before "
                 "training on broken data. Check the env's rewards and observations, lower --lr or --reward-scale, "
                 "and resume with --resume"
             )
-        if self.skipped == 1 or self.skipped % self.warn_every == 0:
+        new = skipped - self._warned
+        if new > 0 and (self._warned == 0 or skipped // self.warn_every > self._warned // self.warn_every):
             warnings.warn(
-                f"icrl: skipped an update with a non-finite loss or gradient ({self.skipped} so far); "
-                "nothing was applied", RuntimeWarning, stacklevel=3,
+                f"icrl: skipped {new} update(s) with a non-finite loss or gradient ({skipped} so far); "
+                "nothing of them was applied", RuntimeWarning, stacklevel=3,
             )
-        return False
+        self._warned = skipped

@@ -340,6 +340,34 @@ class Batch:
         )
 
 
+    LEARNER_FIELDS = ("prev_action", "prev_reward", "time", "reset", "action", "reward", "terminated", "mask",
+                      "has_action")
+    """What the learning update reads besides the observations (`to_learner_fields`)."""
+
+    def to_learner_fields(self) -> dict[str, torch.Tensor]:
+        """The tensors the learning update reads, by name ("obs/<key>" for the observations): what a captured
+        update copies into its static buffers (icrl.agent.learner)."""
+        ts = self.inputs
+        fields = {f"obs/{k}": v for k, v in ts.obs.items()}
+        sources = {"prev_action": ts.prev_action, "prev_reward": ts.prev_reward, "time": ts.time, "reset": ts.reset,
+                   "action": self.action, "reward": self.reward, "terminated": self.terminated, "mask": self.mask,
+                   "has_action": self.has_action}
+        return {**fields, **{name: sources[name] for name in self.LEARNER_FIELDS}}
+
+    @classmethod
+    def zeros_like_fields(cls, fields: dict[str, torch.Tensor], length: int, device: torch.device | str) -> Batch:
+        """An all-padding batch [B, length, ...] on `device` with the layout of `to_learner_fields`' output
+        (`truncated` zeros; no `achieved`): a captured update's static input buffers."""
+        z = {name: torch.zeros((x.shape[0], length, *x.shape[2:]), dtype=x.dtype, device=device)
+             for name, x in fields.items()}
+        return cls(
+            inputs=Timesteps(obs={k[4:]: v for k, v in z.items() if k.startswith("obs/")}, prev_action=z["prev_action"],
+                             prev_reward=z["prev_reward"], time=z["time"], reset=z["reset"]),
+            action=z["action"], reward=z["reward"], terminated=z["terminated"], truncated=torch.zeros_like(z["mask"]),
+            mask=z["mask"], has_action=z["has_action"],
+        )
+
+
 @dataclass
 class EpisodeStats:
     """One finished episode, reported by the collector. Rollout-level results average over rollouts."""

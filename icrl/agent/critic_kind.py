@@ -11,6 +11,7 @@ the same for both kinds and a regression critic computes exactly what it did bef
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -22,8 +23,10 @@ from icrl.nets.heads import Critic, logits_at_action, q_at_action
 from icrl.nets.popart import PopArt
 
 
+@functools.lru_cache(maxsize=16)
 def value_bins(cfg: LossConfig, device: torch.device | str | None = None) -> ValueBins | None:
-    """The `twohot` critic's bins from the config; None for a regression critic."""
+    """The `twohot` critic's bins from the config; None for a regression critic. Built once per config and
+    device (the update reads them every step, and a captured one cannot copy them to the device)."""
     if cfg.critic_kind != "twohot":
         return None
     return ValueBins.evenly(cfg.critic_bins, cfg.critic_min_value, cfg.critic_max_value,

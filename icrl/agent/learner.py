@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from icrl.agent.critic_kind import CriticReader
+from icrl.agent.graphs import CapturedStep, graphs_available
 from icrl.agent.losses import actor_loss, align_next, redq_members, td_targets
 from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig, LossConfig
@@ -101,7 +102,8 @@ def compute_loss(
     action = batch.action.unsqueeze(-2).expand(*batch.action.shape[:-1], G, batch.action.shape[-1])  # [B, L, G, A]
 
     if members is None:  # REDQ: only the random subset of target critics reduced into the target is evaluated
-        members = redq_members(agent.target_critic.num_critics, cfg.redq_subset, generator)
+        members = redq_members(agent.target_critic.num_critics, cfg.redq_subset, generator,
+                               s.device if generator is None else generator.device)
     read = CriticReader.of(agent, cfg, s.device)  # Q values from either kind of critic (icrl.agent.critic_kind)
     y = target_values(agent, s.detach(), batch, valid, cfg, members, read)  # [B, L, G]
 
@@ -281,6 +283,14 @@ class Learner:
     backward pass follows the forward's dtypes, and parameters, gradients and AdamW stay float32.
     `OptimConfig.compile` wraps `compute_loss` in torch.compile.
 
+    One update is one function, `_step`, that reads nothing back to the host (docs/design.md §4,
+    icrl.agent.graphs): the non-finite guard is a device flag that turns AdamW's step, PopArt's and the
+    targets' updates into no-ops, REDQ's members are drawn on the device, the observation statistics are
+    masked sums, and the metrics accumulate on the device until `read_metrics` (once per epoch). On CUDA, in
+    one process, with `OptimConfig.cuda_graphs`, its batches are copied into static buffers of the training
+    window's shape and the step is captured as a CUDA graph and replayed (`CapturedStep`); elsewhere the same
+    function runs eagerly.
+
     `replicas` (`Collectives`, e.g. icrl.run.distributed.Replicas; default `OneProcess`): the processes of a
     data-parallel run. There is one update for any world size: the loss runs inside `replicas.wrap` (DDP,
     which averages gradients over the ranks), the batch statistics (observation RunningNorm, PopArt) are
@@ -294,14 +304,20 @@ class Learner:
     ) -> None:
         self.agent, self.cfg, self.device = agent, cfg, device
         self.replicas: Collectives = replicas if replicas is not None else OneProcess()
-        self.optimizer = torch.optim.AdamW(
-            param_groups(agent, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=use_fused_adam(cfg.optim.fused_adam, device)
-        )
+        fused = use_fused_adam(cfg.optim.fused_adam, device)
+        graphed = graphs_available(device, cfg.optim.cuda_graphs) and self.replicas.world_size == 1 and fused
+        self.optimizer = torch.optim.AdamW(param_groups(agent, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=fused,
+                                           capturable=graphed)
         warmup = max(cfg.optim.warmup_updates, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
-        self.generator = torch.Generator().manual_seed(cfg.run.seed)
+        self.generator = torch.Generator().manual_seed(cfg.run.seed)  # REDQ's members on the CPU
         self.updates = 0
         self.guard = UpdateGuard()  # skipped updates: self.guard.skipped
+        # The fused AdamW skips its step where `found_inf` is 1 (AMP's mechanism): the guard's decision stays
+        # on the device. Without the fused kernel the host reads the decision (one sync per update).
+        self._found_inf = torch.zeros((), device=device)
+        if fused:
+            self.optimizer.found_inf = self._found_inf  # type: ignore[attr-defined] - read by Adam.step
         self.autocast_enabled = cfg.optim.dtype == "bf16"
         warn_if_bf16_is_emulated(cfg.optim.dtype, device)
         # Rank 0's initial weights and buffers on every rank (in place: the optimiser's parameters stay the
@@ -309,6 +325,14 @@ class Learner:
         self.replicas.broadcast_(agent)
         self.loss_module = LossModule(agent, cfg.loss, compiled=cfg.compiles)
         self.loss = self.replicas.wrap(self.loss_module)
+        self._metric_names: list[str] = []
+        self._metric_sum: torch.Tensor | None = None  # [M] on the device, summed since the last read
+        self._metric_count = 0
+        # the captured path: static batch buffers (allocated from the first batch) and the learning rates as
+        # device tensors the graph reads (a float would be baked into it)
+        self._static: Batch | None = None
+        self._lr = [torch.tensor(float(g["lr"]), device=device) for g in self.optimizer.param_groups] if graphed else []
+        self._captured = CapturedStep(self._graphed_step, enabled=graphed, what="learner update")
 
     def release_wrapper(self) -> None:
         """Free the data-parallel wrapper now, before the process group is left: its reducer holds gloo work
@@ -323,6 +347,11 @@ class Learner:
         again once a compile has failed)."""
         return self.loss_module.compute_loss
 
+    @property
+    def graphed(self) -> bool:
+        """Whether updates are replayed as a CUDA graph (after the warm-up calls), rather than run eagerly."""
+        return self._captured.enabled
+
     def state_dict(self) -> dict:
         """Optimiser and scheduler state dicts (tensors, for a weights-only file), the update counter and
         the REDQ generator state (a list of ints, for JSON)."""
@@ -334,50 +363,134 @@ class Learner:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """In place (a captured update keeps reading the same optimiser state tensors)."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = int(state["updates"])
         self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+        if self._captured.captured:  # load_state_dict replaced the optimiser's state tensors: capture again
+            self._captured = CapturedStep(self._graphed_step, enabled=True, what="learner update")
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """One gradient step. Metrics stay tensors (no host sync); the caller logs the ones it keeps."""
+        """One gradient step. Metrics stay tensors (no host sync); on the captured path they are the graph's
+        outputs, overwritten by the next update (clone what you keep). `read_metrics` gives their means."""
+        if self._captured.enabled:
+            self._stage(batch)
+            for lr, group in zip(self._lr, self.optimizer.param_groups):
+                lr.fill_(float(group["lr"]))  # the scheduler's value, read by the captured AdamW step
+            values = self._captured()
+        else:
+            values = self._step(batch.to(self.device, non_blocking=True, learner_only=True))
+        self.scheduler.step()  # the warm-up counts updates, applied or skipped
+        self.agent.refresh_acting_weights()  # the step moved the weights; the forward's power iteration u and v
+        self.updates += 1
+        self._metric_count += 1
+        metrics = dict(zip(self._metric_names, values.unbind()))
+        metrics["lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
+        return metrics
+
+    def read_metrics(self) -> dict[str, float]:
+        """The mean of every metric over the updates since the last read (one host sync), and the guard's
+        verdict on them: a warning for skipped updates, NonFiniteError after too many in a row. Empty when no
+        update ran since."""
+        if self._metric_sum is None or self._metric_count == 0:
+            return {}
+        sums = (self._metric_sum / self._metric_count).tolist()
+        self._metric_sum.zero_()
+        self._metric_count = 0
+        self.guard.check()
+        out = dict(zip(self._metric_names, sums))
+        out["lr"] = float(self.scheduler.get_last_lr()[0])
+        return out
+
+    def _graphed_step(self) -> torch.Tensor:
+        assert self._static is not None
+        groups = self.optimizer.param_groups
+        floats = [g["lr"] for g in groups]
+        for g, lr in zip(groups, self._lr):  # the captured step reads the learning rate from device memory
+            g["lr"] = lr
+        try:
+            return self._step(self._static)
+        finally:
+            for g, lr_float in zip(groups, floats):
+                g["lr"] = lr_float
+
+    def _step(self, batch: Batch) -> torch.Tensor:
+        """The update itself, on a batch on the device: returns this update's metrics [M] and adds them to the
+        running sums. Reads nothing back to the host (on the fused-AdamW path)."""
         agent, cfg = self.agent, self.cfg
         agent.train()  # acting (AgentPolicy) leaves the agent in eval mode
-        batch = batch.to(self.device, non_blocking=True, learner_only=True)  # truncated, achieved: unread
-        members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset, self.generator)
+        members = self._redq_members()
         length = self._update_normalization(batch)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_enabled,
+                            cache_enabled=not self._captured.enabled):  # a graph must not keep autocast's cache
             loss, metrics, y, valid = self.loss(batch, members)
         y, valid = self.replicas.gather_padded(y.float(), valid, length)  # [N*B, L, G]: every rank's targets
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.optim.grad_clip)
+        grad_norm = nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.optim.grad_clip, foreach=True)
         # A non-finite loss or gradient applies nothing (icrl.guards). The gradient norm is all-reduced and the
         # losses are summed over the ranks, so every rank decides alike and skips the same updates.
-        if self.guard.ok(self.replicas.reduce_sum(loss), grad_norm):
+        ok = self.guard.observe(self.replicas.reduce_sum(loss), grad_norm)
+        self._found_inf.copy_(~ok)
+        if hasattr(self.optimizer, "found_inf") or bool(ok):  # fused: AdamW skips on the device
             self.optimizer.step()
-            self.scheduler.step()  # the warm-up counts applied steps
-            with torch.no_grad():
-                # a classification critic's values are unnormalised: PopArt only tracks the targets then
-                rescaled = [agent.critic, agent.target_critic] if agent.critic.num_bins is None else None
-                agent.popart.update_(y, valid, rescaled)
-                ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
-                ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
-        agent.refresh_acting_weights()  # the step moved the weights; the forward's power iteration u and v
-        self.updates += 1
-        metrics.update(loss=loss.detach(), grad_norm=grad_norm, lr=torch.tensor(self.scheduler.get_last_lr()[0]))
-        metrics["popart_mu"] = agent.popart.mu[-1]
-        metrics["popart_sigma"] = agent.popart.sigma[-1]
-        return metrics
+        with torch.no_grad():
+            # a classification critic's values are unnormalised: PopArt only tracks the targets then
+            rescaled = [agent.critic, agent.target_critic] if agent.critic.num_bins is None else None
+            agent.popart.update_(y, valid, rescaled, apply=ok)
+            ema_update_(agent.target_actor, agent.actor, cfg.loss.tau, apply=ok)
+            ema_update_(agent.target_critic, agent.critic, cfg.loss.tau, apply=ok)
+            metrics.update(loss=loss.detach(), grad_norm=grad_norm, popart_mu=agent.popart.mu[-1],
+                           popart_sigma=agent.popart.sigma[-1])
+            if not self._metric_names:
+                self._metric_names = list(metrics)
+            values = torch.stack([metrics[k].detach().float().reshape(()) for k in self._metric_names])  # [M]
+            if self._metric_sum is None:
+                self._metric_sum = torch.zeros_like(values)
+            self._metric_sum.add_(values)
+        return values
+
+    def _redq_members(self) -> torch.Tensor:
+        """REDQ's subset of target critics for this update, on the device: from the learner's generator on the
+        CPU (saved in checkpoints); on CUDA from the device's default generator (seeded with the run), which a
+        captured step draws from at every replay."""
+        C, k = self.agent.target_critic.num_critics, self.cfg.loss.redq_subset
+        return redq_members(C, k, self.generator if self.device.type == "cpu" else None, self.device)
+
+    def _stage(self, batch: Batch) -> None:
+        """Copy `batch` into the static buffers the captured step reads ([B, training window]; allocated from
+        the first batch), padding a shorter batch. A batch of another layout (batch size, keys, longer windows)
+        is refused: the captured step has one shape."""
+        src = batch.to_learner_fields()
+        if self._static is None:
+            window = self.cfg.model.context + 1  # icrl.run.updates.training_window
+            self._static = Batch.zeros_like_fields(src, max(window, batch.shape[1]), self.device)
+        dst = self._static.to_learner_fields()
+        if src.keys() != dst.keys() or batch.shape[0] != self._static.shape[0] or batch.shape[1] > self._static.shape[1]:
+            raise ValueError(f"a batch of shape {batch.shape} and fields {sorted(src)} does not fit the learner's "
+                             f"captured update ({self._static.shape}, {sorted(dst)}); every batch of a run must "
+                             "have the same batch size and keys and at most the training window's length")
+        L = batch.shape[1]
+        for name, x in src.items():
+            d = dst[name]
+            if L < d.shape[1]:
+                d[:, L:].zero_()  # padding: mask and has_action False
+            d[:, :L].copy_(x, non_blocking=True)
 
     @torch.no_grad()
     def _update_normalization(self, batch: Batch) -> int:
         """`TimestepEncoder.update_normalization` fed with the real timesteps of every rank's batch; returns
-        the longest batch length over the ranks (for gathering PopArt's targets after the step). Row count and
-        length travel in one `max`, so a data-parallel update pays one collective for both."""
+        the longest batch length over the ranks (for gathering PopArt's targets after the step). One summary
+        row per rank (count, mean, squared deviations): fixed shapes, no host read in one process."""
         enc = self.agent.tstep_encoder
-        rows = enc.normalization_rows(batch.inputs, batch.mask)  # [N, D] | None
-        max_rows, length = self.replicas.max([0 if rows is None else rows.shape[0], batch.mask.shape[1]])
-        if rows is not None and enc.obs_norm is not None:
-            enc.obs_norm.update(self.replicas.gather_rows(rows, max_rows))
+        moments = enc.normalization_moments(batch.inputs, batch.mask)  # ([1], [1, D], [1, D]) | None
+        (length,) = self.replicas.max([batch.mask.shape[1]])
+        if moments is not None and enc.obs_norm is not None:
+            if self.replicas.world_size > 1:
+                row = torch.cat([moments[0][:, None], moments[1], moments[2]], dim=1)  # [1, 1 + 2D]
+                rows = self.replicas.gather_rows(row, 1)  # [N, 1 + 2D]
+                D = moments[1].shape[1]
+                moments = (rows[:, 0], rows[:, 1 : 1 + D], rows[:, 1 + D :])
+            enc.obs_norm.merge(*moments)
         return length

@@ -89,10 +89,13 @@ def td_targets(
     return y
 
 
-def redq_members(num_critics: int, subset: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """REDQ's random subset of `subset` of the `num_critics` target critics, drawn once per update on the
-    CPU generator. The learner evaluates only these members and reduces over them (min or mean)."""
-    return torch.randperm(num_critics, generator=generator)[:subset]
+def redq_members(num_critics: int, subset: int, generator: torch.Generator | None = None,
+                 device: torch.device | str | None = None) -> torch.Tensor:
+    """REDQ's random subset of `subset` of the `num_critics` target critics, drawn once per update on `device`
+    (from `generator`, else the device's default generator): the order of uniform draws, so the draw has a
+    fixed shape and stays on the device (a captured update replays it, icrl.agent.graphs). The learner
+    evaluates only these members and reduces over them (min or mean)."""
+    return torch.rand(num_critics, generator=generator, device=device).argsort()[:subset]
 
 
 def _td_error(q: torch.Tensor, y_norm: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

@@ -17,12 +17,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from icrl.agent.graphs import CapturedStep, graphs_available
 from icrl.config import LossConfig, ModelConfig
 from icrl.nets.goals import GoalEmbedder
 from icrl.nets.heads import Actor, Critic
 from icrl.nets.popart import PopArt
-from icrl.nets.traj import make_traj_encoder, traj_encoder_kwargs
-from icrl.nets.transformer import refresh_acting_weights
+from icrl.nets.traj import FFTrajEncoder, make_traj_encoder, traj_encoder_kwargs
+from icrl.nets.transformer import SigmaReparamLinear, TransformerTrajEncoder
 from icrl.nets.tstep import GOAL_KEY, TimestepEncoder
 from icrl.types import ActionSpec, Timesteps
 
@@ -80,8 +81,24 @@ class Agent(nn.Module):
     def refresh_acting_weights(self) -> None:
         """Make acting see the current weights. Acting multiplies by σReparam snapshots (see
         `SigmaReparamLinear`), so call this after every change of weights or σReparam buffers outside acting:
-        a learner update, loading weights or a checkpoint, a manual edit."""
-        refresh_acting_weights(self)
+        a learner update, loading weights or a checkpoint, a manual edit. Only marks them stale (cheap: once
+        per update); `update_acting_weights` recomputes the stale ones."""
+        for m in self._sigma_layers():
+            m.refresh_acting_weight()
+
+    def update_acting_weights(self) -> None:
+        """Recompute every stale σReparam acting snapshot now, in place: what a captured acting step must do
+        before each replay, as the replay runs no Python that would notice a stale one."""
+        with torch.inference_mode(False):
+            for m in self._sigma_layers():
+                m.acting_weight()
+
+    def _sigma_layers(self) -> list[SigmaReparamLinear]:
+        layers = self.__dict__.get("_sigma_list")  # found once: the module tree does not change
+        if layers is None:
+            layers = [m for m in self.modules() if isinstance(m, SigmaReparamLinear)]
+            self.__dict__["_sigma_list"] = layers
+        return layers
 
     def online_parameters(self) -> list[nn.Parameter]:
         """What the optimiser trains: everything but the EMA targets."""
@@ -101,6 +118,11 @@ class AgentPolicy:
     leaves it there, so a collection phase pays for the switch once, not once per step; the learner
     switches back (`Learner.update` starts with `agent.train()`). `act` runs under
     `torch.inference_mode`. `seconds` accumulates the wall time spent inside `act`.
+
+    `static` (default: on CUDA, with a Transformer or memoryless encoder, unless `cuda_graphs` is False):
+    the step reads its inputs from static buffers (one host-to-device copy per step), keeps the KV ring's
+    books on the device (`KVCache` static) and is captured as a CUDA graph (`icrl.agent.graphs`), one per
+    choice of greedy / sampled actions. The same step runs eagerly on a CPU when asked for (the tests do).
     """
 
     def __init__(
@@ -113,11 +135,26 @@ class AgentPolicy:
         env_steps: Callable[[], int] = lambda: 0,
         device: torch.device | str = "cpu",
         sample: bool = True,
+        static: bool | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         self.agent, self.greedy, self.exploration, self.sample = agent, greedy, exploration, sample
         self.env_steps, self.device = env_steps, torch.device(device)
+        enc = agent.traj_encoder
+        capturable = isinstance(enc, (TransformerTrajEncoder, FFTrajEncoder))  # RNN states are replaced per step
+        if static is None:
+            static = capturable and graphs_available(self.device, cuda_graphs)
+        if static and not capturable:
+            raise ValueError(f"a static acting step needs a Transformer or memoryless encoder, not {type(enc).__name__}")
+        self.static, self.num_envs = static, num_envs
+        self.graphs = static and graphs_available(self.device, cuda_graphs)
         # the encoder's acting state: a KV cache, an RNN hidden state or None (`TrajEncoder` types it Any)
-        self.state: Any = agent.traj_encoder.init_state(num_envs, self.device)
+        if isinstance(enc, TransformerTrajEncoder):
+            self.state: Any = enc.init_state(num_envs, self.device, static=static)
+        else:
+            self.state = enc.init_state(num_envs, self.device)
+        self._inputs: StagedInputs | None = None  # the static step's input buffers, from the first timesteps
+        self._steps: dict[bool, CapturedStep] = {}  # sampled (True) / mode (False) -> its captured step
         self.seconds = 0.0
 
     @torch.inference_mode()
@@ -126,19 +163,110 @@ class AgentPolicy:
         agent = self.agent
         if agent.training:
             agent.eval()
-        if new_rollout.any():
-            self.state = agent.traj_encoder.reset_state(self.state, new_rollout)
-            if self.exploration is not None:
-                self.exploration.new_rollouts(new_rollout)
+        if new_rollout.any() and self.exploration is not None:
+            self.exploration.new_rollouts(new_rollout)
+        sampled = self.sample and not self.greedy
         host_time = ts.time[:, 0]
-        if host_time.device != self.device:
-            ts = ts.to(self.device)
-        x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
-        s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
-        dist = agent.actor.policy(s)  # the policy's discount (the last one): batch [N]
-        a_vec = dist.sample() if self.sample and not self.greedy else dist.mode()  # [N, A]
-        actions = agent.spec.from_vector(a_vec.float().cpu().numpy())
+        a_vec = self._act_static(ts, new_rollout, sampled) if self.static else self._act_eager(ts, new_rollout, sampled)
+        actions = agent.spec.from_vector(a_vec)
         if self.exploration is not None and not self.greedy:
             actions = self.exploration(actions, self.env_steps(), host_time.cpu().numpy())
         self.seconds += time.perf_counter() - start
         return actions
+
+    def _act_eager(self, ts: Timesteps, new_rollout: np.ndarray, sampled: bool) -> np.ndarray:
+        """One step with the encoder's own books (host-side KV bookkeeping, attention over the occupied slots)."""
+        agent = self.agent
+        if new_rollout.any():
+            self.state = agent.traj_encoder.reset_state(self.state, new_rollout)
+        if ts.time.device != self.device:
+            ts = ts.to(self.device)
+        x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
+        s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
+        dist = agent.actor.policy(s)  # the policy's discount (the last one): batch [N]
+        a_vec = dist.sample() if sampled else dist.mode()  # [N, A]
+        return a_vec.float().cpu().numpy()
+
+    def _act_static(self, ts: Timesteps, new_rollout: np.ndarray, sampled: bool) -> np.ndarray:
+        """One step of fixed shapes from static buffers: one copy in, the (captured) step, one copy out."""
+        if self._inputs is None:
+            self._inputs = StagedInputs(ts, self.num_envs, self.device)
+        self._inputs.load(ts, new_rollout)
+        self.agent.update_acting_weights()  # a replay does not see a stale σReparam snapshot by itself
+        step = self._steps.get(sampled)
+        if step is None:
+            step = self._steps[sampled] = CapturedStep(lambda: self._static_step(sampled), enabled=self.graphs,
+                                                       what="acting step")
+        return self._inputs.read(step())
+
+    def _static_step(self, sampled: bool) -> torch.Tensor:
+        """The acting step on the static inputs: rows that start a new rollout forget their context, then one
+        timestep through the encoders and the policy head -> action vectors [N, A] (float32)."""
+        agent, inputs = self.agent, self._inputs
+        assert inputs is not None
+        if self.state is not None:
+            self.state.reset(inputs.new_rollout)
+        ts = inputs.timesteps
+        x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
+        s, _ = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]; the static state changes in place
+        dist = agent.actor.policy(s)
+        return (dist.sample() if sampled else dist.mode()).float()
+
+
+class StagedInputs:
+    """The static acting step's inputs on the device ([N, 1, ...] timesteps and the [N] new-rollout flags),
+    filled from the host through one pinned buffer and one copy per step; and its action output, read back
+    through one pinned buffer. On a CPU device the buffers are plain tensors."""
+
+    def __init__(self, ts: Timesteps, num_envs: int, device: torch.device) -> None:
+        leaves = {f"obs/{k}": v for k, v in ts.obs.items()}
+        leaves.update(prev_action=ts.prev_action, prev_reward=ts.prev_reward, time=ts.time, reset=ts.reset)
+        self.names = list(leaves)
+        specs = [(name, x.shape, x.dtype) for name, x in leaves.items()] + [("new_rollout", (num_envs,), torch.bool)]
+        pin = device.type != "cpu"
+        with torch.inference_mode(False):  # normal tensors, written in place by every step, inside or outside
+            self.host, self.host_views = _carve(specs, "cpu", pin)  # [bytes], name -> view
+            self.dev, views = _carve(specs, device, False) if pin else (self.host, self.host_views)
+        self.timesteps = Timesteps(obs={k[4:]: v for k, v in views.items() if k.startswith("obs/")},
+                                   prev_action=views["prev_action"], prev_reward=views["prev_reward"],
+                                   time=views["time"], reset=views["reset"])
+        self.new_rollout = views["new_rollout"]
+        self._out: torch.Tensor | None = None
+
+    def load(self, ts: Timesteps, new_rollout: np.ndarray) -> None:
+        leaves = {f"obs/{k}": v for k, v in ts.obs.items()}
+        leaves.update(prev_action=ts.prev_action, prev_reward=ts.prev_reward, time=ts.time, reset=ts.reset)
+        if list(leaves) != self.names:
+            raise ValueError(f"the timesteps' keys changed between acting steps: {list(leaves)} vs {self.names}")
+        for name, x in leaves.items():
+            self.host_views[name].copy_(x)
+        self.host_views["new_rollout"].copy_(torch.from_numpy(np.asarray(new_rollout, dtype=bool)))
+        if self.dev is not self.host:
+            self.dev.copy_(self.host, non_blocking=True)
+
+    def read(self, out: torch.Tensor) -> np.ndarray:
+        """The step's output [N, A] on the host (waits for the device)."""
+        if out.device.type == "cpu":
+            return out.numpy().copy()
+        if self._out is None or self._out.shape != out.shape:
+            self._out = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        self._out.copy_(out, non_blocking=True)
+        torch.cuda.current_stream(out.device).synchronize()
+        return self._out.numpy().copy()
+
+
+def _carve(specs: list[tuple[str, Any, torch.dtype]], device: torch.device | str,
+           pin: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One byte buffer on `device` (pinned on the host when `pin`) and a view of it per (name, shape, dtype),
+    each 64-byte aligned."""
+    offsets, total = [], 0
+    for _, shape, dtype in specs:
+        offsets.append(total)
+        nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        total += -(-nbytes // 64) * 64
+    buf = torch.zeros(total, dtype=torch.uint8, device=device, pin_memory=pin)
+    views = {}
+    for (name, shape, dtype), off in zip(specs, offsets):
+        nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        views[name] = buf[off : off + nbytes].view(dtype).view(tuple(shape))
+    return buf, views

@@ -39,6 +39,10 @@ class OptimConfig:
     length first changes). Unset: on for Transformer runs whose batches hold >= 4,096 timesteps and that plan
     >= 1,000 updates, where the saving repays the compile within minutes; off otherwise (small and short runs,
     the tests)."""
+    cuda_graphs: bool = True
+    """On CUDA, in one process: capture the learner's update and the acting step as CUDA graphs and replay them
+    (icrl.agent.graphs): the same numbers without the fixed cost of launching hundreds of small kernels, which
+    bounded both steps on a GPU. Ignored on the CPU and in data-parallel runs (eager there)."""
     fused_adam: bool | None = None
     """AdamW's fused kernel (one kernel for all parameters; the same maths as the per-tensor loop up to
     rounding). Unset: fused wherever torch has the kernel for the learner's device (CPU and CUDA do)."""

@@ -38,11 +38,12 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def ema_update_(target: nn.Module, online: nn.Module, tau: float) -> None:
+def ema_update_(target: nn.Module, online: nn.Module, tau: float, apply: torch.Tensor | None = None) -> None:
     """target <- (1 - tau) * target + tau * online, for parameters and floating-point buffers.
 
     Non-float buffers (counters, masks) are copied. Both modules must have the same structure
-    (target is usually `copy.deepcopy(online)`).
+    (target is usually `copy.deepcopy(online)`). `apply` (a 0-dim bool tensor): where False, the target
+    stays exactly as it is, decided on the device (a skipped update reads nothing back to the host).
     """
     t_params, o_params = list(target.parameters()), list(online.parameters())
     if len(t_params) != len(o_params):
@@ -54,10 +55,20 @@ def ema_update_(target: nn.Module, online: nn.Module, tau: float) -> None:
             o_float.append(ob)
         else:
             tb.copy_(ob)
-    if t_float:
-        # Fused multi-tensor kernels: one launch for all tensors instead of one per parameter.
+    if not t_float:
+        return
+    # Fused multi-tensor kernels: one launch for all tensors instead of one per parameter.
+    if apply is None:
         torch._foreach_mul_(t_float, 1.0 - tau)
         torch._foreach_add_(t_float, o_float, alpha=tau)
+        return
+    new = torch._foreach_mul(t_float, 1.0 - tau)
+    torch._foreach_add_(new, o_float, alpha=tau)
+    # t (1 - w) + new w with w in {0, 1}: exactly `new` or exactly `t` (both finite: online weights are)
+    w = apply.to(t_float[0].dtype)
+    torch._foreach_mul_(t_float, 1.0 - w)
+    torch._foreach_mul_(new, w)
+    torch._foreach_add_(t_float, new)
 
 
 class PopArt(nn.Module):
@@ -134,12 +145,15 @@ class PopArt(nn.Module):
         targets: torch.Tensor,
         mask: torch.Tensor,
         critics: Critic | Iterable[Critic] | None = None,
+        apply: torch.Tensor | None = None,
     ) -> None:
         """Move μ, ν toward the masked batch moments of `targets` [B, L, G]; rescale `critics` to match.
 
         `mask` [B, L] selects the real TD transitions. Pass every critic whose outputs are read through
         these statistics — the online critic and its EMA target — so all keep their unnormalised outputs.
         Each critic must provide `rescale_output_(scale [G], shift [G])` (see `icrl.nets.heads.Critic`).
+        `apply` (a 0-dim bool tensor): where False, nothing changes, decided on the device (a skipped update,
+        whose targets may not even be finite).
         """
         if not self.enabled:
             return
@@ -147,6 +161,9 @@ class PopArt(nn.Module):
         y = targets.reshape(w.shape[0], -1).float()  # [B*L, G]
         y = torch.where(w > 0, y, torch.zeros_like(y))  # padding may hold anything, even NaN
         count = w.sum()
+        if apply is not None:  # a skipped update counts as an empty batch, and its targets are never read
+            count = torch.where(apply, count, torch.zeros_like(count))
+            y = torch.where(apply, y, torch.zeros_like(y))
         batch_mean = (y * w).sum(0) / count.clamp_min(1)  # [G]
         batch_sq = (y.square() * w).sum(0) / count.clamp_min(1)  # [G]
         # An empty batch leaves the statistics alone; tensor arithmetic avoids host syncs on `count`.

@@ -48,6 +48,8 @@ class SigmaReparamLinear(nn.Module):
     kept until `refresh_acting_weight()` (recomputing it costs about a tenth of an acting step). Whoever
     changes weight, gamma, u or v (a learner update: power iteration and optimiser step; loading weights;
     manual edits) refreshes: `Agent.refresh_acting_weights()`, or `refresh_acting_weights(module)`.
+    A refresh only marks the snapshot stale; the next acting call recomputes it *in place*, so the snapshot
+    keeps its memory and a captured acting step (a CUDA graph, `icrl.agent.graphs`) reads the new weights.
     Moving the layer (`.to()`, `.double()`) drops the snapshot, as it replaces the tensors behind it.
     """
 
@@ -64,6 +66,7 @@ class SigmaReparamLinear(nn.Module):
         self.register_buffer("u", U[:, 0].clone())  # [d_out] left singular vector estimate
         self.register_buffer("v", Vh[0].clone())  # [d_in] right singular vector estimate
         self._acting_weight: torch.Tensor | None = None  # [d_out, d_in] W_hat snapshot; not in the state dict
+        self._acting_stale = True  # the snapshot no longer holds the current W_hat
 
     @torch.no_grad()
     def power_iteration(self) -> None:
@@ -87,15 +90,20 @@ class SigmaReparamLinear(nn.Module):
         return self.weight * (self.gamma / self.sigma())  # [d_out, d_in]
 
     def refresh_acting_weight(self) -> None:
-        """Forget the acting snapshot of W_hat; the next acting call recomputes it from the current weights."""
-        self._acting_weight = None
+        """Mark the acting snapshot of W_hat stale; the next acting call recomputes it from the current weights."""
+        self._acting_stale = True
 
     def acting_weight(self) -> torch.Tensor:
-        """W_hat for gradient-free use: the snapshot, taken now if there is none."""
-        if self._acting_weight is None:
+        """W_hat for gradient-free use: the snapshot, brought up to date (in place) if it is stale."""
+        if self._acting_stale or self._acting_weight is None:
             # a normal tensor even under inference_mode, so later no_grad uses outside it stay legal
             with torch.inference_mode(False), torch.no_grad():
-                self._acting_weight = self.effective_weight()
+                w = self.effective_weight()
+                if self._acting_weight is None:
+                    self._acting_weight = w
+                else:
+                    self._acting_weight.copy_(w)
+            self._acting_stale = False
         return self._acting_weight
 
     def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module's signature
@@ -270,18 +278,26 @@ class KVCache:
 
     Row b of the batch has written `count[b]` timesteps since its last reset; its occupied slots are
     0 .. min(count[b], W) - 1 and the next step goes to slot count[b] % W. Rows advance and reset
-    independently. The bookkeeping (`count`) lives on the host, so no step waits on the device: `count`
-    is a CPU tensor whatever the cache's device; a step attends over min(max(count) + 1, W) slots (early
-    in a rollout fewer than W).
+    independently. Two ways to keep the books, with the same results:
+      * host (default): `count` is a CPU tensor whatever the cache's device, so no step waits on the device,
+        and a step attends over min(max(count) + 1, W) slots (early in a rollout fewer than W: cheaper on a CPU);
+      * `static`: `count` lives on the cache's device and every step attends over all W slots (empty ones
+        masked), so a step has fixed shapes and reads nothing back to the host: it can be captured as a CUDA
+        graph (`icrl.agent.graphs`), where W slots cost no more than fewer.
     """
 
     kv: torch.Tensor  # [layers, 2, B, H, W, dh]: keys (index 0) and values (1), one tensor per layer
-    count: torch.Tensor  # [B] long, on the CPU
+    count: torch.Tensor  # [B] long, on the CPU (host books) or on kv's device (static)
     write_base: np.ndarray  # [B, 2, H] int64: row of (b, k|v, h, slot 0) in one layer's kv.view(-1, dh)
     zero_bias: torch.Tensor  # [B*H, 1, W] zeros: the attention mask when no slot needs masking
+    static: bool = False
+    write_base_t: torch.Tensor | None = None  # [B, 2, H] long on kv's device (static books)
 
     def reset(self, mask: torch.Tensor | np.ndarray) -> None:
         """Empty the rows where `mask` [B] is True. Stale K/V stay but are never attended to again."""
+        if self.static:
+            self.count.masked_fill_(torch.as_tensor(mask, device=self.count.device).bool(), 0)
+            return
         if isinstance(mask, torch.Tensor):
             mask = mask.detach().cpu().numpy()
         count = self.count.numpy()  # shares memory with self.count
@@ -290,9 +306,12 @@ class KVCache:
     def take_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Count one more timestep per row and return where it goes: (write_idx [B, 2, H], bias [B*H, 1, n]).
 
-        Host-side bookkeeping only. No mask at all (zeros) when every row attends over the same number of
-        slots (all windows full, or rows in step); otherwise each row's empty (or stale) slots get -inf.
+        Host books: no mask at all (zeros) when every row attends over the same number of slots (all windows
+        full, or rows in step); otherwise each row's empty (or stale) slots get -inf. Static books: n = W, the
+        mask built on the device.
         """
+        if self.static:
+            return self._take_step_static()
         H, W, kv = self.kv.shape[3], self.kv.shape[4], self.kv
         count = self.count.numpy()  # shares memory with self.count
         n_valid = np.minimum(count + 1, W)  # [B] occupied slots after this write
@@ -308,6 +327,17 @@ class KVCache:
             idx = idx.to(kv.device, non_blocking=True)
         count += 1
         return idx, bias
+
+    def _take_step_static(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`take_step` with the books on the device: fixed shapes, no host read."""
+        B, H, W = self.kv.shape[2], self.kv.shape[3], self.kv.shape[4]
+        assert self.write_base_t is not None
+        idx = self.write_base_t + (self.count % W)[:, None, None]  # [B, 2, H]
+        slots = torch.arange(W, device=self.count.device)  # [W]
+        occupied = slots < (self.count + 1).clamp(max=W)[:, None]  # [B, W]
+        bias = torch.where(occupied, self.zero_bias.new_zeros(()), self.zero_bias.new_full((), -torch.inf))
+        self.count.add_(1)
+        return idx, bias[:, None, None, :].expand(B, H, 1, W).reshape(B * H, 1, W)
 
 
 class TransformerTrajEncoder(nn.Module):
@@ -373,16 +403,20 @@ class TransformerTrajEncoder(nn.Module):
         """RoPE's rotation of time [B, L], computed once for every layer (None without RoPE)."""
         return None if self.rotary is None else self.rotary(time)
 
-    def init_state(self, batch_size: int, device: torch.device | str) -> KVCache:
-        """An empty cache for `batch_size` parallel rollouts, allocated once and written in place."""
+    def init_state(self, batch_size: int, device: torch.device | str, static: bool = False) -> KVCache:
+        """An empty cache for `batch_size` parallel rollouts, allocated once and written in place. `static`:
+        the books on the device and fixed shapes (`KVCache`), for a captured acting step."""
         p = self.inp.weight
         B, H, W, L = batch_size, self.heads, self.context_len, self.n_layers
         b, j, h = np.ogrid[:B, :2, :H]
+        write_base = ((j * B + b) * H + h).astype(np.int64) * W
         return KVCache(
             kv=torch.zeros((L, 2, B, H, W, self.d_model // H), device=device, dtype=p.dtype),
-            count=torch.zeros(B, dtype=torch.long),
-            write_base=((j * B + b) * H + h).astype(np.int64) * W,
+            count=torch.zeros(B, dtype=torch.long, device=device if static else "cpu"),
+            write_base=write_base,
             zero_bias=torch.zeros((B * H, 1, W), device=device, dtype=p.dtype),
+            static=static,
+            write_base_t=torch.as_tensor(write_base, device=device) if static else None,
         )
 
     def reset_state(self, state: KVCache, mask: torch.Tensor | np.ndarray) -> KVCache:

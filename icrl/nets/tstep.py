@@ -117,18 +117,25 @@ class RunningNorm(nn.Module):
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         """x [N, dim]: N new samples."""
-        n = x.shape[0]
-        if n == 0:
-            return
-        x = x.double()
-        batch_mean, batch_var = x.mean(0), x.var(0, unbiased=False)
-        count, mean, var = self.count.double(), self.mean.double(), self.var.double()
-        total = count + n
-        delta = batch_mean - mean
-        new_mean = mean + delta * (n / total)
-        new_var = (var * count + batch_var * n + delta.square() * (count * n / total)) / total
-        self.mean.copy_(new_mean)
-        self.var.copy_(new_var)
+        self.merge(*masked_moments(x.unsqueeze(0), x.new_ones(x.shape[:1], dtype=torch.bool).unsqueeze(0)))
+
+    @torch.no_grad()
+    def merge(self, n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor) -> None:
+        """Fold in K batch summaries: counts n [K], means [K, dim] and sums of squared deviations m2 [K, dim]
+        (float64; `masked_moments`), with Chan et al.'s parallel formula. Tensor arithmetic only (no host
+        read, fixed shapes): an empty batch (n = 0) leaves the statistics exactly as they were."""
+        n = n.double()
+        n_b = n.sum()  # the summaries combined into one batch
+        mean_b = (n[:, None] * mean).sum(0) / n_b.clamp_min(1)
+        m2_b = (m2 + n[:, None] * (mean - mean_b).square()).sum(0)
+        count, mu, var = self.count.double(), self.mean.double(), self.var.double()
+        total = count + n_b
+        delta = mean_b - mu
+        new_mean = mu + delta * (n_b / total.clamp_min(1))
+        new_var = (var * count + m2_b + delta.square() * (count * n_b / total.clamp_min(1))) / total.clamp_min(1)
+        some = n_b > 0
+        self.mean.copy_(torch.where(some, new_mean, mu))
+        self.var.copy_(torch.where(some, new_var, var))
         self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -247,11 +254,27 @@ class TimestepEncoder(nn.Module):
 
         Called by the learner once per batch; padding never enters the statistics.
         """
-        rows = self.normalization_rows(ts, mask)
-        if rows is not None and self.obs_norm is not None:
-            self.obs_norm.update(rows)
+        moments = self.normalization_moments(ts, mask)
+        if moments is not None and self.obs_norm is not None:
+            self.obs_norm.merge(*moments)
 
-    def normalization_rows(self, ts: Timesteps, mask: torch.Tensor) -> torch.Tensor | None:
-        """The rows the running statistics take from a batch, [N, vector_dim] (real timesteps only), or None
-        without normalisation. The data-parallel learner gathers them over the ranks before updating."""
-        return self.vector_obs(ts)[mask.bool()] if self.obs_norm is not None else None
+    def normalization_moments(
+        self, ts: Timesteps, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """What the running statistics take from a batch: its real timesteps' count [1], mean [1, vector_dim]
+        and sum of squared deviations [1, vector_dim] (`masked_moments`), or None without normalisation.
+        Fixed shapes whatever the mask holds; the data-parallel learner gathers one such row per rank."""
+        return masked_moments(self.vector_obs(ts), mask) if self.obs_norm is not None else None
+
+
+def masked_moments(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Count [1], mean [1, D] and sum of squared deviations from it [1, D] of the rows of x [B, L, D] where
+    `mask` [B, L] holds, in float64. Masked sums rather than `x[mask]`: the shapes never depend on the data,
+    so the learner's update reads nothing back to the host (icrl.agent.graphs)."""
+    w = mask.reshape(-1, 1).double()  # [N, 1]
+    rows = x.reshape(w.shape[0], -1).double()  # [N, D]
+    rows = torch.where(w > 0, rows, torch.zeros_like(rows))  # padding may hold anything
+    n = w.sum()
+    mean = (rows * w).sum(0) / n.clamp_min(1)  # [D]
+    m2 = ((rows - mean).square() * w).sum(0)  # [D]
+    return n.reshape(1), mean.unsqueeze(0), m2.unsqueeze(0)

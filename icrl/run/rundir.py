@@ -34,7 +34,7 @@ from icrl.spaces_json import write_spaces
 RESUMABLE_CHANGES = (
     "run.resume", "schedule.total_env_steps", "run.run_dir", "run.device", "run.threads", "replay.num_workers",
     "run.log_backends", "run.log_every", "run.keep_checkpoints", "optim.compile", "env.async_envs",
-    "eval.eval_max_steps", "optim.fused_adam", "asynchronous.utd", "asynchronous.publish_every",
+    "eval.eval_max_steps", "optim.fused_adam", "optim.cuda_graphs", "asynchronous.utd", "asynchronous.publish_every",
     "asynchronous.max_lead", "eval.stop_at_return", "eval.stop_patience",
 )
 

@@ -110,13 +110,14 @@ class LazyLoader:
 
 
 def run_updates(learner: Learner, loader: ReplayLoader, num_updates: int, timer: Timer) -> dict[str, float]:
-    """`num_updates` gradient steps on fresh batches; returns the last update's metrics as floats. Timed into
-    `timer`'s "sample" and "update" phases (reading the metrics waits for the device: it counts as updating)."""
-    metrics = {}
+    """`num_updates` gradient steps on fresh batches; returns the means of their metrics (`Learner.read_metrics`:
+    the one host read of the epoch). Timed into `timer`'s "sample" and "update" phases; an update does not wait
+    for the device, so on a GPU the next batch is sampled while the last update runs, and the final read
+    (waiting for the device) counts as updating."""
     for _ in range(num_updates):
         with timer("sample"):
             batch = next(loader)
         with timer("update"):
-            metrics = learner.update(batch)
+            learner.update(batch)
     with timer("update"):
-        return {k: float(v) for k, v in metrics.items()}
+        return learner.read_metrics()

@@ -883,15 +883,15 @@ def _hand_update(agent: Agent, opt: torch.optim.Optimizer, sched, generator: tor
     grad_norm = torch.nn.utils.clip_grad_norm_(agent.online_parameters(), cfg.optim.grad_clip)
     if bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm)):
         opt.step()
-        sched.step()
         with torch.no_grad():
             agent.popart.update_(y, valid, [agent.critic, agent.target_critic])
             ema_update_(agent.target_actor, agent.actor, cfg.loss.tau)
             ema_update_(agent.target_critic, agent.critic, cfg.loss.tau)
+    sched.step()  # the warm-up counts every update
     agent.refresh_acting_weights()
     metrics.update(loss=loss.detach(), grad_norm=grad_norm, lr=torch.tensor(sched.get_last_lr()[0]))
     metrics["popart_mu"], metrics["popart_sigma"] = agent.popart.mu[-1], agent.popart.sigma[-1]
-    return metrics
+    return {k: v.detach().float().reshape(()) for k, v in metrics.items()}
 
 
 @pytest.mark.parametrize(("kind", "dtype"), [(k, "fp32") for k in KINDS] + [("continuous", "bf16")])

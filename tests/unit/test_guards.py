@@ -111,11 +111,13 @@ def test_non_finite_update_is_skipped_and_applies_nothing(tmp_path):
 
     before = learned()
     poisoned = dataclasses.replace(batch, reward=batch.reward.clone().fill_(float("nan")))
+    learner.update(poisoned)  # decided on the device: no host read, no warning yet
     with pytest.warns(RuntimeWarning, match="non-finite"):
-        learner.update(poisoned)
+        learner.read_metrics()  # the epoch's one read says so
     after = learned()
     assert [k for k in before if not torch.equal(before[k], after[k])] == [] and learner.guard.skipped == 1
-    assert learner.scheduler.last_epoch == 0
+    assert learner.scheduler.last_epoch == 1  # the warm-up counts every update
+    assert all(float(s["step"]) == 0 for s in learner.optimizer.state.values())  # AdamW took no step
     assert_finite_weights(agent, "test")
     learner.update(batch)  # a finite batch trains again
     assert any(not torch.equal(before[k], v) for k, v in learned().items() if "critic" in k)
@@ -148,11 +150,33 @@ def test_a_non_finite_loss_on_another_rank_skips_the_update_here_too(tmp_path):
     learner = Learner(agent, CFG, torch.device("cpu"), OtherRankNaN())
     learned = [k for k in agent.state_dict() if not k.endswith((".u", ".v")) and "obs_norm" not in k]
     before = {k: agent.state_dict()[k].clone() for k in learned}
+    metrics = learner.update(batch)
     with pytest.warns(RuntimeWarning, match="non-finite"):
-        metrics = learner.update(batch)
+        learner.read_metrics()
     assert torch.isfinite(metrics["loss"]) and torch.isfinite(metrics["grad_norm"])  # this rank's were fine
     assert [k for k in learned if not torch.equal(before[k], agent.state_dict()[k])] == []
-    assert learner.guard.skipped == 1 and learner.scheduler.last_epoch == 0
+    assert learner.guard.skipped == 1
+
+
+def test_too_many_skipped_updates_in_a_row_stop_the_run_at_the_next_read(tmp_path):
+    """The guard counts on the device; the epoch's read raises once max_consecutive updates in a row were
+    skipped (then the data or weights are broken), and an applied update between skips restarts the count."""
+    from icrl.agent.learner import Learner
+    from icrl.agent.model import Agent
+
+    venv, spec, batch, _ = _batch(tmp_path)
+    agent = Agent(venv.single_observation_space["obs"], spec, CFG.model, CFG.loss)
+    venv.close()
+    learner = Learner(agent, CFG, torch.device("cpu"))
+    learner.guard.max_consecutive = 3
+    poisoned = dataclasses.replace(batch, reward=batch.reward.clone().fill_(float("nan")))
+    for b in (poisoned, poisoned, batch, poisoned, poisoned):  # runs of 2: under the limit
+        learner.update(b)
+    with pytest.warns(RuntimeWarning, match="4 so far"):
+        learner.read_metrics()
+    learner.update(poisoned)  # the run in progress (2) continues across the read: 3 in a row now
+    with pytest.raises(NonFiniteError, match="3 updates in a row"):
+        learner.read_metrics()
 
 
 def test_run_lock_excludes_other_processes(tmp_path):
