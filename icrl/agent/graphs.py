@@ -22,7 +22,9 @@ so the CPU tests exercise exactly the code a GPU replays.
 
 from __future__ import annotations
 
+import inspect
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -47,13 +49,24 @@ class CapturedStep(Generic[T]):
     once. A capture that fails (an op that cannot be captured on this torch, device or model) warns once and
     leaves the step eager: the same numbers, only slower.
 
-    `enabled=False` (a CPU device, graphs turned off): every call is eager."""
+    `enabled=False` (a CPU device, graphs turned off): every call is eager. `fn` may be a bound method (with
+    `args`): it is held by a weak reference, so an owner that keeps its own CapturedStep is still freed by
+    reference counting (a learner's data-parallel wrapper must not wait for the garbage collector)."""
 
-    def __init__(self, fn: Callable[[], T], enabled: bool, what: str) -> None:
-        self.fn, self.enabled, self.what = fn, enabled, what
+    def __init__(self, fn: Callable[..., T], enabled: bool, what: str, args: tuple = ()) -> None:
+        self._method = weakref.WeakMethod(fn) if inspect.ismethod(fn) else None
+        self._fn = None if self._method is not None else fn
+        self.args, self.enabled, self.what = args, enabled, what
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: T | None = None
+
+    def fn(self) -> T:
+        """One eager call of the step."""
+        fn = self._method() if self._method is not None else self._fn
+        if fn is None:
+            raise ReferenceError(f"the {self.what}'s owner is gone")
+        return fn(*self.args)
 
     @property
     def captured(self) -> bool:

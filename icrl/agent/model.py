@@ -167,7 +167,8 @@ class AgentPolicy:
             self.exploration.new_rollouts(new_rollout)
         sampled = self.sample and not self.greedy
         host_time = ts.time[:, 0]
-        a_vec = self._act_static(ts, new_rollout, sampled) if self.static else self._act_eager(ts, new_rollout, sampled)
+        with torch.autocast(self.device.type, enabled=False):  # acting is float32 (docs/design.md §5)
+            a_vec = self._act_static(ts, new_rollout, sampled) if self.static else self._act_eager(ts, new_rollout, sampled)
         actions = agent.spec.from_vector(a_vec)
         if self.exploration is not None and not self.greedy:
             actions = self.exploration(actions, self.env_steps(), host_time.cpu().numpy())
@@ -195,8 +196,8 @@ class AgentPolicy:
         self.agent.update_acting_weights()  # a replay does not see a stale σReparam snapshot by itself
         step = self._steps.get(sampled)
         if step is None:
-            step = self._steps[sampled] = CapturedStep(lambda: self._static_step(sampled), enabled=self.graphs,
-                                                       what="acting step")
+            step = self._steps[sampled] = CapturedStep(self._static_step, enabled=self.graphs, what="acting step",
+                                                       args=(sampled,))
         return self._inputs.read(step())
 
     def _static_step(self, sampled: bool) -> torch.Tensor:

@@ -204,11 +204,24 @@ class CausalSelfAttention(nn.Module):
                 return self._sdpa(q.float(), k.float(), v.float(), mask, p).to(q.dtype).transpose(1, 2)
         return self._sdpa(q, k, v, mask, p).transpose(1, 2)  # [B, L, H, dh]
 
-    @staticmethod
-    def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              p: float) -> torch.Tensor:
+        """Attention of q, k, v [B, H, L, dh]: causal, or within the window where `mask` (banded) is given.
+
+        A training window is the context plus one step (icrl.run.updates.training_window), so L = W + 1 is the
+        common banded case: its first W queries are plainly causal, and only the rest need the band. Split so,
+        every query block runs a maskless kernel (flash on a GPU) where a mask would force a slower one, and
+        the last query (L = W + 1) attends over the last W keys, all of them; the same values up to rounding.
+        """
+        W, L = self.window, q.shape[-2]
         if mask is None:  # is_causal lets SDPA pick its fast (flash / memory-efficient) kernels
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        if L > 2 * W:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        head = F.scaled_dot_product_attention(q[:, :, :W], k[:, :, :W], v[:, :, :W], dropout_p=p, is_causal=True)
+        tail_mask = None if L == W + 1 else mask[W:, 1:]  # query W + r: keys r + 1 .. W + r
+        tail = F.scaled_dot_product_attention(q[:, :, W:], k[:, :, 1:], v[:, :, 1:], attn_mask=tail_mask, dropout_p=p)
+        return torch.cat([head, tail], dim=2)
 
     def _attend_ring(self, qkv: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         """qkv [B, 3, H, dh] of one new position per row: write its k, v into the ring, attend over the
@@ -279,8 +292,8 @@ class KVCache:
     Row b of the batch has written `count[b]` timesteps since its last reset; its occupied slots are
     0 .. min(count[b], W) - 1 and the next step goes to slot count[b] % W. Rows advance and reset
     independently. Two ways to keep the books, with the same results:
-      * host (default): `count` is a CPU tensor whatever the cache's device, so no step waits on the device,
-        and a step attends over min(max(count) + 1, W) slots (early in a rollout fewer than W: cheaper on a CPU);
+      * host (default): `count` is a CPU tensor whatever the cache's device, so no step waits on the device, and
+        a step attends over min(max(count) + 1, W) slots (early in a rollout fewer than W: cheaper on a CPU);
       * `static`: `count` lives on the cache's device and every step attends over all W slots (empty ones
         masked), so a step has fixed shapes and reads nothing back to the host: it can be captured as a CUDA
         graph (`icrl.agent.graphs`), where W slots cost no more than fewer.
@@ -333,8 +346,7 @@ class KVCache:
         B, H, W = self.kv.shape[2], self.kv.shape[3], self.kv.shape[4]
         assert self.write_base_t is not None
         idx = self.write_base_t + (self.count % W)[:, None, None]  # [B, 2, H]
-        slots = torch.arange(W, device=self.count.device)  # [W]
-        occupied = slots < (self.count + 1).clamp(max=W)[:, None]  # [B, W]
+        occupied = torch.arange(W, device=self.count.device) < (self.count + 1).clamp(max=W)[:, None]  # [B, W]
         bias = torch.where(occupied, self.zero_bias.new_zeros(()), self.zero_bias.new_full((), -torch.inf))
         self.count.add_(1)
         return idx, bias[:, None, None, :].expand(B, H, 1, W).reshape(B * H, 1, W)

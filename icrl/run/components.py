@@ -131,7 +131,8 @@ def train_policy(cfg: ExperimentConfig, agent: Agent, collector: Collector, spec
     n = cfg.env.parallel_envs
     exploration = Exploration(cfg.explore, spec, n, seed=derive_seed(seed, "explore"))
     policy = AgentPolicy(agent, n, greedy=False, exploration=exploration, device=device,
-                         env_steps=lambda: collector.total_env_steps, sample=cfg.explore.train_actions == "sample")
+                         env_steps=lambda: collector.total_env_steps, sample=cfg.explore.train_actions == "sample",
+                         cuda_graphs=cfg.optim.cuda_graphs)
     return exploration, policy
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from icrl.agent import learner as learner_module
+from icrl.agent import precision
 from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner, compute_loss
 from icrl.agent.model import Agent, AgentPolicy
@@ -745,11 +746,11 @@ def test_bf16_learner_update_keeps_float32_state(tmp_path):
 def test_bf16_on_a_cpu_where_it_is_not_fast_is_warned_about(monkeypatch, native, amx, dtype, device, warns):
     """A bf16 run on a CPU without bf16 instructions is ~10x slower than fp32, and on x86 without AMX no faster,
     and nothing else says why."""
-    monkeypatch.setattr(learner_module, "cpu_bf16_is_native", lambda: native)
-    monkeypatch.setattr(learner_module, "cpu_has_amx", lambda: amx)
+    monkeypatch.setattr(precision, "cpu_bf16_is_native", lambda: native)
+    monkeypatch.setattr(precision, "cpu_has_amx", lambda: amx)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        said = learner_module.warn_if_bf16_is_emulated(dtype, torch.device(device))
+        said = precision.warn_if_bf16_is_emulated(dtype, torch.device(device))
     assert said is (warns is not None) and len(caught) == int(warns is not None)
     if warns:
         assert "--dtype fp32" in str(caught[0].message) and warns in str(caught[0].message)
@@ -758,16 +759,16 @@ def test_bf16_on_a_cpu_where_it_is_not_fast_is_warned_about(monkeypatch, native,
 def test_cpu_bf16_features_follow_what_torch_reports(monkeypatch):
     caps = {"architecture": "x86_64", "avx2": True, "avx512_bf16": False, "amx_bf16": False}
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps, raising=False)
-    assert learner_module.cpu_bf16_is_native() is False
-    assert learner_module.cpu_has_amx() is False
+    assert precision.cpu_bf16_is_native() is False
+    assert precision.cpu_has_amx() is False
     caps["avx512_bf16"] = True
-    assert learner_module.cpu_bf16_is_native() is True and learner_module.cpu_has_amx() is False
+    assert precision.cpu_bf16_is_native() is True and precision.cpu_has_amx() is False
     caps["amx_bf16"] = True
-    assert learner_module.cpu_bf16_is_native() is True and learner_module.cpu_has_amx() is True
+    assert precision.cpu_bf16_is_native() is True and precision.cpu_has_amx() is True
     caps["architecture"] = "riscv64"
-    assert learner_module.cpu_bf16_is_native() is None and learner_module.cpu_has_amx() is None
+    assert precision.cpu_bf16_is_native() is None and precision.cpu_has_amx() is None
     monkeypatch.delattr(torch.cpu, "get_capabilities")
-    assert learner_module.cpu_bf16_is_native() is None and learner_module.cpu_has_amx() is None
+    assert precision.cpu_bf16_is_native() is None and precision.cpu_has_amx() is None
 
 
 @pytest.mark.parametrize("reduce", ["min", "mean"])
@@ -810,7 +811,6 @@ def test_redq_target_from_the_sampled_members_only_equals_the_full_ensemble(kind
 def test_actor_loss_knobs_reach_the_loss(monkeypatch, tmp_path):
     """LossConfig.exp_beta / exp_clip / num_value_samples are what compute_loss hands to actor_loss, and
     exp_beta changes the BC weights of the `exp` filter."""
-    import icrl.agent.learner as learner_module
 
     seen = {}
     real = learner_module.actor_loss

@@ -16,7 +16,8 @@ import torch
 from test_agent import KINDS, _experiment, first_timesteps, real_batch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-from icrl.agent import graphs, learner as learner_module
+from icrl.agent import graphs
+from icrl.agent import learner as learner_module
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ModelConfig
@@ -164,3 +165,81 @@ def test_static_acting_sees_new_weights_after_an_update(tmp_path):
         b = host._act_eager(ts, np.ones(N, bool), sampled=False)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert all(m._acting_weight is s for m, s in zip(agent._sigma_layers(), snapshots))  # the same memory
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU check runs these)")
+
+
+def _cuda_learners(tmp_path):
+    """Two learners of the same agent on CUDA, captured and eager. REDQ's subset is every critic, so the members'
+    random order cannot matter (the two draw from the device generator at different moments)."""
+    from test_agent import loss_cfg, model_cfg
+
+    from icrl.config import ExperimentConfig
+
+    batch, obs_space, spec = real_batch("discrete", tmp_path / "replay")
+    cfg = ExperimentConfig(model=model_cfg(), loss=loss_cfg(tau=0.25, popart_beta=0.2, redq_subset=3)).replace(
+        lr=1e-3, warmup_updates=1, seed=0, device="cuda")
+    torch.manual_seed(0)
+    agent = Agent(obs_space, spec, cfg.model, cfg.loss).cuda()
+    captured = Learner(agent, cfg, torch.device("cuda"))
+    eager = Learner(copy.deepcopy(agent), cfg.replace(cuda_graphs=False), torch.device("cuda"))
+    return captured, eager, batch
+
+
+@CUDA
+def test_cuda_captured_update_equals_the_eager_update_and_never_syncs(tmp_path):
+    captured, eager, batch = _cuda_learners(tmp_path)
+    assert captured.graphed and not eager.graphed
+    for i in range(6):
+        if i == 4:  # captured at the third call: from then on a replay, which must not wait for the device
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = captured.update(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        want = eager.update(batch)
+        for k in want:
+            torch.testing.assert_close(got[k].cpu(), want[k].cpu(), rtol=1e-3, atol=1e-4, msg=f"update {i}: {k}")
+    assert captured._captured.captured
+    for k, v in eager.agent.state_dict().items():
+        torch.testing.assert_close(captured.agent.state_dict()[k], v, rtol=1e-3, atol=1e-4, msg=k)
+
+
+@CUDA
+def test_cuda_eager_update_never_syncs(tmp_path):
+    """The same step, uncaptured: no host read on a real device either (the FakeTensorMode tests' claim)."""
+    _, eager, batch = _cuda_learners(tmp_path)
+    on_device = batch.to("cuda")
+    eager.update(on_device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager._step(on_device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@CUDA
+@pytest.mark.parametrize("kind", ["continuous", "discrete"])
+def test_cuda_captured_acting_equals_the_host_books(kind, tmp_path):
+    batch, obs_space, spec = real_batch(kind, tmp_path / "replay")
+    cfg = _experiment()
+    torch.manual_seed(0)
+    agent = Agent(obs_space, spec, cfg.model, cfg.loss).cuda().eval()
+    N, W = batch.shape[0], agent.traj_encoder.context_len
+    captured = AgentPolicy(agent, N, greedy=True, device="cuda")
+    host = AgentPolicy(agent, N, greedy=True, device="cuda", static=False)
+    assert captured.static and captured.graphs and not host.static
+    rng = np.random.default_rng(0)
+    for t in range(3 * W):
+        new = np.ones(N, bool) if t == 0 else rng.random(N) < 0.15
+        ts = Timesteps(obs={k: torch.randn(N, 1, *v.shape[2:]) for k, v in batch.inputs.obs.items()},
+                       prev_action=batch.inputs.prev_action[:, :1], prev_reward=torch.randn(N, 1),
+                       time=torch.from_numpy(rng.integers(0, 40, (N, 1))), reset=torch.zeros(N, 1, dtype=torch.bool))
+        with torch.inference_mode():
+            a = captured._act_static(ts, new, sampled=False)
+            b = host._act_eager(ts, new, sampled=False)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {t}")
+    assert captured._steps[False].captured

@@ -25,9 +25,10 @@ def make(**kw) -> TransformerTrajEncoder:
     return TransformerTrajEncoder(5, **cfg)
 
 
-def step_through(enc: TransformerTrajEncoder, x: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
-    """Act over the whole sequence one step at a time: [B, L, d_in] -> [B, L, d_out]."""
-    state = enc.init_state(x.shape[0], x.device)
+def step_through(enc: TransformerTrajEncoder, x: torch.Tensor, time: torch.Tensor, static: bool = False) -> torch.Tensor:
+    """Act over the whole sequence one step at a time: [B, L, d_in] -> [B, L, d_out]. `static`: the KV books on
+    the device, every step over all W slots (the captured acting step's form)."""
+    state = enc.init_state(x.shape[0], x.device, static=static)
     outs = []
     for t in range(x.shape[1]):
         out, state = enc.step(x[:, t], time[:, t], state)
@@ -45,14 +46,17 @@ def test_forward_shape(pos_emb: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pos_emb", ["learned", "sinusoidal", "rope"])
-@pytest.mark.parametrize("length", [6, 24])  # inside the window (is_causal path), and 3 x W (banded mask)
-def test_kv_cache_matches_full_forward(pos_emb: str, length: int, device: str) -> None:
+# inside the window (is_causal path); W + 1, a training window (causal head + a maskless last query); W + 3 (a
+# banded tail); 3 x W (the banded mask)
+@pytest.mark.parametrize("length", [6, 9, 11, 24])
+@pytest.mark.parametrize("static", [False, True])
+def test_kv_cache_matches_full_forward(pos_emb: str, length: int, device: str, static: bool) -> None:
     enc = make(pos_emb=pos_emb).to(device).eval()
     x = torch.randn(3, length, 5, device=device)
     time = torch.arange(length, device=device).repeat(3, 1) + torch.tensor([[0], [3], [90]], device=device)
     with torch.no_grad():
         full = enc(x, time)
-        stepped = step_through(enc, x, time)
+        stepped = step_through(enc, x, time, static)
     torch.testing.assert_close(stepped, full, atol=1e-5, rtol=1e-5)
 
 
