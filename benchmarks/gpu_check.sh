@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_check.sh "tmaze1000"                  # T-Maze 1,000 with defaults, to --max-wall (300 s)
 # Stages: tests (the unit tests that take a CUDA device: captured == eager, no host sync in a replay),
 # learner (benchmarks/throughput.py at the issue's four shapes, fp32 and bf16, with acting at 8 envs),
-# acting (1,024 envs at d64 x 1,001, 100 vector steps), tmaze1000, tmaze10000 (needs ~30 minutes).
+# compiled (the same with the loss compiled, bf16, two shapes), acting (1,024 envs at d64 x 1,001, 100 vector steps),
+# tmaze1000, tmaze10000 (needs ~30 minutes).
 # Where the machine has no registry access, `bash ../shared/gpu/prepare.sh` first fills .gpucheck/whl with
 # icrl's pure-Python needs (installed into a temp dir here). Results go to $OUT (default ./gpu-results).
 cd "$(dirname "$0")/.." || exit 1
@@ -31,6 +32,13 @@ if has learner; then
       tail -1 "$OUT/tmp.log" | grep '^{' >> "$OUT/icrl.jsonl" || tail -8 "$OUT/tmp.log" >> "$OUT/icrl.txt"
     done; el "learner d$1 L$2"
   done; cat "$OUT/icrl.txt"
+fi
+if has compiled; then  # the loss compiled (torch.compile) inside the captured update; bf16, learner only
+  for cell in "128 256 2 4" "64 1001 2 4"; do set -- $cell
+    timeout 150 $PY $B --d-model $1 --seq-len $2 --layers $3 --heads $4 --dtype bf16 --compile --skip-acting --tag gpu_d$1_L$2_bf16_compiled > "$OUT/tmp.log" 2>&1
+    echo "rc=$? d$1 L$2 bf16 compiled" >> "$OUT/compiled.txt"; grep -E "^learner|^flops|icrl:|Warning" "$OUT/tmp.log" >> "$OUT/compiled.txt"
+    tail -1 "$OUT/tmp.log" | grep '^{' >> "$OUT/icrl.jsonl" || tail -8 "$OUT/tmp.log" >> "$OUT/compiled.txt"
+  done; cat "$OUT/compiled.txt"; el compiled
 fi
 if has acting; then
   for dt in fp32 bf16; do

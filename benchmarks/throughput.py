@@ -331,8 +331,13 @@ def count_update_flops(learner: Learner, batch, device: torch.device, dtype: str
         if hasattr(aten, name):
             custom[getattr(aten, name)] = getattr(fn, "__wrapped__", fn)  # the registry holds shape-wrapped ones
     counter = FlopCounterMode(display=False, custom_mapping=custom)
-    with autocast_ctx(device, dtype), counter:  # the update's step run eagerly: a graph's replay dispatches no op
-        learner._step(batch.to(device, learner_only=True))
+    compiled = learner.loss_module.compute_loss
+    learner.loss_module.compute_loss = eager_compute_loss  # inductor's kernels are no aten ops to count
+    try:
+        with autocast_ctx(device, dtype), counter:  # the update's step run eagerly: a replay dispatches no op
+            learner._step(batch.to(device, learner_only=True))
+    finally:
+        learner.loss_module.compute_loss = compiled
     by_op: dict[str, int] = {}
     for module_counts in [counter.get_flop_counts().get("Global", {})]:
         for op, n in module_counts.items():

@@ -45,7 +45,7 @@ class CriticReader:
     @classmethod
     def of(cls, agent: Agent, cfg: LossConfig, device: torch.device) -> CriticReader:
         """The reader of `agent`'s critics; refuses an agent whose critic is not of `cfg.critic_kind`."""
-        bins = value_bins(cfg, device)
+        bins = value_bins(cfg, device) if cfg.critic_kind == "twohot" else None  # (a compiled loss traces no cache)
         want = None if bins is None else cfg.critic_bins
         if agent.critic.num_bins != want:
             raise ValueError(f"--critic-kind {cfg.critic_kind} (bins {want}) but the agent's critic has bins "

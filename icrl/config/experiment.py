@@ -48,12 +48,24 @@ class ExperimentConfig:
     @property
     def compiles(self) -> bool:
         """Whether the learner compiles its loss: `OptimConfig.compile`, or where unset its rule (big Transformer
-        batches, >= 1,000 planned updates; the field's docstring has the measurement)."""
+        batches, >= 1,000 planned updates, >= 10,000 where updates are captured as CUDA graphs; the field's
+        docstring has the measurement)."""
         if self.optim.compile is not None:
             return self.optim.compile
         planned = (self.schedule.env_steps // max(self.schedule.steps_per_epoch, 1)) * self.epoch_updates
         tokens = self.optim.batch_size * (self.model.context + 1)
-        return self.model.traj_encoder == "transformer" and tokens >= 4096 and planned >= 1000
+        return (self.model.traj_encoder == "transformer" and tokens >= 4096
+                and planned >= (10_000 if self.runs_captured else 1_000))
+
+    @property
+    def runs_captured(self) -> bool:
+        """Whether this config's updates would be captured as CUDA graphs here: a CUDA `--device` (or `auto`
+        where torch sees a GPU) with `cuda_graphs` (icrl.agent.graphs; data-parallel runs stay eager)."""
+        import torch
+
+        d = self.run.device
+        cuda = d.startswith("cuda") or (d == "auto" and torch.cuda.is_available())
+        return cuda and self.optim.cuda_graphs
 
     @property
     def epoch_updates(self) -> int:
