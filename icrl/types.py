@@ -263,15 +263,17 @@ class Timesteps:
     def from_numpy(cls, step: dict, device: torch.device | str = "cpu") -> Timesteps:
         """A batch of single timesteps from the vector env ([N, ...] arrays) -> tensors [N, 1, ...]."""
 
-        def t(x: np.ndarray) -> torch.Tensor:
-            return torch.as_tensor(np.asarray(x), device=device).unsqueeze(1)
+        def t(x: np.ndarray, dtype: type | None = None) -> torch.Tensor:
+            # numpy views and one from_numpy per leaf: this runs once per vector step of acting
+            a = torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=dtype)[:, None]))
+            return a if torch.device(device).type == "cpu" else a.to(device)
 
         return cls(
             obs={k: t(v) for k, v in step["obs"].items()},
-            prev_action=t(step["prev_action"]).float(),
-            prev_reward=t(step["prev_reward"]).float(),
-            time=t(step["time"]).long(),
-            reset=t(step["reset"]).bool(),
+            prev_action=t(step["prev_action"], np.float32),
+            prev_reward=t(step["prev_reward"], np.float32),
+            time=t(step["time"], np.int64),
+            reset=t(step["reset"], np.bool_),
         )
 
 

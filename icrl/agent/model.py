@@ -89,9 +89,11 @@ class Agent(nn.Module):
     def update_acting_weights(self) -> None:
         """Recompute every stale σReparam acting snapshot now, in place: what a captured acting step must do
         before each replay, as the replay runs no Python that would notice a stale one."""
-        with torch.inference_mode(False):
-            for m in self._sigma_layers():
-                m.acting_weight()
+        stale = [m for m in self._sigma_layers() if m._acting_stale or m._acting_weight is None]
+        if stale:
+            with torch.inference_mode(False):
+                for m in stale:
+                    m.acting_weight()
 
     def _sigma_layers(self) -> list[SigmaReparamLinear]:
         layers = self.__dict__.get("_sigma_list")  # found once: the module tree does not change
@@ -167,8 +169,12 @@ class AgentPolicy:
             self.exploration.new_rollouts(new_rollout)
         sampled = self.sample and not self.greedy
         host_time = ts.time[:, 0]
-        with torch.autocast(self.device.type, enabled=False):  # acting is float32 (docs/design.md §5)
-            a_vec = self._act_static(ts, new_rollout, sampled) if self.static else self._act_eager(ts, new_rollout, sampled)
+        step = self._act_static if self.static else self._act_eager
+        if torch.is_autocast_enabled(self.device.type):  # acting is float32 (docs/design.md §5)
+            with torch.autocast(self.device.type, enabled=False):
+                a_vec = step(ts, new_rollout, sampled)
+        else:
+            a_vec = step(ts, new_rollout, sampled)
         actions = agent.spec.from_vector(a_vec)
         if self.exploration is not None and not self.greedy:
             actions = self.exploration(actions, self.env_steps(), host_time.cpu().numpy())
