@@ -301,8 +301,17 @@ class Learner:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """In place (a captured update keeps reading the same optimiser state tensors)."""
+        """The optimiser's state and the counters; the optimiser's own choices (fused, capturable, foreach) stay
+        this learner's, whatever the saved run used (a CPU run resumed on a GPU is captured there)."""
+        flags = [{k: g[k] for k in ("fused", "capturable", "foreach") if k in g} for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, kept in zip(self.optimizer.param_groups, flags):
+            group.update(kept)
+            if group.get("fused") or group.get("capturable"):  # their step counters live on the device
+                for p in group["params"]:
+                    st = self.optimizer.state.get(p, {})
+                    if "step" in st:
+                        st["step"] = st["step"].to(p.device, torch.float32)
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = int(state["updates"])
         self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))

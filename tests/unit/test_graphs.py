@@ -239,3 +239,17 @@ def test_cuda_captured_acting_equals_the_host_books(kind, tmp_path):
     assert captured.static and captured.graphs and not host.static
     _act_side_by_side(captured, host, batch, 3 * agent.traj_encoder.context_len, tol=1e-4)
     assert captured._steps[False].captured
+
+
+def test_a_checkpoint_of_another_optimiser_kind_loads_into_the_captured_path(monkeypatch, tmp_path):
+    """A run saved with the per-tensor AdamW (its step counters on the host) resumes on the captured path: the
+    learner keeps its own fused / capturable choice and moves the counters to the device, so the step runs."""
+    saved, batch = _learner("discrete", tmp_path, fused_adam=False)
+    saved.update(batch)
+    state = saved.state_dict()
+    _staged(monkeypatch)
+    resumed = Learner(copy.deepcopy(saved.agent), saved.cfg.replace(fused_adam=None), torch.device("cpu"))
+    resumed.load_state_dict(state)
+    assert all(g["fused"] and g["capturable"] for g in resumed.optimizer.param_groups)
+    resumed.update(batch)
+    assert resumed.scheduler.last_epoch == 2 and resumed.updates == 2
