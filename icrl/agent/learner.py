@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -303,7 +303,8 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         """The optimiser's state and the counters; the optimiser's own choices (fused, capturable, foreach) stay
         this learner's, whatever the saved run used (a CPU run resumed on a GPU is captured there)."""
-        flags = [{k: g[k] for k in ("fused", "capturable", "foreach") if k in g} for g in self.optimizer.param_groups]
+        flags: list[dict[str, Any]] = [{k: g[k] for k in ("fused", "capturable", "foreach") if k in g}
+                                       for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
         for group, kept in zip(self.optimizer.param_groups, flags):
             group.update(kept)

@@ -52,13 +52,16 @@ class _StartOnly:
     preset: str | None = None
     config: str | None = None
     env_kwargs: str = "{}"
+    env: str | None = None
+    trust_run_env: bool = False
 
 
-def _start_args(argv: list[str], prog: str = "icrl train") -> tuple[str | None, str | None, dict[str, Any]]:
+def _start_args(argv: list[str], prog: str = "icrl train") -> tuple[str | None, str | None, dict[str, Any], bool]:
     """`--preset NAME`, `--config FILE` and the `--env-kwargs` among a subcommand's arguments (tyro, the rest
     ignored): the preset or file must be known before the full parse, because it supplies the flags' defaults,
     and a preset is built for the env kwargs given (icrl.config.presets.preset_config). Bad JSON is left to
-    the full parse."""
+    the full parse. The last value: whether the user chose the env (`--env`) or trusts the file's
+    (`--trust-run-env`)."""
     import json
 
     import tyro
@@ -71,19 +74,23 @@ def _start_args(argv: list[str], prog: str = "icrl train") -> tuple[str | None, 
         kwargs = json.loads(known.env_kwargs)
     except ValueError:
         kwargs = {}
-    return known.preset, known.config, kwargs if isinstance(kwargs, dict) else {}
+    trusted = known.env is not None or known.trust_run_env
+    return known.preset, known.config, kwargs if isinstance(kwargs, dict) else {}, trusted
 
 
 def _preset_arg(argv: list[str], prog: str = "icrl train") -> tuple[str | None, dict[str, Any]]:
     """`--preset NAME` and the `--env-kwargs` among a subcommand's arguments (`_start_args`)."""
-    preset, _, kwargs = _start_args(argv, prog)
+    preset, _, kwargs, _ = _start_args(argv, prog)
     return preset, kwargs
 
 
-def _start_config(preset: str | None, config_file: str | None, env_kwargs: dict[str, Any] | None = None) -> Any:
+def _start_config(preset: str | None, config_file: str | None, env_kwargs: dict[str, Any] | None = None,
+                  trusted: bool = False) -> Any:
     """The config the flags apply on top of: a preset's (built for `env_kwargs`), a config.json's (a run's,
     e.g. someone else's: its run dir and --resume are not taken, so the new run gets its own folder), or the
-    library defaults."""
+    library defaults. A config file is data, as a run directory is (icrl.envs.user): one that names code to
+    import and call as its env (`module:factory`) is refused unless the user names the env (`--env`) or
+    trusts the file (`--trust-run-env`)."""
     from icrl.config import ConfigError, ExperimentConfig
     from icrl.config.presets import preset_config
 
@@ -103,15 +110,22 @@ def _start_config(preset: str | None, config_file: str | None, env_kwargs: dict[
         cfg = load_config(path) if path.is_dir() else load_config(path.parent, path.name)
     except RunDirError as e:
         fail(str(e))
+    from icrl.envs.user import is_safe_env_name
+
+    if not trusted and not is_safe_env_name(cfg.env.env):
+        fail(f"--config {path} names the env {cfg.env.env!r}, code that icrl would import and call; a config file is "
+             f"data, so icrl does not run it: pass --env {cfg.env.env} to build it anyway (or --trust-run-env), or "
+             "--env NAME for another env")
     return cfg.replace(run_dir=None, resume=False)
 
 
-def _subcommands(preset: str | None, config_file: str | None = None, env_kwargs: dict[str, Any] | None = None) -> Any:
+def _subcommands(preset: str | None, config_file: str | None = None, env_kwargs: dict[str, Any] | None = None,
+                 trusted: bool = False) -> Any:
     """The union of every subcommand for tyro, `train` and `learn` defaulting to the config of `preset` or
     `config_file` (`_start_config`)."""
     import tyro
 
-    cfg = _start_config(preset, config_file, env_kwargs)
+    cfg = _start_config(preset, config_file, env_kwargs, trusted)
     defaults: dict[type, Any] = {cls: with_config(cls, cfg, preset, config_file) for cls in (Train, Learn)}
     members = [
         Annotated[cls, tyro.conf.subcommand(name, default=defaults.get(cls, tyro.MISSING_NONPROP))]
@@ -144,9 +158,9 @@ def parse(argv: list[str]):
         fail(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
     if command == "learn" and any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest):
         fail("icrl learn: the run dir is the first argument; drop --run-dir")
-    preset, config_file, env_kwargs = (_start_args(rest, f"icrl {command}") if command in ("train", "learn")
-                                       else (None, None, {}))
-    union = _subcommands(preset, config_file, env_kwargs)
+    preset, config_file, env_kwargs, trusted = (_start_args(rest, f"icrl {command}") if command in ("train", "learn")
+                                                else (None, None, {}, False))
+    union = _subcommands(preset, config_file, env_kwargs, trusted)
     with _tyro_errors(f"icrl {command}"):
         args = tyro.cli(union, args=argv, prog="icrl", config=(tyro.conf.OmitArgPrefixes,))
     named = any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest)

@@ -52,6 +52,8 @@ class Train:
     config_file: ConfigFile = None
     """Start from this config.json (or a run directory's), e.g. another run's, the flags applying on top; its
     run dir and --resume are not taken, so the new run gets its own folder."""
+    trust_run_env: bool = False
+    """With --config: build the env the file names even when it is code to import and call (module:factory)."""
     config: FlatConfig = field(default_factory=ExperimentConfig)
 
     def run(self) -> None:
@@ -74,6 +76,8 @@ class Learn:
     config_file: ConfigFile = None
     """Start from this config.json (or a run directory's), e.g. another run's, the flags applying on top; its
     run dir and --resume are not taken, so the new run gets its own folder."""
+    trust_run_env: bool = False
+    """With --config: build the env the file names even when it is code to import and call (module:factory)."""
     config: FlatConfig = field(default_factory=ExperimentConfig)
 
     def run(self) -> None:

@@ -164,6 +164,22 @@ def evil_run(tmp_path_factory):
     return root / "run", marker
 
 
+def test_a_config_file_naming_os_system_runs_nothing(evil_run, tmp_path):
+    """`--config` reads data, as a run directory is: a config naming code as its env is refused before anything
+    is built, for train and learn, a run dir or its config.json; naming the env (`--env`) takes the user's."""
+    run_dir, marker = evil_run
+    for args in (["train", "--config", run_dir], ["train", "--config", run_dir / "config.json"],
+                 ["learn", tmp_path / "learner", "--config", run_dir]):
+        out = run([sys.executable, "-m", "icrl", *args])
+        assert_one_line_error(out, "'os:system'", "--trust-run-env", "a config file is data")
+        assert not marker.exists(), args
+    assert not (tmp_path / "learner").exists()
+    from icrl.cli import parse
+
+    args = parse(["train", "--config", str(run_dir), "--env", "tmaze"])  # the user's env: no refusal
+    assert args.config.env.env == "tmaze" and not marker.exists()
+
+
 @pytest.mark.slow
 def test_a_run_dir_naming_os_system_runs_nothing(evil_run, tmp_path):
     run_dir, marker = evil_run
