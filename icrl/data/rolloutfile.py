@@ -105,19 +105,56 @@ def _open_file(path: Path) -> BinaryIO:
         raise CorruptRolloutError(path, f"not a regular file ({e.strerror or e})") from e
 
 
+_PER_ACTION = ("action", "reward", "terminated", "truncated")  # T - 1 rows; every other field has T
+
+
 def stored_timesteps(path: str | os.PathLike) -> int:
-    """The rollout's length read from the file's contents: the shape in the header of its `time` array (the zip
-    member's first bytes, the data are not read). Why: a file's name can be copied or forged, and eviction must
-    not trust it. CorruptRolloutError when the header cannot be read, FileNotFoundError when the file is gone."""
+    """The rollout's length T read from the file's contents, and checked against them: every field is an
+    uncompressed member whose size is exactly its header plus the data the header describes, the members
+    together fit in the file as it is on disk, the required fields are there and their lengths agree (T
+    timesteps, T - 1 actions). Only headers are read, not data. Why: eviction deletes by this length, so a
+    forged name, or a file whose header claims data it does not hold (a 200-byte file announcing 5,000,000
+    timesteps), must never count. CorruptRolloutError for any disagreement, FileNotFoundError when the file is
+    gone."""
     path = Path(path)
     with _open_file(path) as fh:
+        on_disk = os.fstat(fh.fileno()).st_size
         try:
-            with zipfile.ZipFile(fh) as zf, zf.open("time.npy") as member:
-                fmt = np.lib.format
-                read = fmt.read_array_header_1_0 if fmt.read_magic(member) == (1, 0) else fmt.read_array_header_2_0
-                shape = read(member)[0]
+            with zipfile.ZipFile(fh) as zf:
+                shapes, held = _member_shapes(zf, path)
         except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-            raise CorruptRolloutError(path, f"no readable time array ({type(e).__name__}: {e})") from e
-    if len(shape) != 1:
+            raise CorruptRolloutError(path, f"unreadable members ({type(e).__name__}: {e})") from e
+    if held > on_disk:
+        raise CorruptRolloutError(path, f"its members claim {held} bytes, the file holds {on_disk}")
+    missing = [name for name in _REQUIRED if name not in shapes]
+    if missing:
+        raise CorruptRolloutError(path, f"missing fields {missing}")
+    shape = shapes["time"]
+    if len(shape) != 1 or shape[0] < 1:
         raise CorruptRolloutError(path, f"time array of shape {shape}, expected (T,)")
-    return int(shape[0])
+    T = int(shape[0])
+    wrong = {k: v for k, v in shapes.items() if not v or v[0] != (T - 1 if k in _PER_ACTION else T)}
+    if wrong:
+        raise CorruptRolloutError(path, f"field lengths {wrong} disagree with its {T} timesteps")
+    return T
+
+
+def _member_shapes(zf: zipfile.ZipFile, path: Path) -> tuple[dict[str, tuple[int, ...]], int]:
+    """Each `.npy` member's shape (by field name) from its header, and the bytes the members occupy; a member
+    that is compressed, or whose size is not its header plus its data, is corrupt."""
+    fmt, shapes, held = np.lib.format, {}, 0
+    for info in zf.infolist():
+        if not info.filename.endswith(".npy"):
+            continue
+        if info.compress_type != zipfile.ZIP_STORED:  # save_rollout writes uncompressed members
+            raise CorruptRolloutError(path, f"member {info.filename} is compressed")
+        with zf.open(info) as member:
+            read = fmt.read_array_header_1_0 if fmt.read_magic(member) == (1, 0) else fmt.read_array_header_2_0
+            shape, _, dtype = read(member)
+            data = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+            if info.file_size != member.tell() + data:
+                raise CorruptRolloutError(path, f"member {info.filename} claims {shape} {dtype} in {info.file_size} "
+                                                "bytes")
+        shapes[info.filename[: -len(".npy")]] = tuple(int(d) for d in shape)
+        held += info.compress_size
+    return shapes, held

@@ -12,8 +12,9 @@ File names carry the buffer's bookkeeping:
 They sort by creation time (oldest first), are unique across processes, and encode the number of
 timesteps. A name can be copied or forged, though (one renamed `-T1000...0.npz` once made eviction delete
 every genuine rollout), so the buffer's eviction index reads each new file's length once from its contents
-(`stored_timesteps`: the array header only) and skips, with one warning, any entry whose contents disagree
-or that is not a regular file (a FIFO, folder or symlink named like a rollout). Temporary files end in
+(`stored_timesteps`: every member's header, checked against the bytes the member and the file hold; no data
+read) and skips, with one warning, any entry whose contents disagree or that is not a regular file (a FIFO,
+folder or symlink named like a rollout). Temporary files end in
 `.tmp` and are invisible to the listing; stale ones (left by a killed writer) are removed after
 `stale_tmp_seconds`. Listing is the one cost that grows with the buffer (~1 us
 per file), so `FolderIndex` lists incrementally and skips unchanged folders, and `DiskReplay` lists only
@@ -100,7 +101,7 @@ class FolderIndex:
 
     `names` is replaced, never mutated, so a reader may hold on to it as a consistent snapshot.
 
-    `verify=True` (the buffer's eviction index) reads each new file's length from its contents once (~0.2 ms a
+    `verify=True` (the buffer's eviction index) reads each new file's length from its contents once (~0.7 ms a
     file, once per process: files never change; not the files this process wrote, see `wrote`) and rejects, with one `log` line each (default: a
     RuntimeWarning), entries whose contents disagree with their names or that are not regular files, so a
     forged name can never make eviction delete genuine rollouts. Samplers list without it: they load every file

@@ -508,6 +508,59 @@ def test_eviction_reads_lengths_from_the_files_not_their_names(tmp_path: Path) -
     assert len(warned) == 1 and str(forged) in warned[0] and "contents 10" in warned[0]
 
 
+def _header_only_npz(path: Path, fields: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    """An npz whose members hold only an .npy header (the shape and dtype given), no data: a few hundred bytes
+    that announce as many timesteps as the forger likes."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        for name, (shape, dtype) in fields.items():
+            head = io.BytesIO()
+            np.lib.format.write_array_header_1_0(head, {"descr": np.dtype(dtype).str, "fortran_order": False,
+                                                        "shape": shape})
+            zf.writestr(f"{name}.npy", head.getvalue())
+
+
+@pytest.mark.parametrize("length", [5_000_000, 10**30])
+def test_eviction_trusts_no_header_without_its_data(tmp_path: Path, length: int) -> None:
+    """A ~200-byte file in replay/fifo whose headers claim `length` timesteps (named to match, the newest) once
+    made a resumed run delete every genuine rollout; its members must hold what their headers describe."""
+    from icrl.data.storage import rollout_file_name, stored_timesteps
+
+    replay = DiskReplay(tmp_path, capacity_timesteps=100, fsync=False)
+    genuine = [replay.write(make_rollout(9, SPECS[0], seed=i, image=False)) for i in range(5)]
+    forged = replay.fifo_dir / rollout_file_name(length)
+    T, per_step = (length,), ("prev_action", "prev_reward", "time", "reset", "obs/obs")
+    _header_only_npz(forged, {**{k: (T, "<i8") for k in per_step},
+                              **{k: ((length - 1,), "<i8") for k in ("action", "reward", "terminated", "truncated")}})
+    assert forged.stat().st_size < 4096  # nine headers
+    with pytest.raises(CorruptRolloutError, match="claims"):
+        stored_timesteps(forged)
+    warned: list[str] = []
+    again = DiskReplay(tmp_path, capacity_timesteps=100, fsync=False, log=warned.append)
+    assert again.num_timesteps("fifo") == 50 and again.evict() == []
+    again.write(make_rollout(9, SPECS[0], image=False))
+    assert all(p.exists() for p in genuine) and len(warned) == 1 and str(forged) in warned[0]
+
+
+def test_stored_timesteps_needs_every_field_at_its_length(tmp_path: Path) -> None:
+    from icrl.data.storage import stored_timesteps
+
+    good = DiskReplay(tmp_path / "r", capacity_timesteps=100, fsync=False).write(make_rollout(9, SPECS[0], image=False))
+    assert stored_timesteps(good) == 10
+    only_time = tmp_path / "t.npz"
+    np.savez(only_time, time=np.arange(10))
+    with pytest.raises(CorruptRolloutError, match="missing fields"):
+        stored_timesteps(only_time)
+    arrays = dict(np.load(good))
+    arrays["reward"] = np.zeros(40, np.float32)  # a real array, at the wrong length
+    bad = tmp_path / "b.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(CorruptRolloutError, match="disagree"):
+        stored_timesteps(bad)
+
+
 def test_non_regular_entries_named_like_rollouts_are_corrupt_not_blocking(tmp_path: Path) -> None:
     from icrl.data.storage import rollout_file_name
 
