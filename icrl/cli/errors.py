@@ -33,18 +33,36 @@ def fail_input(error: BaseException, log_dir: str | None = None) -> NoReturn:
     message = one_line(error)
     text = getattr(error, "user_traceback", "")  # icrl.envs.wrapper.EnvError
     if text:
-        import os
-        import tempfile
-
-        folder = log_dir if log_dir is not None and os.path.isdir(log_dir) else tempfile.gettempdir()
-        path = os.path.join(folder, "env_error.txt" if folder == log_dir else f"icrl-env-error-{os.getpid()}.txt")
-        try:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
+        path = _write_traceback(text, log_dir)
+        if path is not None:
             message += f" (the env's traceback: {path})"
-        except OSError:
-            pass
     fail(message)
+
+
+def _write_traceback(text: str, log_dir: str | None) -> str | None:
+    """Write an env's traceback to `log_dir`/env_error.txt, never through a symlink or into a FIFO there (it
+    would overwrite a file outside the run directory): a fresh temp file instead. None if nothing could be
+    written."""
+    import os
+    import tempfile
+
+    from icrl.fileio import open_regular
+
+    fd, path = None, None
+    if log_dir is not None and os.path.isdir(log_dir):
+        path = os.path.join(log_dir, "env_error.txt")
+        try:
+            fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        except OSError:
+            fd = None
+    try:
+        if fd is None:
+            fd, path = tempfile.mkstemp(prefix="icrl-env-error-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError:
+        return None
+    return path
 
 
 def tyro_error_line(text: str, prog: str) -> str:

@@ -27,6 +27,7 @@ import torch
 
 from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig
+from icrl.fileio import check_inside
 from icrl.run.loggers import say
 
 
@@ -130,7 +131,7 @@ class CheckpointCallback(Callback):
         if self.run is not None and self.epochs % self.every == 0:
             from icrl.run.results import save_weights
 
-            folder = Path(self.folder or self.run.run_dir / "weights")
+            folder = Path(self.folder or check_inside(self.run.run_dir, self.run.run_dir / "weights"))
             folder.mkdir(parents=True, exist_ok=True)
             save_weights(self.run.agent, folder / f"agent-{row['env_steps']:09d}.safetensors")
 

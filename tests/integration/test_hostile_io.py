@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -240,3 +242,44 @@ def test_icrl_collect_on_a_corrupt_published_weights_file_is_one_line_exit_2(tmp
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
     assert "weights.safetensors" in err and "corrupt" in err
+
+
+def test_an_env_traceback_is_never_written_through_a_symlink_in_the_run_dir(tmp_path, capsys):
+    """RUN_DIR/env_error.txt symlinked to a file outside (or a FIFO there): that file is left alone and the
+    traceback goes to a fresh temp file, which the one-line message names."""
+    from icrl.cli.errors import fail_input
+
+    class EnvFailed(ValueError):
+        user_traceback = "Traceback: the user's env raised"
+
+    run, outside = tmp_path / "run", tmp_path / "precious.txt"
+    run.mkdir()
+    outside.write_text("keep me")
+    (run / "env_error.txt").symlink_to(outside)
+    with pytest.raises(SystemExit) as e:
+        fail_input(EnvFailed("the env raised"), str(run))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and outside.read_text() == "keep me"
+    log = err.rsplit("traceback: ", 1)[1].rstrip(")")
+    assert Path(log).parent != run and "the user's env raised" in Path(log).read_text()
+    (run / "env_error.txt").unlink()
+    os.mkfifo(run / "env_error.txt")  # would block a plain open() forever
+    with pytest.raises(SystemExit):
+        fail_input(EnvFailed("the env raised"), str(run))
+    assert "traceback: " in capsys.readouterr().err
+
+
+def test_checkpoint_callback_weights_never_leave_the_run_dir(tmp_path, monkeypatch):
+    """RUN_DIR/weights symlinked outside: CheckpointCallback refuses in one line instead of writing there."""
+    import icrl
+    from icrl.fileio import OutsideRunDirError
+    from icrl.run.callbacks import CheckpointCallback
+
+    run, outside = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    outside.mkdir()
+    (run / "weights").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OutsideRunDirError, match="leads outside"):
+        icrl.train(tiny_cfg(run).replace(total_env_steps=16, updates_per_epoch=1, eval_rollouts=2),
+                   callbacks=[CheckpointCallback(every=1)])
+    assert list(outside.iterdir()) == []
