@@ -17,7 +17,7 @@ import torch
 
 from icrl.config import ExperimentConfig
 from icrl.envs.user import EnvOverride, run_env_config
-from icrl.fileio import write_text_atomic
+from icrl.fileio import OutsideRunDirError, check_inside, write_text_atomic
 
 if TYPE_CHECKING:
     from icrl.agent.model import Agent
@@ -123,9 +123,12 @@ def resolve_weights(run_dir: str | Path, checkpoint: str | Path | None = None) -
         raise RunDirError(f"checkpoint {checkpoint} does not exist (a checkpoint folder or a .safetensors file)")
     pointer = run_dir / "checkpoints" / "latest"
     if pointer.is_file():
-        name = pointer.read_text(encoding="utf-8").strip()
+        name = pointer.read_text(encoding="utf-8", errors="replace").strip()
         path = run_dir / "checkpoints" / name / WEIGHTS
-        if name and path.is_file():
+        # the pointer names one folder of checkpoints/ (the checkpoint module writes `ckpt-NNNNNN`): a path
+        # leading elsewhere (`../../other_run/...`, a symlink out) would load, or export, another run's weights
+        plain = name and "/" not in name and "\\" not in name and name not in (".", "..")
+        if plain and path.is_file() and _inside(run_dir, path):
             return path
     if (run_dir / WEIGHTS).is_file():
         return run_dir / WEIGHTS
@@ -363,6 +366,14 @@ def evaluate_run(
         "parallel_envs": n_envs,
         **stats,
     }
+
+
+def _inside(run_dir: Path, path: Path) -> bool:
+    try:
+        check_inside(run_dir, path)
+    except OutsideRunDirError:
+        return False
+    return True
 
 
 def write_json_atomic(path: str | Path, data: Any) -> Path:

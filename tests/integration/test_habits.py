@@ -249,6 +249,34 @@ def test_export_and_load_a_zip(in_tmp, capsys):
     assert cli("export", "runs/x", "shared/x.zip") == 2 and "--overwrite" in capsys.readouterr().err
 
 
+def test_export_packs_no_file_from_outside_the_run_dir(in_tmp, capsys):
+    """A symlinked metrics.jsonl (or plot) would put an outside file into the zip to share, and a checkpoints/latest
+    naming another run's checkpoint would export that run's weights: refused / not followed."""
+    import json
+    import zipfile
+
+    icrl.train(tiny("runs/x"))
+    icrl.train(tiny("runs/other", checkpoint_every=1))
+    secret = in_tmp / "secret.txt"
+    secret.write_text("not for sharing")
+    metrics = in_tmp / "runs/x/metrics.jsonl"
+    kept = metrics.read_text()
+    metrics.unlink()
+    metrics.symlink_to(secret)
+    capsys.readouterr()
+    assert cli("export", "runs/x", "x.zip") == 2 and "leads outside" in capsys.readouterr().err
+    assert not (in_tmp / "x.zip").exists()
+    metrics.unlink()
+    metrics.write_text(kept)
+    latest = in_tmp / "runs/x/checkpoints/latest"
+    latest.parent.mkdir(exist_ok=True)
+    other = sorted(p.name for p in (in_tmp / "runs/other/checkpoints").iterdir() if p.name.startswith("ckpt"))[-1]
+    latest.write_text(f"../../other/checkpoints/{other}\n")
+    assert cli("export", "runs/x", "x.zip") == 0
+    manifest = json.loads(zipfile.ZipFile(in_tmp / "x.zip").read("icrl_export.json"))
+    assert manifest["weights"] == str(Path("runs/x/agent.safetensors"))  # its own final weights, not the other run's
+
+
 @pytest.mark.parametrize("member", ["../evil.txt", "/tmp/evil.txt", "sub/config.json", "..\\evil.txt"])
 def test_a_zip_with_paths_leaving_the_archive_is_refused(in_tmp, member):
     import zipfile
