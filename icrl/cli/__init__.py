@@ -54,6 +54,8 @@ class _StartOnly:
     env_kwargs: str = "{}"
     env: str | None = None
     trust_run_env: bool = False
+    run_dir: str | None = None
+    resume: bool = False
 
 
 def _start_args(argv: list[str], prog: str = "icrl train") -> tuple[str | None, str | None, dict[str, Any], bool]:
@@ -75,7 +77,23 @@ def _start_args(argv: list[str], prog: str = "icrl train") -> tuple[str | None, 
     except ValueError:
         kwargs = {}
     trusted = known.env is not None or known.trust_run_env
-    return known.preset, known.config, kwargs if isinstance(kwargs, dict) else {}, trusted
+    config = known.config
+    if config is None and known.preset is None and known.resume:
+        config = _resumed_config(known.run_dir if prog == "icrl train" else _positional(argv))
+    return known.preset, config, kwargs if isinstance(kwargs, dict) else {}, trusted
+
+
+def _positional(argv: list[str]) -> str | None:
+    """`icrl learn`'s run dir: its first argument."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
+
+
+def _resumed_config(run_dir: str | None) -> str | None:
+    """`--resume` without --config or --preset starts from the run's own config.json (the flags given apply on
+    top, so only what they change differs from the run), when there is one."""
+    if run_dir is None or not (Path(run_dir) / "config.json").is_file():
+        return None
+    return run_dir
 
 
 def _preset_arg(argv: list[str], prog: str = "icrl train") -> tuple[str | None, dict[str, Any]]:
@@ -113,7 +131,7 @@ def _start_config(preset: str | None, config_file: str | None, env_kwargs: dict[
     from icrl.envs.user import is_safe_env_name
 
     if not trusted and not is_safe_env_name(cfg.env.env):
-        fail(f"--config {path} names the env {cfg.env.env!r}, code that icrl would import and call; a config file is "
+        fail(f"the config {path} names the env {cfg.env.env!r}, code that icrl would import and call; a config file is "
              f"data, so icrl does not run it: pass --env {cfg.env.env} to build it anyway (or --trust-run-env), or "
              "--env NAME for another env")
     return cfg.replace(run_dir=None, resume=False)

@@ -92,6 +92,7 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     e = cfg.env
     if cfg.schedule.total_env_steps is None:
         cfg = cfg.replace(total_env_steps=task_budget(e.env, e.kwargs, factory) or DEFAULT_ENV_STEPS)
+    cfg = with_recorded_exploration(cfg)
     rec = task_exploration(e.env, e.kwargs, factory) if cfg.explore.task_recommendation else {}
     steps_per_env = cfg.schedule.env_steps // max(e.parallel_envs, 1)
     cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec, steps_per_env=steps_per_env))
@@ -99,6 +100,26 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
         cfg = cfg.replace(max_seq_len=rollout_context(task_context(e.env, e.kwargs, factory), e))
     cfg = dataclasses.replace(cfg, loss=cfg.loss.resolved(cfg.model.context, cfg.explore.eps_shape))
     return cfg.replace(compile=cfg.compiles)
+
+
+def with_recorded_exploration(cfg: ExperimentConfig) -> ExperimentConfig:
+    """A resumed run keeps the exploration schedule its config.json records wherever the user left a field unset,
+    rather than deriving it again from a budget that may have grown (`--resume --total-env-steps N`: ε anneals
+    over the run's steps, as it did); says so when the budget changed. Anything else: `cfg` as it is."""
+    if not cfg.run.resume or cfg.run.run_dir is None:
+        return cfg
+    path = Path(cfg.run.run_dir) / "config.json"
+    try:
+        run = ExperimentConfig.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):  # no readable record: check_run_dir says what is wrong with it
+        return cfg
+    kept = {f.name: getattr(run.explore, f.name) for f in dataclasses.fields(cfg.explore)
+            if getattr(cfg.explore, f.name) is None and getattr(run.explore, f.name) is not None}
+    if kept and run.schedule.total_env_steps not in (None, cfg.schedule.total_env_steps):
+        say(f"icrl: --resume: {run.schedule.total_env_steps:,} -> {cfg.schedule.total_env_steps:,} env steps; the "
+            f"exploration schedule stays the run's (eps_anneal_steps {kept.get('eps_anneal_steps', 'as set')}), "
+            "not derived again from the new budget")
+    return dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, **kept))
 
 
 def rollout_context(episode: int | None, e: EnvConfig) -> int:

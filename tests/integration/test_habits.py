@@ -464,3 +464,20 @@ def test_the_docs_say_resume_is_not_a_bit_exact_continuation():
     section = runs.split("## Checkpoints and resume", 1)[1].split("\n## ", 1)[0]
     for what in ("optimiser", "RNG states", "reseeded", "rollouts written after the checkpoint"):
         assert what in section, what
+
+
+def test_resume_with_more_budget_keeps_the_runs_schedule(in_tmp, capsys):
+    """`--resume --total-env-steps N` gives a run more budget, in Python and on the command line, where the
+    exploration schedule derived from the old budget once blocked it; `--resume` alone (no --env) reads the
+    run's own config, so only what the flags change differs."""
+    cfg = tiny("runs/r", env_kwargs="{}", total_env_steps=64)
+    icrl.train(cfg, env=lambda: Combo())
+    out = icrl.train(cfg.replace(resume=True, total_env_steps=128), env=lambda: Combo())
+    assert out["env_steps"] == 128
+    assert "exploration schedule stays the run's" in capsys.readouterr().out
+    icrl.train(tiny("runs/b", total_env_steps=64))
+    assert cli("train", "--run-dir", "runs/b", "--resume", "--total-env-steps", "128") == 0
+    rows = [json.loads(line) for line in (in_tmp / "runs/b/metrics.jsonl").read_text().splitlines()]
+    assert max(r["env_steps"] for r in rows) == 128
+    saved = json.loads((in_tmp / "runs/b/config.json").read_text())
+    assert saved["env"]["env"] == "tmaze" and saved["model"]["d_model"] == 16  # the run's, not the CLI's defaults
