@@ -150,6 +150,7 @@ class Learning:
         num_epochs = math.ceil(self.total_updates / upe)
         last_eval, epoch, last_ckpt = None, start_epoch, learner.updates
         start = time.perf_counter() - wall_offset
+        saved_at = time.perf_counter()  # --checkpoint-seconds counts from the last checkpoint
         while learner.updates < self.total_updates and not stop:
             epoch += 1
             timer, steps0, time0 = Timer(), self.counts.env_steps, time.perf_counter()
@@ -161,9 +162,10 @@ class Learning:
             row = self.train_row(epoch, start, metrics, timer, steps0, time0, sums0)
             last_eval = report_epoch(log, row, cfg, epoch=epoch, num_epochs=num_epochs, last_eval=last_eval,
                                      evaluate=lambda: self.eval_row(epoch, start))  # noqa: B023
-            if due(epoch, cfg.run.checkpoint_every, num_epochs):
+            late = 0 < cfg.run.checkpoint_seconds <= time.perf_counter() - saved_at
+            if late or due(epoch, cfg.run.checkpoint_every, num_epochs):
                 self.checkpoint(epoch, start)
-                last_ckpt = learner.updates
+                last_ckpt, saved_at = learner.updates, time.perf_counter()
         if stop and learner.updates > last_ckpt:  # keep the updates made since the last checkpoint
             partial = learner.updates // upe
             self.counts.read()

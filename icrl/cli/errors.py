@@ -122,6 +122,20 @@ def stopped_in_one_line(command: str):
         signal.signal(signal.SIGTERM, previous)
 
 
+def _resume_hint(run_dir: str | None) -> str:
+    """What a stopped run leaves to resume from, truthfully: its newest checkpoint, or none yet."""
+    from icrl.run.checkpoint import list_checkpoints
+
+    found = list_checkpoints(run_dir) if run_dir is not None else []
+    if run_dir is not None and not found:
+        return (f"it wrote no checkpoint yet ({run_dir}: the first comes after --checkpoint-every epochs or "
+                "--checkpoint-seconds), so there is nothing to resume: run the command again")
+    if not found:  # the run dir was chosen by icrl: its name was printed at the start
+        return ("every checkpoint written so far is kept: resume with --run-dir RUN_DIR --resume (RUN_DIR: the "
+                "run dir printed at the start)")
+    return f"every checkpoint written so far is kept (newest: {found[-1]}): resume with the same command and --resume"
+
+
 def run_stoppable(fn: Callable[..., Any], *args: Any, log_dir: str | None = None) -> None:
     """Run `fn`, turning SIGINT / SIGTERM into a one-line stop with the resume hint (exit 130 / 143) and the
     errors bad input causes (configs, env names and kwargs, run dirs, checkpoints, files) into one line, exit 2.
@@ -134,8 +148,7 @@ def run_stoppable(fn: Callable[..., Any], *args: Any, log_dir: str | None = None
         fn(*args)
     except KeyboardInterrupt as e:
         name = "SIGTERM" if isinstance(e, _Stopped) else "SIGINT"
-        print(f"icrl: stopped by {name}; every checkpoint written so far is kept: resume with the same command "
-              "and --resume", file=sys.stderr)
+        print(f"icrl: stopped by {name}; {_resume_hint(log_dir)}", file=sys.stderr)
         raise SystemExit(143 if name == "SIGTERM" else 130) from None
     except INPUT_ERRORS + (CheckpointError,) as e:  # ConfigError is a ValueError
         fail_input(e, log_dir)

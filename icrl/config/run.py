@@ -53,6 +53,9 @@ class RunConfig:
     """Print a progress line every this many epochs."""
     checkpoint_every: int = 10
     """Write a checkpoint (RUN_DIR/checkpoints/ckpt-EPOCH) every this many epochs, and after the last one."""
+    checkpoint_seconds: float = 60.0
+    """Also write one at the end of the first epoch that finishes this many seconds of wall time after the last
+    (0: by epochs only), so a run stopped at any moment loses at most about a minute of training."""
     keep_checkpoints: int = 3
     """Keep only the newest this many checkpoints."""
 

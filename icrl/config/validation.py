@@ -119,6 +119,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optim.batch_size": _ge(1),
     "schedule.updates_per_epoch": _ge(0),
     "run.checkpoint_every": _ge(1),
+    "run.checkpoint_seconds": _ge(0),
     "run.keep_checkpoints": _ge(1),
     "replay.offline_updates": _ge(0),
     "replay.offline_fraction": _in(0.0, 1.0),

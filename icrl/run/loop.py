@@ -77,6 +77,7 @@ def epochs(c: Components, hooks: Callbacks, log: Logger, batches: LazyLoader, ba
     num_epochs = max(1, c.offline_epochs + cfg.schedule.env_steps // cfg.schedule.steps_per_epoch)
     said: frozenset[str] = frozenset()  # the hints said so far (hint_once)
     start, last_eval, stop, epoch = time.perf_counter() - wall_offset, None, False, start_epoch
+    saved_at = time.perf_counter()  # the last checkpoint (or the start): --checkpoint-seconds counts from it
     for epoch in range(start_epoch + 1, num_epochs + 1):
         timer, steps0, policy_s0 = Timer(), c.env_steps(), c.policy.seconds
         with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
@@ -88,10 +89,13 @@ def epochs(c: Components, hooks: Callbacks, log: Logger, batches: LazyLoader, ba
         row = train_row(c, epoch, start, episodes, metrics, timer, steps0, policy_s0, n_updates)
         new_eval = report(c, log, row, epoch, num_epochs, start, lambda r, ev: bar.update(  # noqa: B023
             bar_task, completed=c.env_steps(), description=progress_line(r, ev, live=True))) if main else None
-        stop = c.replicas.max([int(main and hooks.epoch_end(row, new_eval))])[0] > 0  # every rank stops
+        late = main and 0 < cfg.run.checkpoint_seconds <= time.perf_counter() - saved_at
+        stop_flag, late_flag = c.replicas.max([int(main and hooks.epoch_end(row, new_eval)), int(late)])
+        stop = stop_flag > 0  # rank 0 decides both, so every rank stops and checkpoints alike
         last_eval = new_eval or (None if stop else last_eval)  # a run stopped between evaluations: one more
-        if stop or due(epoch, cfg.run.checkpoint_every, num_epochs):
+        if stop or late_flag or due(epoch, cfg.run.checkpoint_every, num_epochs):
             checkpoint(c, epoch, start)
+            saved_at = time.perf_counter()
         if stop:
             break
     if main and last_eval is None:  # resumed a run that had already reached its last epoch, or stopped early

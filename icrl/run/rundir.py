@@ -33,7 +33,7 @@ from icrl.spaces_json import write_spaces
 # device, threads, workers, logging, checkpoint retention). The rest is the run's learning config.
 RESUMABLE_CHANGES = (
     "run.resume", "schedule.total_env_steps", "run.run_dir", "run.device", "run.threads", "replay.num_workers",
-    "run.log_backends", "run.log_every", "run.keep_checkpoints", "optim.compile", "env.async_envs",
+    "run.log_backends", "run.log_every", "run.keep_checkpoints", "run.checkpoint_seconds", "optim.compile", "env.async_envs",
     "eval.eval_max_steps", "optim.fused_adam", "optim.cuda_graphs", "asynchronous.utd", "asynchronous.publish_every",
     "asynchronous.max_lead", "eval.stop_at_return", "eval.stop_patience",
 )

@@ -481,3 +481,22 @@ def test_resume_with_more_budget_keeps_the_runs_schedule(in_tmp, capsys):
     assert max(r["env_steps"] for r in rows) == 128
     saved = json.loads((in_tmp / "runs/b/config.json").read_text())
     assert saved["env"]["env"] == "tmaze" and saved["model"]["d_model"] == 16  # the run's, not the CLI's defaults
+
+
+def test_checkpoints_come_by_wall_time_too_and_a_stop_says_what_it_left(in_tmp, capsys):
+    """A run stopped a minute in can resume (a checkpoint every --checkpoint-seconds, whatever the epochs), and
+    the stop message says whether there is a checkpoint to resume from at all."""
+    from icrl.cli.errors import run_stoppable
+    from icrl.run.checkpoint import list_checkpoints
+
+    icrl.train(tiny("runs/t", total_env_steps=96, checkpoint_every=1000, checkpoint_seconds=1e-6))
+    assert [p.name for p in list_checkpoints("runs/t")] == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    (in_tmp / "runs/new").mkdir()
+    for run_dir, said in (("runs/new", "wrote no checkpoint yet"), ("runs/t", "newest: runs/t/checkpoints/ckpt-000003")):
+        with pytest.raises(SystemExit) as e:
+            run_stoppable(interrupted, log_dir=run_dir)
+        assert e.value.code == 130 and said in capsys.readouterr().err
