@@ -288,6 +288,8 @@ class Collector:
     def _end_episode(self, i: int, step_info: dict, stats: list[EpisodeStats]) -> None:
         """Env i's episode ended with this step: its EpisodeStats, and the next episode starts counting."""
         success = _info_at(step_info, "success", i)
+        if success is None:  # Gymnasium's and Stable-Baselines3's key for the same thing
+            success = _info_at(step_info, "is_success", i)
         stats.append(EpisodeStats(env_index=i, rollout_id=int(self._rollout_id[i]),
                                   episode_index=int(self._episode_index[i]), ret=float(self._ret[i]),
                                   length=int(self._len[i]), success=None if success is None else float(success),

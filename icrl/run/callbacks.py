@@ -151,7 +151,10 @@ class Callbacks:
         for cb in self.items:
             fn = getattr(cb, hook, None)
             if callable(fn):
-                stop = bool(fn(arg)) or stop  # every callback sees the row, even after one asked to stop
+                asked = bool(fn(arg))  # every callback sees the row, even after one asked to stop
+                if asked and not isinstance(cb, StopTrainingOnRewardThreshold):  # that one says its own reason
+                    say(f"icrl: stopping: the callback {type(cb).__name__}.{hook} returned True")
+                stop = asked or stop
         return stop
 
     def start(self, run: TrainingRun) -> None:

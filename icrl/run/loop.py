@@ -135,9 +135,26 @@ def start_log(c: Components, hooks: Callbacks) -> Logger:
         f"({sum(p.numel() for p in c.agent.online_parameters()):,} parameters) on {c.device}"
         + (f" x {world} processes" if world > 1 else "") + f"; run dir {c.run_dir}"
     )
+    say_roundings(c)
     hooks.start(TrainingRun(cfg, c.run_dir, c.agent, read_spaces_record(c.spaces, "the run"), c.device, c.env_steps,
                             env=c.env_factories[0] if c.env_factories else None))
     return log
+
+
+def say_roundings(c: Components) -> None:
+    """Say once where the run does not do exactly what was asked: a budget that is not whole epochs, and
+    evaluations of more rollouts than asked (every eval env copy finishes the same number)."""
+    s, cfg = c.cfg.schedule, c.cfg
+    runs = (s.env_steps // s.steps_per_epoch) * s.steps_per_epoch
+    if runs != s.env_steps:
+        say(f"icrl: note: --total-env-steps {s.env_steps:,} is not whole epochs of --steps-per-epoch "
+            f"{s.steps_per_epoch:,}: the run takes {runs:,} env steps")
+    if c.eval_collector is not None:
+        n = c.eval_collector.num_envs
+        done = -(-cfg.eval.eval_rollouts // n) * n
+        if done != cfg.eval.eval_rollouts:
+            say(f"icrl: note: evaluations run {done} rollouts, not --eval-rollouts {cfg.eval.eval_rollouts}: each of "
+                f"the {n} eval env copies finishes the same number")
 
 
 def collect(c: Components, epoch: int) -> tuple[list[Rollout], list[EpisodeStats]]:

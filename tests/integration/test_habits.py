@@ -500,3 +500,16 @@ def test_checkpoints_come_by_wall_time_too_and_a_stop_says_what_it_left(in_tmp, 
         with pytest.raises(SystemExit) as e:
             run_stoppable(interrupted, log_dir=run_dir)
         assert e.value.code == 130 and said in capsys.readouterr().err
+
+
+def test_a_run_says_what_it_rounded_and_why_a_callback_stopped_it(in_tmp, capsys):
+    class Enough:
+        def on_epoch_end(self, row):
+            return row["epoch"] >= 1
+
+    icrl.train(tiny("runs/n", env_kwargs="{}", total_env_steps=70, eval_rollouts=3), env=lambda: Combo(),
+               callbacks=[Enough()])  # a user's env: evaluated on the run's 2 copies
+    out = capsys.readouterr().out
+    assert "--total-env-steps 70 is not whole epochs" in out and "the run takes 64 env steps" in out
+    assert "evaluations run 4 rollouts, not --eval-rollouts 3" in out
+    assert "stopping: the callback Enough.on_epoch_end returned True" in out

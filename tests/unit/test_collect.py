@@ -330,3 +330,30 @@ def test_no_task_reported_no_task_stored():
     col = Collector(venv, TimestepWrapper(TMaze()).action_spec, seed=0)
     _, stats = col.collect(RandomPolicy(col.action_spec, 1), 40)
     assert stats and all(s.task is None for s in stats)
+
+
+class SuccessByGymnasiumKey(gym.Env):
+    """Episodes of 2 steps that report `info["is_success"]` (Gymnasium's and Stable-Baselines3's key), true when the
+    last action was 1."""
+
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return 0, {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= 2
+        return 0, float(action), done, False, {"is_success": bool(action == 1)} if done else {}
+
+
+def test_is_success_counts_as_success():
+    venv = gym.vector.SyncVectorEnv([lambda: TimestepWrapper(SuccessByGymnasiumKey())] * 2,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    col = Collector(venv, TimestepWrapper(SuccessByGymnasiumKey()).action_spec, seed=0)
+    _, stats = col.collect(RandomPolicy(col.action_spec, 0), 40)
+    venv.close()
+    assert stats and all(s.success in (0.0, 1.0) for s in stats) and 0 < np.mean([s.success for s in stats]) < 1
