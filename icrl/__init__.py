@@ -3,7 +3,7 @@
     import icrl
     result = icrl.train(cfg, env=MyEnv)        # any Gymnasium env: id, class, factory, instance or vector env
     policy = icrl.load(result["run_dir"])      # a run directory, a checkpoint or an exported .zip: no env needed
-    action, state = policy.predict(obs, state, episode_start, reward)
+    action, state = policy.predict(obs, state, episode_start, reward=reward)
     icrl.evaluate(policy, env, n_episodes=10)  # mean / std / per-episode returns and success
 
 The names are resolved on first use, so `import icrl` (and the `icrl` command line) stays light; `dir(icrl)`

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from icrl.agent.model import Agent, AgentPolicy
-from icrl.config import ExperimentConfig
+from icrl.config import ConfigError, ExperimentConfig
 from icrl.envs.wrapper import RolloutClock
 from icrl.guards import nonfinite_keys
 from icrl.run.evaluate import RunDirError, load_run
@@ -94,15 +94,17 @@ class InContextPolicy:
         observation: Any,
         state: PolicyState | None = None,
         episode_start: Any = None,
+        *,
         reward: Any = None,
         deterministic: bool = True,
-        *,
         new_task: Any = None,
     ) -> tuple[Any, PolicyState]:
         """The action(s) for `observation`, and the state to pass to the next call.
 
         Follows sb3-contrib RecurrentPPO's `predict(observation, state, episode_start, deterministic)`, plus
-        the previous reward, which an in-context agent reads: it adapts to a task from its own history.
+        the previous reward, which an in-context agent reads: it adapts to a task from its own history. Every
+        argument after `episode_start` is keyword-only (`reward=`, `deterministic=`), so RecurrentPPO's habit of
+        passing `deterministic` fourth is an error, not a reward of True.
 
         observation: a raw observation of the env (as `env.reset` / `env.step` return it), or a batch of N
             of them (leading axis N, as a gymnasium vector env returns them; a Dict's leaves each batched).
@@ -273,6 +275,12 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
     A run from an icrl that did not write them needs `env=`: the env (or its class, a factory, a vector env,
     or its name), whose spaces are read once; building it is then the caller's explicit choice.
     """
+    from icrl.config.validation import device_error
+
+    bad_device = device_error(str(device)) if isinstance(device, (str, torch.device)) else (
+        f"device must be a str or torch.device such as 'cpu', 'cuda' or 'auto', got {device!r}")
+    if bad_device:  # the same line as `icrl eval --device` (not torch's AssertionError deep in loading)
+        raise ConfigError(bad_device.replace("--device ", "device=").replace("--device", "device"))
     path = Path(path)
     if not path.exists():
         raise RunDirError(f"{path} does not exist; pass a run directory written by `icrl train` or a checkpoint")

@@ -87,9 +87,15 @@ class ExperimentConfig:
         by_group: dict[str, dict[str, Any]] = {}
         for name, value in fields.items():
             by_group.setdefault(owners[name], {})[name] = value
-        return dataclasses.replace(
+        new = dataclasses.replace(
             self, **{g: dataclasses.replace(getattr(self, g), **values) for g, values in by_group.items()}
         )
+        from icrl.config.validation import field_errors
+
+        errors = field_errors(new, only=set(fields))  # a wrong type or range now, in one line, as the CLI says it
+        if errors:
+            raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+        return new
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)

@@ -176,14 +176,17 @@ def _numbers(value: Any) -> list[float]:
     return []
 
 
-def field_errors(cfg: ExperimentConfig) -> list[str]:
+def field_errors(cfg: ExperimentConfig, only: set[str] | None = None) -> list[str]:
     """One message per field of `cfg` (an ExperimentConfig) whose value has the wrong type, is not finite
-    or is out of its range; empty when every field is fine. Devices are checked by `device_error`."""
+    or is out of its range; empty when every field is fine. Devices are checked by `device_error`. `only`: the
+    field names to check (default: all)."""
     errors: list[str] = []
     for group_field in dataclasses.fields(cfg):  # the config's groups: env, model, loss, ...
         group, sub = group_field.name, getattr(cfg, group_field.name)
         hints = typing.get_type_hints(type(sub))
         for f in dataclasses.fields(sub):
+            if only is not None and f.name not in only:
+                continue
             value, hint = getattr(sub, f.name), hints.get(f.name, Any)
             default = f.default if f.default is not dataclasses.MISSING else None
             if value == default and type(value) is type(default):  # the author's choice (even an inf)

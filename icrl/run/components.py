@@ -25,6 +25,7 @@ from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
 from icrl.config.model import DEFAULT_CONTEXT
 from icrl.config.training import DEFAULT_ENV_STEPS
+from icrl.config.validation import field_errors
 from icrl.data import DiskReplay
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
@@ -243,7 +244,10 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     seeded before the first draw.
     """
     check_config_type(cfg)
-    cfg, source = apply_env(cfg or ExperimentConfig(), env)
+    cfg, source = apply_env(cfg or ExperimentConfig(), env)  # (cfg.env.env may hold an env object until here)
+    errors = field_errors(cfg)  # before any value is computed with (a budget of "lots"...)
+    if errors:
+        raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
     cfg = with_task_defaults(cfg, source.factories[0] if source.factories else None).validate()
     e = cfg.env
     replicas = init_replicas(cfg.run.device)  # one process, or this rank of a data-parallel run

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import icrl
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
@@ -187,3 +188,25 @@ def test_the_async_learner_logs_the_collectors_own_epsilon():
     assert learning.epsilon() == pytest.approx(own) == pytest.approx(0.5)
     learning.counts.collector_env_steps = []
     assert learning.epsilon() == pytest.approx(1.0)  # no collector yet: the schedule's start
+
+
+def test_the_python_api_says_what_the_cli_says(policy, tmp_path):
+    """The Python API's wrong inputs get the CLI's one-line errors: a field of the wrong type at `replace` (not a
+    TypeError from arithmetic deep in a run), a device this machine lacks at `icrl.load`, and RecurrentPPO's
+    positional `deterministic` at `predict`, which would otherwise be read as the reward."""
+    from icrl.config import ConfigError, ExperimentConfig
+
+    with pytest.raises(ConfigError, match="--total-env-steps must be an integer"):
+        ExperimentConfig().replace(total_env_steps="lots")
+    cfg = ExperimentConfig()
+    object.__setattr__(cfg.schedule, "total_env_steps", "lots")  # past `replace`: icrl.train checks it first
+    with pytest.raises(ConfigError, match="--total-env-steps must be an integer"):
+        icrl.train(cfg)
+    for device, words in (("tpu", "not a torch device"), (5, "must be a str or torch.device")) + (
+            () if torch.cuda.is_available() else (("cuda", "no usable CUDA device"),)):
+        with pytest.raises(ConfigError, match=words):
+            icrl.load(tmp_path / "run", device=device)
+    obs = policy.observation_space.sample()
+    _, state = policy.predict(obs)
+    with pytest.raises(TypeError, match="positional"):
+        policy.predict(obs, state, False, True)
