@@ -275,6 +275,28 @@ def finish(c: Components, last_eval: dict | None, hooks: Callbacks) -> dict:
     finally:
         if c.lock is not None:
             c.lock.release()
+    hint_critic_reach(c.cfg, c.learner.updates, last_eval)
     result = {**last_eval, "run_dir": str(c.run_dir)}  # where the run lives, also when icrl chose the folder
     hooks.end(result)
     return result
+
+
+def critic_reach(cfg: ExperimentConfig, updates: int) -> float:
+    """About how many steps ahead the critic can have seen by now: each update moves the target networks a
+    fraction τ of the way, and each bootstrap hop spans n steps, so values propagate ~τ × updates × n steps
+    (docs/results.md, "Why Pendulum-v1 learned slowly")."""
+    return cfg.loss.tau * updates * cfg.loss.td_steps
+
+
+def hint_critic_reach(cfg: ExperimentConfig, updates: int, last_eval: dict) -> bool:
+    """At the end of a run that did not succeed, say once when its critic's reach (`critic_reach`) was far
+    shorter than its episodes: the values cannot have reached rewards further away, whatever the task. True
+    when said."""
+    length, success = last_eval.get("episode_length_mean"), last_eval.get("success_rate")
+    reach = critic_reach(cfg, updates)
+    if not length or (success is not None and success >= 0.5) or reach >= length / 4:
+        return False
+    say(f"icrl: hint: the critic can have looked only ~{reach:.0f} steps ahead (τ {cfg.loss.tau:g} x {updates:,} "
+        f"updates x {cfg.loss.td_steps}-step returns) in episodes of ~{length:.0f} steps; if rewards lie further "
+        "away, raise --tau, --n-step or the updates (--replay-ratio, --total-env-steps), as --preset control does")
+    return True

@@ -256,3 +256,20 @@ def test_the_result_line_says_when_no_evaluation_rollout_ended(monkeypatch, tmp_
     assert "eval return none (no evaluation rollout ended: raise --eval-max-steps)" in lines[-1]
     results.finish_run(tmp_path, None, ExperimentConfig(), {**row, "return_mean": 0.5, "rollouts": 4}, 96, 2)
     assert "eval return +0.500 over 4 rollouts" in lines[-1]
+
+
+def test_the_critic_reach_hint_names_the_knobs_only_where_the_reach_falls_short(capsys):
+    """Pendulum at the defaults (τ 0.003, 1-step returns, 900 updates: ~3 steps of reach in 200-step episodes)
+    gets the hint; the control preset's settings, a solved run and a run without episode lengths do not."""
+    from icrl.config import ExperimentConfig
+    from icrl.run.loop import hint_critic_reach
+
+    pendulum = {"episode_length_mean": 200.0, "success_rate": None, "return_mean": -1345.0}
+    assert hint_critic_reach(ExperimentConfig(), 900, pendulum)
+    said = capsys.readouterr().out
+    assert "~3 steps ahead" in said and "--tau" in said and "--n-step" in said
+    control = ExperimentConfig().replace(tau=0.02, n_step=5)
+    assert not hint_critic_reach(control, 756, pendulum)
+    assert not hint_critic_reach(ExperimentConfig(), 900, {**pendulum, "success_rate": 1.0})
+    assert not hint_critic_reach(ExperimentConfig(), 900, {"return_mean": 0.0})
+    assert capsys.readouterr().out == ""
