@@ -48,7 +48,7 @@ class Train:
     value). `--preset NAME` starts from a preset; the other flags apply on top of it."""
 
     preset: str | None = None
-    """Start from this preset (icrl.config.presets: cue_recall, goal_grid, tmaze)."""
+    """Start from this preset (icrl.config.presets: tmaze, cue_recall, goal_grid, multitask, control)."""
     config_file: ConfigFile = None
     """Start from this config.json (or a run directory's), e.g. another run's, the flags applying on top; its
     run dir and --resume are not taken, so the new run gets its own folder."""
@@ -72,7 +72,7 @@ class Learn:
     run_dir: tyro.conf.Positional[RunDir]
     """The run directory shared with the collectors (created, or continued with --resume)."""
     preset: str | None = None
-    """Start from this preset (icrl.config.presets: cue_recall, goal_grid, tmaze)."""
+    """Start from this preset (icrl.config.presets: tmaze, cue_recall, goal_grid, multitask, control)."""
     config_file: ConfigFile = None
     """Start from this config.json (or a run directory's), e.g. another run's, the flags applying on top; its
     run dir and --resume are not taken, so the new run gets its own folder."""

@@ -271,8 +271,9 @@ def _schedule_checks(cfg: ExperimentConfig) -> list[Check]:
             "each epoch steps every env at least once",
         ),
         (
-            sc.env_steps >= sc.steps_per_epoch or (sc.env_steps == 0 and r.offline_updates > 0),
-            "--total-env-steps must be >= --steps-per-epoch (or 0 with --offline-updates: offline training)",
+            sc.env_steps >= e.parallel_envs or (sc.env_steps == 0 and r.offline_updates > 0),
+            f"--total-env-steps {sc.env_steps} is below --parallel-envs {e.parallel_envs}: a run steps every env at "
+            "least once (or 0 with --offline-updates: offline training)",
         ),
     ]
 

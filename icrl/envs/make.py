@@ -199,7 +199,18 @@ def _resolve_factory(name: str) -> Callable[..., gym.Env] | None:
     except ImportError as e:
         raise ValueError(f"Unknown env {name!r}: cannot import module {module_name!r} ({e}). {_forms_help()}") from e
     factory = getattr(module, attr, None)
+    if factory is None and "." not in attr and not _registers_envs(module_name):  # a typo in the name after ':'
+        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
+        close = difflib.get_close_matches(attr, names, n=3, cutoff=0.6)
+        if close:
+            raise ValueError(f"Unknown env {name!r}: module {module_name!r} has no {attr!r}. Did you mean "
+                             f"{' or '.join(repr(f'{module_name}:{c}') for c in close)}?")
     return factory if callable(factory) else None
+
+
+def _registers_envs(module_name: str) -> bool:
+    """Whether importing `module_name` registered Gymnasium ids under it ('module:EnvId' names an id then)."""
+    return any(spec.entry_point and str(spec.entry_point).startswith(module_name) for spec in gym.registry.values())
 
 
 def make_env(name: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:

@@ -94,6 +94,11 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     if cfg.schedule.total_env_steps is None:
         cfg = cfg.replace(total_env_steps=task_budget(e.env, e.kwargs, factory) or DEFAULT_ENV_STEPS)
     cfg = with_recorded_exploration(cfg)
+    s = cfg.schedule
+    if 0 < s.env_steps < s.steps_per_epoch:  # a smoke run: one epoch of the whole budget
+        say(f"icrl: note: --total-env-steps {s.env_steps:,} is below --steps-per-epoch {s.steps_per_epoch:,}: the run "
+            f"is one epoch of {s.env_steps:,} env steps")
+        cfg = cfg.replace(steps_per_epoch=s.env_steps)
     rec = task_exploration(e.env, e.kwargs, factory) if cfg.explore.task_recommendation else {}
     steps_per_env = cfg.schedule.env_steps // max(e.parallel_envs, 1)
     cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec, steps_per_env=steps_per_env))

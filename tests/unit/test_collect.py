@@ -241,6 +241,8 @@ def test_make_env_errors():
     assert len(str(e.value)) < 400 and "popgym/AutoencodeEasy" not in str(e.value)
     with pytest.raises(ValueError, match="Did you mean 'tmaze'"):
         make_env("tmaz")
+    with pytest.raises(ValueError, match="has no 'HostilEnv'. Did you mean 'hostile_envs:HostileEnv'"):
+        make_env("hostile_envs:HostilEnv")  # a typo after the colon (tests/hostile_envs.py)
     with pytest.raises(ValueError, match="Taxi-v4"):  # gymnasium's own advice is kept
         make_env("Taxi-v3")
     with pytest.raises(ValueError, match="corridor"):
