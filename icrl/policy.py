@@ -324,9 +324,21 @@ def evaluate(policy: InContextPolicy | str | Path, env: Any = None, n_episodes: 
     env_kwargs: kwargs for the env (default: the run's when `env` is None or the run's env name, else none).
     seed: seeds the envs; with the run's env and seed this is exactly `icrl eval RUN --seed S`'s evaluation.
     """
+    from icrl.config.validation import MAX_PARALLEL_ENVS, MAX_ROLLOUTS
     from icrl.run.evaluate import evaluate_agent
 
+    _check_count("n_episodes", n_episodes, MAX_ROLLOUTS)  # a count that would run for ever, or play nothing
+    if max_steps is not None:
+        _check_count("max_steps", max_steps, 10**9)
+    if parallel_envs is not None:
+        _check_count("parallel_envs", parallel_envs, MAX_PARALLEL_ENVS)
     policy = policy if isinstance(policy, InContextPolicy) else load(policy)
     return evaluate_agent(policy.agent, policy.config, (policy.observation_space, policy.action_space),
                           policy.device, env, n_episodes, deterministic, env_kwargs=env_kwargs, seed=seed,
                           parallel_envs=parallel_envs, max_steps=max_steps)
+
+
+def _check_count(name: str, value: Any, most: int) -> None:
+    """A whole number from 1 to `most`, else ConfigError naming `name` (as the CLI's bounds do)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= most:
+        raise ConfigError(f"{name} must be a whole number from 1 to {most:,}, got {value!r}")

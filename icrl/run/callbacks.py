@@ -18,6 +18,7 @@ themselves are built into the loop (`--eval-every`, `--checkpoint-every`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,8 @@ class StopTrainingOnRewardThreshold(Callback):
     def __init__(self, threshold: float, patience: int = 1) -> None:
         if patience < 1:
             raise ValueError(f"patience must be >= 1, got {patience}")
+        if not isinstance(threshold, (int, float)) or not math.isfinite(threshold):  # NaN would never stop the run
+            raise ValueError(f"threshold must be a finite number (an eval return), got {threshold!r}")
         self.threshold, self.patience, self.streak = float(threshold), int(patience), 0
 
     def on_eval(self, row: dict[str, Any]) -> bool:
@@ -97,6 +100,7 @@ class EvalCallback(Callback):
 
     def __init__(self, eval_env: Any = None, n_episodes: int = 8, every: int = 1, deterministic: bool = True,
                  best_path: str | Path | None = None, verbose: bool = True) -> None:
+        _positive("EvalCallback", every=every, n_episodes=n_episodes)
         self.eval_env, self.n_episodes, self.every, self.deterministic = eval_env, n_episodes, every, deterministic
         self.best_path, self.verbose = best_path, verbose
         self.best, self.calls = float("-inf"), 0
@@ -124,6 +128,7 @@ class CheckpointCallback(Callback):
     checkpoints `--resume` uses are written by the loop itself (`--checkpoint-every`)."""
 
     def __init__(self, every: int = 10, folder: str | Path | None = None) -> None:
+        _positive("CheckpointCallback", every=every)
         self.every, self.folder, self.epochs = int(every), folder, 0
 
     def on_epoch_end(self, row: dict[str, Any]) -> None:
@@ -134,6 +139,13 @@ class CheckpointCallback(Callback):
             folder = Path(self.folder or check_inside(self.run.run_dir, self.run.run_dir / "weights"))
             folder.mkdir(parents=True, exist_ok=True)
             save_weights(self.run.agent, folder / f"agent-{row['env_steps']:09d}.safetensors")
+
+
+def _positive(owner: str, **counts: Any) -> None:
+    """Each count a whole number >= 1 (`every=0` would divide by zero at the first epoch), else ValueError."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{owner}({name}=...) must be a whole number >= 1, got {value!r}")
 
 
 class Callbacks:

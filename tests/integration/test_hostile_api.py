@@ -210,3 +210,27 @@ def test_the_python_api_says_what_the_cli_says(policy, tmp_path):
     _, state = policy.predict(obs)
     with pytest.raises(TypeError, match="positional"):
         policy.predict(obs, state, False, True)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    (dict(n_episodes=10**12), "n_episodes must be a whole number from 1"),  # would run for ever
+    (dict(n_episodes=0), "n_episodes must be a whole number from 1"),
+    (dict(max_steps=0), "max_steps must be a whole number from 1"),  # returned `rollouts: 0` silently
+    (dict(parallel_envs=-1), "parallel_envs must be a whole number from 1"),
+])
+def test_evaluate_refuses_counts_that_hang_or_play_nothing(policy, kwargs, words):
+    from icrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=words):
+        icrl.evaluate(policy, **kwargs)
+
+
+def test_callbacks_refuse_arguments_that_never_stop_or_divide_by_zero():
+    from icrl.run.callbacks import CheckpointCallback, EvalCallback, StopTrainingOnRewardThreshold
+
+    for make, words in ((lambda: StopTrainingOnRewardThreshold(float("nan")), "finite"),
+                        (lambda: CheckpointCallback(every=0), r"every=\.\.\.\) must be a whole number >= 1"),
+                        (lambda: EvalCallback(every=0), r"every=\.\.\.\) must be"),
+                        (lambda: EvalCallback(n_episodes=0), r"n_episodes=\.\.\.\) must be")):
+        with pytest.raises(ValueError, match=words):
+            make()
