@@ -256,7 +256,16 @@ class Plot:
             fail(f"--out {out} must be a .png file")
         from icrl.run.plot import adaptation_path, plot_adaptation, plot_learning_curves
 
-        print(plot_learning_curves(list(self.run_dirs), out, x=self.x))
+        title = None
+        if out == one:  # the run's own plot: drawn again as the run drew it, with its title
+            from icrl.run.evaluate import RunDirError, load_config
+
+            try:
+                e = load_config(self.run_dirs[0]).env
+                title = f"{e.env} {e.env_kwargs}"
+            except (RunDirError, ValueError):  # no readable config: the plot has no title, as before
+                title = None
+        print(plot_learning_curves(list(self.run_dirs), out, x=self.x, title=title))
         adaptation = plot_adaptation(list(self.run_dirs), adaptation_path(out))
         if adaptation is not None:
             print(adaptation)

@@ -44,6 +44,7 @@ def group_runs(run_dirs: list[str | Path]) -> list[tuple[str, list[Path]]]:
     """[(label, run dirs)]: runs whose configs agree except seed and run dir share a group, in first-seen order."""
     groups: dict[str, list[Path]] = {}
     configs: dict[str, dict[str, Any] | None] = {}
+    seeds: dict[str, list[Any]] = {}
     for d in map(Path, run_dirs):
         cfg = _config(d)
         if cfg is None:
@@ -52,6 +53,7 @@ def group_runs(run_dirs: list[str | Path]) -> list[tuple[str, list[Path]]]:
             key = json.dumps({k: v for k, v in cfg.items() if k not in _IGNORED}, sort_keys=True, default=str)
         groups.setdefault(key, []).append(d)
         configs.setdefault(key, cfg)
+        seeds.setdefault(key, []).append(None if cfg is None else cfg.get("run.seed"))
     known = [c for c in configs.values() if c is not None]
     differing = sorted(
         k for k in set().union(*known) if k not in _IGNORED and len({json.dumps(c.get(k)) for c in known}) > 1
@@ -63,8 +65,9 @@ def group_runs(run_dirs: list[str | Path]) -> list[tuple[str, list[Path]]]:
             label = ", ".join(f"{k.split('.')[-1]}={cfg.get(k)}" for k in differing[:3])
         else:
             label = dirs[0].name if len(dirs) == 1 else f"{dirs[0].name} +{len(dirs) - 1}"
-        if len(dirs) > 1:
-            label += f" ({len(dirs)} seeds)"
+        if len(dirs) > 1:  # "seeds" only when they are: three runs of seed 0 are three runs
+            distinct = None not in seeds[key] and len(set(seeds[key])) == len(dirs)
+            label += f" ({len(dirs)} {'seeds' if distinct else 'runs'})"
         out.append((label, dirs))
     return out
 

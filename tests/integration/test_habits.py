@@ -513,3 +513,20 @@ def test_a_run_says_what_it_rounded_and_why_a_callback_stopped_it(in_tmp, capsys
     assert "--total-env-steps 70 is not whole epochs" in out and "the run takes 64 env steps" in out
     assert "evaluations run 4 rollouts, not --eval-rollouts 3" in out
     assert "stopping: the callback Enough.on_epoch_end returned True" in out
+
+
+def test_plot_labels_seeds_only_when_they_are_and_redraws_a_runs_own_plot_with_its_title(in_tmp, monkeypatch):
+    import shutil
+
+    from icrl.run import plot
+
+    icrl.train(tiny("runs/s0"))
+    for copy in ("runs/s0b", "runs/s0c"):  # the same config and seed three times: three runs, not three seeds
+        shutil.copytree(in_tmp / "runs/s0", in_tmp / copy)
+    assert [label for label, _ in plot.group_runs(["runs/s0", "runs/s0b", "runs/s0c"])] == ["s0 +2 (3 runs)"]
+    icrl.train(tiny("runs/s1", seed=1))
+    assert plot.group_runs(["runs/s0", "runs/s1"])[0][0].endswith("(2 seeds)")
+    titles = []
+    monkeypatch.setattr(plot, "_save", lambda fig, out: titles.append(fig._suptitle.get_text()) or Path(out))
+    assert cli("plot", "runs/s0") == 0  # the run's own learning_curve.png, drawn again: with the run's title
+    assert titles == ["tmaze {\"length\": 3}"]
