@@ -19,13 +19,14 @@ from icrl.asynchronous.protocol import (
     wait_for,
     write_counters,
 )
-from icrl.config import ExperimentConfig
+from icrl.config import ConfigError, ExperimentConfig
 from icrl.envs import Collector
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.envs.wrapper import agent_obs_space
 from icrl.run.components import build_agent, make_run_envs, open_replay, train_policy
 from icrl.run.episodes import add_task_sums, rollout_sums, task_sums
 from icrl.run.loggers import say
+from icrl.run.runlock import hold_exclusive
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec, EpisodeStats
 
@@ -51,6 +52,20 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
     cfg = wait_for_run(paths, wait_s, stop, override or EnvOverride())
     if cfg is None:
         return {}
+    paths.make_collectors_dir()
+    held = hold_exclusive(paths.collectors / f"{collector_id}.lock")  # one live collector per id
+    if held is None:
+        raise ConfigError(f"icrl collect: collector id {collector_id} is in use by another icrl collect on {run_dir}: "
+                          "two would share one counter and one seed stream; pass another --collector-id")
+    try:
+        return _collect(paths, cfg, collector_id, device, max_env_steps, max_lead, stop)
+    finally:
+        os.close(held)
+
+
+def _collect(paths: AsyncPaths, cfg: ExperimentConfig, collector_id: int, device: str, max_env_steps: int | None,
+             max_lead: int | None, stop: StopFlag | None) -> dict:
+    """`collect` once the run exists and this process holds its collector id."""
     max_lead = cfg.asynchronous.max_lead if max_lead is None else max_lead
     counters = read_own_counters(paths, collector_id)
     starts = int(counters.get("starts", 0)) + 1

@@ -84,6 +84,17 @@ def _try_lock(fd: int, shared: bool = False) -> bool:
         return False
 
 
+def hold_exclusive(lock_path: Path) -> int | None:
+    """A descriptor holding an exclusive lock on `lock_path` (created; a symlink, FIFO or folder there is refused
+    in one line) until it is closed or the process dies, or None when another process holds it. For a name
+    only one live process may use at a time (a run dir: `RunLock`; an asynchronous collector's id)."""
+    fd = _open_lock(lock_path, os.O_RDWR | os.O_CREAT)
+    if fcntl is None or _try_lock(fd):  # pragma: no branch - no flock (Windows): nothing to hold
+        return fd
+    os.close(fd)
+    return None
+
+
 class RunLock:
     """An exclusive lock on a run directory, held until `release()` or the process's death."""
 

@@ -120,6 +120,9 @@ def test_sigkill_loses_no_stored_rollout_and_a_restarted_collector_continues(tmp
     fifo = run / "replay" / "fifo"
     try:
         _wait(lambda: len(list_rollout_files(fifo)) >= 200, 120, "200 stored rollouts", procs)
+        twin = _start("collect", str(run), "--collector-id", "3", "--max-env-steps", "16")  # the id is taken
+        _, err = twin.communicate(timeout=60)
+        assert twin.returncode == 2 and "collector id 3 is in use" in err and len(err.strip().splitlines()) == 1, err
         collector.send_signal(signal.SIGKILL)  # mid-write, most likely: it writes one file per 2 env steps
         collector.wait(timeout=30)
         files = list_rollout_files(fifo)
