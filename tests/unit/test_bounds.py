@@ -33,7 +33,7 @@ def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(name):
 
 @pytest.mark.parametrize("flag", ["--batch-size", "--eval-rollouts", "--layers", "--head-layers", "--n-step",
                                   "--num-workers", "--eval-max-steps", "--d-model", "--d-ff", "--head-hidden",
-                                  "--max-seq-len", "--num-critics"])
+                                  "--max-seq-len", "--num-critics", "--updates-per-epoch", "--replay-ratio"])
 def test_the_cli_refuses_every_unbounded_size_in_one_line(flag, capsys, tmp_path):
     err = refused(["train", flag, str(HUGE), "--run-dir", str(tmp_path / "r")], capsys)
     assert flag in err or "GiB" in err
