@@ -45,7 +45,7 @@ from safetensors import SafetensorError, safe_open
 
 from icrl.agent.model import Agent
 from icrl.config import ConfigError
-from icrl.fileio import check_inside, write_text_atomic
+from icrl.fileio import check_inside, open_regular, write_text_atomic
 from icrl.run.ckpt_checks import unmatched_names
 from icrl.run.episodes import SUM_KEYS, add_task_sums
 from icrl.run.loggers import say
@@ -178,6 +178,13 @@ class WeightsFileError(ValueError):
 
 
 def _read_published(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        os.close(open_regular(path))  # a FIFO (or symlink, folder) there would block safetensors' open for ever
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise WeightsFileError(f"the published weights {path} are not a regular file ({e.strerror or e}); remove it "
+                               "and restart `icrl learn` to publish them") from e
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = f.metadata() or {}

@@ -79,7 +79,7 @@ def _published(agent, tmp_path, tensors=None):
     return path
 
 
-@pytest.mark.parametrize("kind", ["corrupt", "truncated", "foreign", "nan", "missing"])
+@pytest.mark.parametrize("kind", ["corrupt", "truncated", "foreign", "nan", "missing", "fifo"])
 def test_the_collector_refuses_a_broken_published_weights_file_before_loading_it(agent, tmp_path, kind):
     from icrl.asynchronous.protocol import WeightsFileError, load_weights
 
@@ -91,6 +91,9 @@ def test_the_collector_refuses_a_broken_published_weights_file_before_loading_it
         path.write_bytes(path.read_bytes()[:100])
     elif kind == "foreign":
         _published(agent, tmp_path, {"some.other.model": torch.zeros(3)})
+    elif kind == "fifo":  # blocked the collector's open for ever
+        path.unlink()
+        os.mkfifo(path)
     elif kind == "nan":
         from safetensors.torch import load_file
         tensors = load_file(str(path))
