@@ -212,7 +212,7 @@ def hint_short_context(c: Components, rollouts: list[Rollout]) -> bool:
 def update(c: Components, batches: LazyLoader, timer: Timer, budget: UpdateBudget,
            epoch: int) -> tuple[dict[str, float], int]:
     """The epoch's updates once the run has enough data (an offline epoch: a fixed count; else `budget`'s);
-    returns the last update's metrics (averaged over the ranks) and the number of updates made."""
+    returns the means of the epoch's update metrics (averaged over the ranks) and the number of updates made."""
     cfg = c.cfg
     ready = c.env_steps() >= cfg.schedule.start_updates_after and c.replay.num_rollouts() > 0
     if not c.replicas.all_ready(ready):
