@@ -74,7 +74,7 @@ def _start_args(argv: list[str], prog: str = "icrl train") -> tuple[str | None, 
         fail(f"{prog}: pass --preset or --config, not both (the flags on top apply to either)")
     try:
         kwargs = json.loads(known.env_kwargs)
-    except ValueError:
+    except (ValueError, RecursionError):  # the full parse says what is wrong with it, in one line
         kwargs = {}
     trusted = known.env is not None or known.trust_run_env
     config = known.config

@@ -194,6 +194,9 @@ def _resolve_factory(name: str) -> Callable[..., gym.Env] | None:
             "name it package.module:factory (a run trained on one: icrl eval RUN --env package.module:factory, "
             "or icrl.load(RUN) for the policy alone)"
         )
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name):  # '../x', 'a/b', '.x': not a module path
+        raise ValueError(f"Unknown env {name!r}: {module_name!r} is not a module name (dotted Python names, "
+                         f"e.g. package.module:factory). {_forms_help()}")
     try:
         module = _import_module(module_name)
     except ImportError as e:

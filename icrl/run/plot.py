@@ -73,11 +73,17 @@ def group_runs(run_dirs: list[str | Path]) -> list[tuple[str, list[Path]]]:
 
 
 def _eval_rows(run_dir: Path, kind: str = "eval", key: str = "return_mean") -> list[dict[str, Any]]:
-    """The run's rows of `kind` that carry `key` (train rows: "train/return_mean")."""
+    """The run's rows of `kind` that carry `key` (train rows: "train/return_mean") as a number, with numeric
+    x values: a hand-edited or foreign row (strings where numbers belong) is left out, not plotted into a crash."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [r for r in read_metrics(path) if r.get("kind") == kind and r.get(key) is not None]
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    return [r for r in read_metrics(path) if r.get("kind") == kind and number(r.get(key))
+            and all(number(r.get(x)) for x in ("env_steps", "wall_time") if x in r)]
 
 
 def _band(ax, xs: list[list[float]], ys: list[list[float]], label: str, color, style: str = "-") -> None:

@@ -200,3 +200,16 @@ def test_tensorboard_logger(tmp_path):
     (event,) = acc.Scalars("eval/return_mean")
     assert event.step == 64 and event.value == pytest.approx(0.25)
     assert len(read_metrics(tmp_path / "metrics.jsonl")) == 2
+
+
+def test_plot_leaves_out_rows_whose_numbers_are_not_numbers(tmp_path):
+    """A hand-edited or foreign metrics row (strings where numbers belong) is left out, not a traceback."""
+    from icrl.run.plot import plot_learning_curves
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"kind": "eval", "epoch": 1, "env_steps": 100, "wall_time": 1.0, "return_mean": 0.5},
+            {"kind": "eval", "epoch": "two", "env_steps": "x", "wall_time": 2.0, "return_mean": "high"},
+            {"kind": "eval", "epoch": 3, "env_steps": 300, "wall_time": 3.0, "return_mean": 0.9}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+    assert plot_learning_curves([run], tmp_path / "out.png").is_file()

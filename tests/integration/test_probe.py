@@ -97,10 +97,11 @@ FRESH = [
     (["--env-kwargs", '{"length": -3}'], "length=-3"), (["--env-kwargs", '{"bogus": 1}'], "'bogus'"),
     (["--env-kwargs", "not json"], "--env-kwargs"), (["--env-kwargs", "[1]"], "--env-kwargs"),
     (["--env", "no_such_env"], "no_such_env"), (["--preset", "nope"], "preset"),
+    (["--env", "../x:y"], "not a module name"), (["--env-kwargs", "[" * 20_000 + "]" * 20_000], "nested too deeply"),
 ]
 
 
-@pytest.mark.parametrize(("flags", "word"), FRESH, ids=[" ".join(f) for f, _ in FRESH])
+@pytest.mark.parametrize(("flags", "word"), FRESH, ids=[" ".join(f)[:60] for f, _ in FRESH])
 def test_bad_value_refused_before_anything_is_written(tmp_path, flags, word):
     out = train(tmp_path / "run", 16, *flags, cwd=tmp_path)
     assert_refused(out, word)
