@@ -250,6 +250,12 @@ class Timesteps:
     def shape(self) -> tuple[int, int]:
         return tuple(self.time.shape)  # type: ignore[return-value]
 
+    def named(self) -> dict[str, torch.Tensor]:
+        """Every tensor by name ("obs/<key>" for the observations), in a fixed order: what static buffers of
+        timesteps are laid out by (a captured acting step's inputs, a captured update's batch)."""
+        return {**{f"obs/{k}": v for k, v in self.obs.items()}, "prev_action": self.prev_action,
+                "prev_reward": self.prev_reward, "time": self.time, "reset": self.reset}
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Timesteps:
         return Timesteps(
             obs={k: v.to(device, non_blocking=non_blocking) for k, v in self.obs.items()},
@@ -263,10 +269,12 @@ class Timesteps:
     def from_numpy(cls, step: dict, device: torch.device | str = "cpu") -> Timesteps:
         """A batch of single timesteps from the vector env ([N, ...] arrays) -> tensors [N, 1, ...]."""
 
+        on_host = torch.device(device).type == "cpu"
+
         def t(x: np.ndarray, dtype: type | None = None) -> torch.Tensor:
             # numpy views and one from_numpy per leaf: this runs once per vector step of acting
             a = torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=dtype)[:, None]))
-            return a if torch.device(device).type == "cpu" else a.to(device)
+            return a if on_host else a.to(device)
 
         return cls(
             obs={k: t(v) for k, v in step["obs"].items()},
@@ -342,19 +350,11 @@ class Batch:
         )
 
 
-    LEARNER_FIELDS = ("prev_action", "prev_reward", "time", "reset", "action", "reward", "terminated", "mask",
-                      "has_action")
-    """What the learning update reads besides the observations (`to_learner_fields`)."""
-
     def to_learner_fields(self) -> dict[str, torch.Tensor]:
         """The tensors the learning update reads, by name ("obs/<key>" for the observations): what a captured
         update copies into its static buffers (icrl.agent.learner)."""
-        ts = self.inputs
-        fields = {f"obs/{k}": v for k, v in ts.obs.items()}
-        sources = {"prev_action": ts.prev_action, "prev_reward": ts.prev_reward, "time": ts.time, "reset": ts.reset,
-                   "action": self.action, "reward": self.reward, "terminated": self.terminated, "mask": self.mask,
-                   "has_action": self.has_action}
-        return {**fields, **{name: sources[name] for name in self.LEARNER_FIELDS}}
+        return {**self.inputs.named(), "action": self.action, "reward": self.reward, "terminated": self.terminated,
+                "mask": self.mask, "has_action": self.has_action}
 
     @classmethod
     def zeros_like_fields(cls, fields: dict[str, torch.Tensor], length: int, device: torch.device | str) -> Batch:

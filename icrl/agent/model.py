@@ -226,8 +226,7 @@ class StagedInputs:
     through one pinned buffer. On a CPU device the buffers are plain tensors."""
 
     def __init__(self, ts: Timesteps, num_envs: int, device: torch.device) -> None:
-        leaves = {f"obs/{k}": v for k, v in ts.obs.items()}
-        leaves.update(prev_action=ts.prev_action, prev_reward=ts.prev_reward, time=ts.time, reset=ts.reset)
+        leaves = ts.named()
         self.names = list(leaves)
         specs = [(name, x.shape, x.dtype) for name, x in leaves.items()] + [("new_rollout", (num_envs,), torch.bool)]
         pin = device.type != "cpu"
@@ -241,8 +240,7 @@ class StagedInputs:
         self._out: torch.Tensor | None = None
 
     def load(self, ts: Timesteps, new_rollout: np.ndarray) -> None:
-        leaves = {f"obs/{k}": v for k, v in ts.obs.items()}
-        leaves.update(prev_action=ts.prev_action, prev_reward=ts.prev_reward, time=ts.time, reset=ts.reset)
+        leaves = ts.named()
         if list(leaves) != self.names:
             raise ValueError(f"the timesteps' keys changed between acting steps: {list(leaves)} vs {self.names}")
         for name, x in leaves.items():
