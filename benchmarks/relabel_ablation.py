@@ -22,17 +22,17 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from learning_suite import run_one  # benchmarks/ is on sys.path when this file runs as a script
-
-from icrl.config import ExperimentConfig
+from icrl.config import ExperimentConfig, apply_overrides
 from icrl.config.presets import goal_grid
 
 MODES = ("none", "some", "all")
+EVALS_PER_RUN = 10  # evaluations spread over each run (plus the final one)
 PUBLISHED = {
     "crafter": "Crafter, all procedurally generated instructions: 62% success with relabeling, 27% without",
     "mazerunner": "MazeRunner 15x15, 3 goals: relabeling needed to learn at all (AMAGO Figure 6)",
@@ -70,6 +70,47 @@ def task_config(task: str) -> ExperimentConfig:
         env=dataclasses.replace(base.env, env=task, env_kwargs=json.dumps(kwargs)),
         model=dataclasses.replace(base.model, max_seq_len=seq_len),
     ).replace(batch_size=batch)
+
+
+def with_budget(cfg: ExperimentConfig, *, steps: int, seed: int, run_dir: Path, threads: int,
+                device: str) -> ExperimentConfig:
+    """Set the run's budget, seed and directory; shrink the epoch (keeping updates per env step) to fit tiny
+    budgets, and spread about EVALS_PER_RUN evaluations over the run."""
+    s = cfg.schedule
+    spe = max(cfg.env.parallel_envs, min(s.steps_per_epoch, steps))
+    upe = max(1, round(s.updates_per_epoch * spe / s.steps_per_epoch)) if s.updates_per_epoch else 0
+    epochs = max(1, steps // spe)
+    every = max(1, epochs // EVALS_PER_RUN)
+    return cfg.replace(
+        run_dir=str(run_dir), seed=seed, total_env_steps=max(steps, spe), steps_per_epoch=spe,
+        updates_per_epoch=upe, eval_every=every, log_every=every, checkpoint_every=max(every, epochs),
+        keep_checkpoints=1, threads=threads, device=device, resume=False,
+    )  # fmt: skip
+
+
+def run_one(task: str, mode: str, cfg: ExperimentConfig, seed: int, args: argparse.Namespace) -> dict:
+    """One in-process `icrl.train` of `cfg` under the ablation's budget: final and best success, the curve."""
+    from icrl import train
+    from icrl.run.loggers import read_metrics
+
+    run_dir = Path(args.run_root) / task / f"{mode}_seed{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cfg = apply_overrides(with_budget(cfg, steps=args.steps, seed=seed, run_dir=run_dir, threads=args.threads,
+                                      device=args.device), args.set)
+    t0 = time.perf_counter()
+    final = train(cfg)
+    wall = time.perf_counter() - t0
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"
+             and r.get("return_mean") is not None]
+    succ = [r["success_rate"] for r in evals if r.get("success_rate") is not None]
+    if not args.keep_replay:
+        shutil.rmtree(run_dir / "replay", ignore_errors=True)
+    return {"task": task, "mode": mode, "seed": seed, "final_return": final.get("return_mean"),
+            "final_success": final.get("success_rate"), "best_success": max(succ) if succ else None,
+            "best_return": max((r["return_mean"] for r in evals), default=final.get("return_mean")),
+            "env_steps": final.get("env_steps"), "updates": final.get("updates"), "wall_time_s": wall,
+            "curve": [{k: r.get(k) for k in ("env_steps", "wall_time", "return_mean", "success_rate")} for r in evals],
+            "run_dir": str(run_dir), "config": json.loads(cfg.to_json())}
 
 
 def plot(out: Path, runs: list[dict]) -> Path:
@@ -198,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
         for mode in args.modes:
             cfg = dataclasses.replace(base).replace(relabel=mode)
             for seed in args.seeds:
-                r = run_one(task, mode, {"task": task, "mode": mode}, cfg, seed, args)
+                r = run_one(task, mode, cfg, seed, args)
                 runs.append(r)
                 print(f"{task} relabel={mode} seed={seed}: final success {r['final_success']}, "
                       f"{r['wall_time_s']:.0f} s", flush=True)

@@ -85,6 +85,32 @@ def critic_at_junction(agent: torch.nn.Module, length: int) -> dict:
     return out
 
 
+@torch.no_grad()
+def greedy_path(agent: torch.nn.Module, length: int) -> dict:
+    """Where the greedy policy leaves the optimal walk, per cue: the first step whose most likely action is not
+    the optimal one (RIGHT in the corridor, the cued end at the junction), that action, the policy's probabilities
+    and Q of the policy's discount for all four actions there. Greedy evaluation follows the optimal walk up to
+    exactly this step, so an evaluation at success 0 has its cause here (`None`: the greedy walk is optimal)."""
+    agent.eval()
+    out = {}
+    for cue_up in (True, False):
+        s = agent(optimal_walk(length, cue_up))  # [1, T, d]
+        probs = agent.actor(s).probs[0, :, -1]  # [T, A] of the policy's discount
+        best = probs.argmax(-1)  # [T]
+        optimal = torch.full_like(best, 3)
+        optimal[length] = UP if cue_up else DOWN
+        off = torch.nonzero(best != optimal).flatten()
+        key = f"cue_{'up' if cue_up else 'down'}"
+        if not len(off):
+            out[key] = None
+            continue
+        t = int(off[0])
+        q = agent.popart.denormalize_per_action(agent.critic.every_action(s))[0, t].mean(0)[-1]  # [A]
+        out[key] = {"step": t, "deviations": int(len(off)), "action": int(best[t]),
+                    "pi": [round(float(x), 3) for x in probs[t]], "q": [round(float(x), 4) for x in q]}
+    return out
+
+
 def chose_at_junction(rollout) -> bool:
     at = np.nonzero(rollout.obs["obs"][:, 3] > 0.5)[0]
     return bool(len(at)) and int(at[0]) < len(rollout.action) and int(rollout.action[int(at[0])]) in (UP, DOWN)
@@ -133,12 +159,17 @@ def main() -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--gradients", action="store_true", help="also split the encoder's gradient (slow: CPU minutes)")
     p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--checkpoint", type=Path, help="probe this checkpoint folder (a copy of RUN_DIR/checkpoints/ckpt-N) "
+                   "instead of the run's latest weights")
+    p.add_argument("--no-replay", action="store_true", help="skip the replay counts")
     args = p.parse_args()
     cfg = json.loads((args.run_dir / "config.json").read_text())
     length = int(json.loads(cfg["env"]["env_kwargs"])["length"])
-    agent = icrl.load(str(args.run_dir)).agent  # loaded once: the critic probe, PopArt and the gradients read it
-    result = {"run_dir": str(args.run_dir), "length": length, "replay": replay_counts(args.run_dir),
-              "critic": critic_at_junction(agent, length)}
+    # loaded once: the critic probe, PopArt and the gradients read it
+    agent = icrl.load(str(args.checkpoint or args.run_dir)).agent
+    result = {"run_dir": str(args.run_dir), "checkpoint": str(args.checkpoint) if args.checkpoint else None,
+              "length": length, "replay": None if args.no_replay else replay_counts(args.run_dir),
+              "critic": critic_at_junction(agent, length), "greedy": greedy_path(agent, length)}
     result["popart_sigma"] = [round(float(x), 4) for x in agent.popart.sigma]
     if args.gradients:
         result["gradients"] = gradient_split(args.run_dir, agent, args.batches)
