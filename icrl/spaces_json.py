@@ -85,29 +85,51 @@ def space_to_json(space: gym.Space) -> dict[str, Any]:
                      "Dict, Tuple)")
 
 
-def space_from_json(data: dict[str, Any]) -> gym.Space:
-    """The space `space_to_json` described; ValueError naming what is malformed."""
+MAX_SPACE_ELEMENTS = 1 << 24
+"""The most numbers one stored space may describe (a Box's entries, a MultiBinary's or MultiDiscrete's, a Discrete's
+n): 64 MiB per float32 bound, where a 1,024 x 1,024 RGB image is 3.1M. A description is read from a file someone
+else may have written; a shape of [100000, 100000] would otherwise allocate its bounds (80 GB) before any check."""
+
+
+def _sized(count: int, what: str, left: list[int]) -> int:
+    """`count`, taken from what is `left` of the description's numbers; ValueError when it does not fit."""
+    if count < 0 or count > left[0]:
+        raise ValueError(f"{what} of {count:,} numbers takes the space description past {MAX_SPACE_ELEMENTS:,} "
+                         "numbers (refused before allocating it)")
+    left[0] -= count
+    return count
+
+
+def space_from_json(data: dict[str, Any], left: list[int] | None = None) -> gym.Space:
+    """The space `space_to_json` described; ValueError naming what is malformed or too large: all its parts
+    together hold at most `MAX_SPACE_ELEMENTS` numbers (`left`: what the parts read so far left of them)."""
+    left = [MAX_SPACE_ELEMENTS] if left is None else left
     try:
         kind = data["type"]
         if kind == "Box":
             shape, dtype = tuple(int(s) for s in data["shape"]), np.dtype(data["dtype"])
+            if any(s < 0 for s in shape) or len(shape) > 32:
+                raise ValueError(f"Box shape {list(shape)[:8]} is not a shape")
+            _sized(int(np.prod(shape, dtype=object)), "a Box", left)
             low = _bound_from_json(data["low"], shape, dtype)
             high = _bound_from_json(data["high"], shape, dtype)
             return gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
         if kind == "Discrete":
-            return gym.spaces.Discrete(int(data["n"]), start=int(data.get("start", 0)))
+            return gym.spaces.Discrete(_sized(int(data["n"]), "a Discrete", left), start=int(data.get("start", 0)))
         if kind == "MultiDiscrete":
+            _sized(int(np.size(data["nvec"])), "a MultiDiscrete", left)
             return gym.spaces.MultiDiscrete(np.asarray(data["nvec"]), dtype=np.dtype(data.get("dtype", "int64")),
                                             start=np.asarray(data.get("start", 0)))
         if kind == "MultiBinary":
             n = data["n"]
+            _sized(int(np.prod(n, dtype=object)), "a MultiBinary", left)
             return gym.spaces.MultiBinary(n if isinstance(n, int) else list(n))
         if kind == "Dict":
             # OrderedDict: gym.spaces.Dict sorts the keys of a plain dict, and the stored order is the env's
-            return gym.spaces.Dict(OrderedDict((k, space_from_json(v)) for k, v in data["spaces"]))
+            return gym.spaces.Dict(OrderedDict((k, space_from_json(v, left)) for k, v in data["spaces"]))
         if kind == "Tuple":
-            return gym.spaces.Tuple([space_from_json(s) for s in data["spaces"]])
-    except (KeyError, TypeError, ValueError) as e:
+            return gym.spaces.Tuple([space_from_json(s, left) for s in data["spaces"]])
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"malformed space description {json.dumps(data)[:200]} ({e})") from e
     raise ValueError(f"unknown space type {data.get('type')!r} in a space description")
 

@@ -346,42 +346,48 @@ def _parameter_count(cfg: ExperimentConfig) -> int:
     return m.tstep_hidden * (d + 1) + traj + (m.max_time * d if m.pos_emb == "learned" else 0) + (1 + lo.num_critics) * head
 
 
-def memory_estimate(cfg: ExperimentConfig, update: bool = True) -> dict[str, int]:
+def memory_estimate(cfg: ExperimentConfig, update: bool = True, obs_numbers: tuple[int, int] = (0, 0)) -> dict[str, int]:
     """Lower bounds in bytes (float32) of what `cfg` allocates: "parameters" (weights, gradients, AdamW's two
     moments and the EMA targets), "acting" (the Transformer's KV cache of --parallel-envs envs) and, with
     `update`, "activations" (what autograd keeps of one update of --batch-size x --max-seq-len timesteps).
 
     Why: a size typed with a few zeros too many (`--d-model 1000000000000`) otherwise ends in an allocator
-    traceback, or in swapping for hours; the estimate refuses it at parse time, saying how much it needs."""
+    traceback, or in swapping for hours; the estimate refuses it at parse time, saying how much it needs.
+    `obs_numbers` (known once the env's spaces are: `icrl.run.components.build_agent`): (numbers of a vector
+    observation, which the timestep encoder's first layer reads each with `tstep_hidden` weights; numbers of an
+    observation in all, images included, which every batch holds per timestep)."""
     m, lo = cfg.model, cfg.loss
     d, hh = m.d_model, m.head_hidden
     d_ff = m.d_ff if m.d_ff is not None else 4 * d
     window = m.context if m.traj_encoder == "transformer" else 1
+    vector, every = obs_numbers
     out = {
-        "parameters": 4 * 4 * _parameter_count(cfg),
+        "parameters": 4 * 4 * (_parameter_count(cfg) + vector * m.tstep_hidden),
         "acting": 4 * cfg.env.parallel_envs * window * max(m.layers, 1) * 2 * d,
     }
     if update:
         per_layer = 8 * d + 2 * d_ff if m.traj_encoder == "transformer" else 4 * d
         per_token = 3 * m.tstep_hidden + m.layers * per_layer + 3 * (1 + lo.num_critics) * max(m.head_layers, 1) * hh
-        out["activations"] = 4 * cfg.optim.batch_size * m.context * per_token
+        out["activations"] = 4 * cfg.optim.batch_size * m.context * (per_token + every)
     return out
 
 
 _ADVICE = {
-    "parameters": "lower --d-model, --d-ff, --layers, --head-hidden, --head-layers, --num-critics or --max-time",
+    "parameters": "lower --d-model, --d-ff, --layers, --head-hidden, --head-layers, --num-critics or --max-time "
+                  "(or --tstep-hidden, or the observation's size, e.g. gymnasium.wrappers.ResizeObservation)",
     "acting": "lower --parallel-envs, --max-seq-len, --layers or --d-model",
     "activations": "lower --batch-size or --max-seq-len (or the widths: --d-model, --d-ff, --head-hidden)",
 }
 
 
-def memory_error(cfg: ExperimentConfig, update: bool = True, available: int | None = None) -> str | None:
+def memory_error(cfg: ExperimentConfig, update: bool = True, available: int | None = None,
+                 obs_numbers: tuple[int, int] = (0, 0)) -> str | None:
     """Why `cfg` cannot fit in this machine's memory (`available` bytes, default its physical memory), with
     the estimate and the flags to lower, or None. `update=False`: acting only (a run loaded to evaluate)."""
     available = machine_memory() if available is None else available
     if available is None:
         return None
-    parts = memory_estimate(cfg, update)
+    parts = memory_estimate(cfg, update, obs_numbers)
     total = sum(parts.values())
     if total <= available:
         return None

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from icrl.agent.exploration import Exploration
@@ -25,7 +26,7 @@ from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
 from icrl.config.model import DEFAULT_CONTEXT
 from icrl.config.training import DEFAULT_ENV_STEPS
-from icrl.config.validation import field_errors
+from icrl.config.validation import field_errors, memory_error
 from icrl.data import DiskReplay
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
@@ -34,6 +35,7 @@ from icrl.envs.make import steps_copies_at_once, task_budget, task_context, task
 from icrl.envs.user import apply_env
 from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
+from icrl.nets.tstep import is_image_space
 from icrl.run.distributed import Replicas, init_replicas
 from icrl.run.loggers import say, say_literally
 from icrl.run.rundir import check_run_dir_free, run_path, take_run_dir, with_run_dir
@@ -47,7 +49,14 @@ T = TypeVar("T")
 
 def build_agent(cfg: ExperimentConfig, obs_space: gym.spaces.Dict, spec: ActionSpec,
                 device: str | torch.device) -> Agent:
-    """A fresh agent (random weights) for observations `obs_space` (the env's "obs" entry) and actions `spec`."""
+    """A fresh agent (random weights) for observations `obs_space` (the env's "obs" entry) and actions `spec`.
+    ConfigError (one line) when the weights and batches cannot fit in memory for observations of this size: the
+    config's check at parse time does not know the env's spaces (a Box of 10^8 numbers, or spaces.json's)."""
+    parts = obs_space.spaces.values() if isinstance(obs_space, gym.spaces.Dict) else [obs_space]
+    sizes = [(int(np.prod(p.shape)), is_image_space(p)) for p in parts if p.shape is not None]
+    numbers = (sum(n for n, image in sizes if not image), sum(n for n, _ in sizes))
+    if numbers[1] > 1 << 20 and (problem := memory_error(cfg, obs_numbers=numbers)):
+        raise ConfigError(f"observations of {numbers[1]:,} numbers: {problem}")
     return Agent(obs_space, spec, cfg.model, cfg.loss).to(device)
 
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,17 +83,34 @@ def _check_name(name: str, archive: Path) -> None:
                           "export holds plain files only (refused, nothing extracted)")
 
 
-def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive: Path) -> bytes:
-    """A member's bytes, refusing more than its limit whatever size the zip header claims."""
+def _copy_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive: Path, dest: Path | None = None) -> tuple[bytes, str]:
+    """(bytes, SHA-256) of a member, refusing more than its limit whatever size the zip header claims; with `dest`
+    the bytes go to that file in 1 MiB pieces instead (weights may be large: memory holds one piece at a time)
+    and b"" is returned. RunDirError (one line) for a corrupt, encrypted or unreadable member."""
     limit = MAX_WEIGHTS_BYTES if info.filename == WEIGHTS else MAX_OTHER_BYTES
     if info.file_size > limit:
         raise RunDirError(f"{archive}: member {info.filename} claims {info.file_size:,} bytes, over the "
                           f"{limit:,}-byte limit (refused)")
-    with z.open(info) as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise RunDirError(f"{archive}: member {info.filename} unpacks to over {limit:,} bytes (refused)")
-    return data
+    digest, kept, size = hashlib.sha256(), [], 0
+    try:
+        with z.open(info) as f, (open(dest, "wb") if dest is not None else contextlib.nullcontext()) as out:
+            while piece := f.read(1 << 20):
+                size += len(piece)
+                if size > limit:
+                    raise RunDirError(f"{archive}: member {info.filename} unpacks to over {limit:,} bytes (refused)")
+                digest.update(piece)
+                if out is None:
+                    kept.append(piece)
+                else:
+                    out.write(piece)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:  # CRC, deflate data, truncation
+        raise RunDirError(f"{archive}: member {info.filename} is corrupt ({e}); export the run again") from e
+    except (RuntimeError, NotImplementedError) as e:  # encrypted, or a compression method zipfile cannot read
+        raise RunDirError(f"{archive}: member {info.filename} cannot be read ({e}); an icrl export is an "
+                          "unencrypted zip of stored or deflated files") from e
+    except OSError as e:  # the temporary folder's disk
+        raise RunDirError(f"{archive}: cannot unpack member {info.filename} ({e})") from e
+    return b"".join(kept), digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -112,13 +130,15 @@ def unpacked(archive: str | Path) -> Iterator[Path]:
         if missing:
             raise RunDirError(f"{archive} is not an icrl export (no {', '.join(missing)}); make one with `icrl export`")
         try:
-            manifest = json.loads(_read_member(z, members[MANIFEST], archive))
-        except ValueError as e:
-            raise RunDirError(f"{archive}: {MANIFEST} is not valid JSON ({e})") from e
+            manifest = json.loads(_copy_member(z, members[MANIFEST], archive)[0])
+        except (ValueError, RecursionError) as e:
+            raise RunDirError(f"{archive}: {MANIFEST} is not valid JSON ({type(e).__name__})") from e
+        hashes = manifest.get("sha256") if isinstance(manifest, dict) else None
+        if not isinstance(hashes, dict):
+            raise RunDirError(f"{archive}: {MANIFEST} holds no file hashes (not an icrl export's manifest)")
         for name in (*REQUIRED, *OPTIONAL):
             if name in members:
-                data = _read_member(z, members[name], archive)
-                if hashlib.sha256(data).hexdigest() != manifest.get("sha256", {}).get(name):
+                _, sha = _copy_member(z, members[name], archive, Path(folder) / name)
+                if sha != hashes.get(name):
                     raise RunDirError(f"{archive}: {name} does not match the archive's manifest (changed or corrupt)")
-                (Path(folder) / name).write_bytes(data)
         yield Path(folder)

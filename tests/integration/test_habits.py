@@ -530,3 +530,112 @@ def test_plot_labels_seeds_only_when_they_are_and_redraws_a_runs_own_plot_with_i
     monkeypatch.setattr(plot, "_save", lambda fig, out: titles.append(fig._suptitle.get_text()) or Path(out))
     assert cli("plot", "runs/s0") == 0  # the run's own learning_curve.png, drawn again: with the run's title
     assert titles == ["tmaze {\"length\": 3}"]
+
+
+def _rewrite_zip(src: Path, dst: Path, change) -> None:
+    """A copy of the zip `src` with each member's (ZipInfo, bytes) passed through `change`, members stored."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as b:
+        for info in a.infolist():
+            name, data = change(info.filename, a.read(info))
+            b.writestr(zipfile.ZipInfo(name, info.date_time), data)
+
+
+def _flip_in_member(path: Path, member: str, offset: int = 10) -> None:
+    """Flip one byte of a stored member's data in place (its CRC then fails)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(member)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = int.from_bytes(raw[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(raw[info.header_offset + 28:info.header_offset + 30], "little")
+    start = info.header_offset + 30 + name_len + extra_len
+    raw[start + offset] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def _set_header_field(path: Path, member: str, field: str, value: int) -> None:
+    """Set `flags` (encryption bit) or `method` (compression) of a member in its local and central headers."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(member)
+    raw = bytearray(path.read_bytes())
+    local = info.header_offset + (6 if field == "flags" else 8)
+    raw[local:local + 2] = value.to_bytes(2, "little")
+    central = raw.find(b"PK\x01\x02")  # the first central directory header
+    while central != -1:
+        n = int.from_bytes(raw[central + 28:central + 30], "little")
+        if raw[central + 46:central + 46 + n].decode() == member:
+            at = central + (8 if field == "flags" else 10)
+            raw[at:at + 2] = value.to_bytes(2, "little")
+            break
+        central = raw.find(b"PK\x01\x02", central + 4)
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("damage", ["manifest_list", "manifest_deep", "manifest_no_hashes", "crc", "encrypted",
+                                    "method", "deflate"])
+def test_a_zip_whose_members_cannot_be_read_is_refused_in_one_line(in_tmp, damage):
+    """Reading a zip's members (not only opening it) is guarded: a bad manifest, a CRC or deflate error, an
+    encrypted member or a compression method zipfile cannot read is one RunDirError, never a traceback."""
+    import zipfile
+
+    from icrl.run.evaluate import RunDirError
+
+    icrl.train(tiny("runs/x"))
+    assert cli("export", "runs/x", "x.zip") == 0
+    bad = in_tmp / "bad.zip"
+    if damage.startswith("manifest"):
+        body = {"manifest_list": b"[]", "manifest_deep": b"[" * 100_000 + b"]" * 100_000,
+                "manifest_no_hashes": b'{"sha256": 3}'}[damage]
+        _rewrite_zip(in_tmp / "x.zip", bad, lambda n, d: (n, body if n == "icrl_export.json" else d))
+    elif damage == "deflate":
+        with zipfile.ZipFile(in_tmp / "x.zip") as a, zipfile.ZipFile(bad, "w", zipfile.ZIP_DEFLATED) as b:
+            for info in a.infolist():
+                b.writestr(info.filename, a.read(info))
+        with zipfile.ZipFile(bad) as z:
+            size = z.getinfo("config.json").compress_size
+        _flip_in_member(bad, "config.json", offset=size // 2)
+    else:
+        _rewrite_zip(in_tmp / "x.zip", bad, lambda n, d: (n, d))
+        if damage == "crc":
+            _flip_in_member(bad, "config.json")
+        else:
+            _set_header_field(bad, "config.json", "flags" if damage == "encrypted" else "method",
+                              1 if damage == "encrypted" else 99)
+    with pytest.raises(RunDirError, match=r"bad\.zip") as e:
+        icrl.load("bad.zip")
+    assert "\n" not in str(e.value)
+
+
+def test_a_spaces_record_that_describes_a_huge_space_is_refused_before_allocating_it(in_tmp):
+    from icrl.spaces_json import MAX_SPACE_ELEMENTS, space_from_json
+
+    for bad in ({"type": "Box", "shape": [100_000, 100_000], "dtype": "float32", "low": 0, "high": 1},
+                {"type": "Box", "shape": [-3], "dtype": "float32", "low": 0, "high": 1},
+                {"type": "Discrete", "n": 10**15},
+                {"type": "MultiBinary", "n": [10**6, 10**6]},
+                {"type": "Dict", "spaces": [[str(k), {"type": "Box", "shape": [MAX_SPACE_ELEMENTS // 2], "dtype": "uint8",
+                                                      "low": 0, "high": 1}] for k in range(3)]}):
+        with pytest.raises(ValueError, match="refused before allocating|not a shape"):
+            space_from_json(bad)
+    icrl.train(tiny("runs/x"))
+    record = json.loads((in_tmp / "runs/x/spaces.json").read_text())
+    record["observation_space"] = {"type": "Box", "shape": [10**6, 10**6], "dtype": "float32", "low": 0, "high": 1}
+    (in_tmp / "runs/x/spaces.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="refused before allocating"):
+        icrl.load("runs/x")
+
+
+def test_an_observation_too_large_for_memory_is_one_line_before_the_agent_is_built():
+    from icrl.config import ConfigError
+    from icrl.run.components import build_agent
+    from icrl.types import ActionSpec
+
+    obs = gym.spaces.Dict({"obs": gym.spaces.Box(0, 1, (1 << 21,), np.float32)})  # 2M numbers: ~8 MB of bounds
+    cfg = ExperimentConfig().replace(tstep_hidden=1 << 16)  # 2M x 65,536 weights: far beyond any machine
+    with pytest.raises(ConfigError, match="observations of 2,097,152 numbers.*ResizeObservation"):
+        build_agent(cfg, obs, ActionSpec.from_space(gym.spaces.Discrete(2)), "cpu")
