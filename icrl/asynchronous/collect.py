@@ -14,6 +14,7 @@ from icrl.asynchronous.protocol import (
     AsyncPaths,
     StopFlag,
     WeightsWatcher,
+    counter_limit,
     read_counters,
     read_own_counters,
     wait_for,
@@ -67,7 +68,7 @@ def _collect(paths: AsyncPaths, cfg: ExperimentConfig, collector_id: int, device
              max_lead: int | None, stop: StopFlag | None) -> dict:
     """`collect` once the run exists and this process holds its collector id."""
     max_lead = cfg.asynchronous.max_lead if max_lead is None else max_lead
-    counters = read_own_counters(paths, collector_id)
+    counters = read_own_counters(paths, collector_id, counter_limit(cfg))
     starts = int(counters.get("starts", 0)) + 1
     seed = derive_seed(cfg.run.seed, "collector", collector_id, "start", starts)  # a restart draws new tasks
     seed_everything(seed)
@@ -135,7 +136,7 @@ class Collecting:
     def wants_more(self, stop: StopFlag | None, max_env_steps: int | None) -> bool:
         """Reload newer weights and read the other collectors' counters; False once this collector is done."""
         self.weights.poll()
-        rest = [c for c in read_counters(self.paths) if c.get("collector_id") != self.collector_id]
+        rest = [c for c in read_counters(self.paths, counter_limit(self.cfg)) if c.get("collector_id") != self.collector_id]
         others = sum(int(c.get("env_steps", 0)) for c in rest)  # the run's env steps end every collector
         self.others_stored = sum(int(c.get("stored_env_steps", 0)) for c in rest)
         mine = self.collector.total_env_steps

@@ -16,7 +16,7 @@ from typing import Any
 
 from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
-from icrl.asynchronous.protocol import AsyncPaths, RunCounters, StopFlag, publish_weights
+from icrl.asynchronous.protocol import AsyncPaths, RunCounters, StopFlag, counter_limit, publish_weights
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.data.offline import prepare_offline
 from icrl.envs import Collector
@@ -138,7 +138,7 @@ class Learning:
         prepare_offline(cfg, self.paths.replay, log=say)  # --offline-data into replay/protected, once
         # only to log the collectors' ε: each anneals over its own steps per env copy (icrl.run.components.train_policy)
         self.schedule = Exploration(cfg.explore, self.spec, cfg.env.parallel_envs, seed=0)
-        self.counts = RunCounters(self.paths).read()
+        self.counts = RunCounters(self.paths, counter_limit(cfg)).read()
         # --offline-updates come on top of the ratio: they may run before any env step is stored
         self.total_updates = cfg.replay.offline_updates + math.floor(self.ratio * cfg.schedule.env_steps)
         self.published = 0

@@ -44,7 +44,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from icrl.agent.model import Agent
-from icrl.config import ConfigError
+from icrl.config import ConfigError, ExperimentConfig
 from icrl.fileio import check_inside, open_regular, write_text_atomic
 from icrl.run.ckpt_checks import unmatched_names
 from icrl.run.episodes import SUM_KEYS, add_task_sums
@@ -107,8 +107,62 @@ def wait_for(path: Path, wait_s: float, what: str, stop: StopFlag | None = None)
 
 
 # ------------------------------------------------------------------------------------------- counters
-def read_counters(paths: AsyncPaths) -> list[dict]:
-    """Every collector's latest counters (files being replaced are simply read next time)."""
+COUNTS = ("env_steps", "stored_env_steps", "stored_rollouts", "rollouts")
+
+
+def counter_limit(cfg: ExperimentConfig) -> int:
+    """The most env steps one collector can have taken: the run's, plus the round it started before they ran out."""
+    return cfg.schedule.env_steps + cfg.schedule.steps_per_epoch
+
+
+def counter_problem(counters: object, limit: int) -> str | None:
+    """Why a collector's counters file cannot be a collector's own (None when it can): every count a whole number
+    in [0, limit] (`limit`: the run's env steps plus one round of a collector, more than any collector takes),
+    no more env steps stored than taken, the sums finite numbers. A forged or damaged file would otherwise end
+    the run at once (1e15 env steps) or stop the learner and every collector with a traceback."""
+    if not isinstance(counters, dict):
+        return "not a JSON object"
+    for key in COUNTS:
+        v = counters.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= limit:
+            return f"{key} {str(v)[:40]} is not a count in [0, {limit:,}]"
+    if counters.get("stored_env_steps", 0) > counters.get("env_steps", 0):
+        return "it stored more env steps than it took"
+    tasks = counters.get("tasks", {})
+    sums = [counters.get(k, 0) for k in SUM_KEYS]
+    if not isinstance(tasks, dict) or not all(isinstance(t, dict) for t in tasks.values()):
+        return "its per-task sums are not a JSON object of objects"
+    sums += [t.get(k, 0) for t in tasks.values() for k in SUM_KEYS]
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) < float("inf") for x in sums):
+        return "its sums are not finite numbers"
+    return None
+
+
+_REPORTED: set[tuple[str, str]] = set()
+
+
+def _read_counter_file(path: Path, limit: int | None) -> dict | None:
+    """One counters file, or None when it is being replaced (read next time) or is not a collector's (said once)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    except (ValueError, RecursionError):
+        data = None if path.stat().st_size == 0 else "not valid JSON"  # an empty file: a write in progress
+        if data is None:
+            return None
+    problem = counter_problem(data, limit if limit is not None else 10**15)
+    if problem is None:
+        return data  # type: ignore[return-value]  # a dict: counter_problem checked it
+    if (str(path), problem) not in _REPORTED:
+        _REPORTED.add((str(path), problem))
+        say(f"icrl: ignoring {path}: {problem}; a collector's counters file is written by `icrl collect` only")
+    return None
+
+
+def read_counters(paths: AsyncPaths, limit: int | None = None) -> list[dict]:
+    """Every collector's latest counters (files being replaced are simply read next time; files that cannot be a
+    collector's, `counter_problem` with `limit`, are ignored and said once)."""
     out: list[dict] = []
     try:
         names = os.listdir(paths.collectors)
@@ -116,17 +170,27 @@ def read_counters(paths: AsyncPaths) -> list[dict]:
         return out
     for name in names:
         if name.endswith(".json") and not name.startswith("."):
-            try:
-                out.append(json.loads((paths.collectors / name).read_text(encoding="utf-8")))
-            except (OSError, ValueError):
-                continue
+            if (counters := _read_counter_file(paths.collectors / name, limit)) is not None:
+                out.append(counters)
     return out
 
 
-def read_own_counters(paths: AsyncPaths, collector_id: int) -> dict:
-    """The counters a collector with this id left (a restart continues them); {} for a new one."""
+def read_own_counters(paths: AsyncPaths, collector_id: int, limit: int | None = None) -> dict:
+    """The counters a collector with this id left (a restart continues them); {} for a new one. ConfigError
+    (one line) when the file is there but is not a collector's: continuing it would carry its numbers on."""
     path = paths.counter(collector_id)
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise ConfigError(f"{path} is not readable JSON ({type(e).__name__}); move it away to start collector "
+                          f"{collector_id} afresh") from e
+    problem = counter_problem(data, limit if limit is not None else 10**15)
+    if problem:
+        raise ConfigError(f"{path} is not collector {collector_id}'s counters ({problem}); move it away to start "
+                          "it afresh")
+    return data
 
 
 def write_counters(paths: AsyncPaths, collector_id: int, counters: dict) -> None:
@@ -137,8 +201,8 @@ class RunCounters:
     """The collectors' summed counters, as the learner sees them; in the shape `save_checkpoint` stores as
     the collector's state."""
 
-    def __init__(self, paths: AsyncPaths) -> None:
-        self.paths = paths
+    def __init__(self, paths: AsyncPaths, limit: int | None = None) -> None:
+        self.paths, self.limit = paths, limit  # limit: `counter_problem`'s
         self.env_steps = self.stored_env_steps = self.rollouts = 0
         self.sums = dict.fromkeys(SUM_KEYS, 0.0)  # the collectors' rollout_sums, added up
         self.tasks: dict[str, dict[str, float]] = {}  # per-task sums of multi-task envs (icrl.run.episodes.task_sums)
@@ -146,7 +210,7 @@ class RunCounters:
         self.collector_env_steps: list[int] = []  # each collector's own env steps (all its env copies)
 
     def read(self) -> RunCounters:
-        counters = read_counters(self.paths)
+        counters = read_counters(self.paths, self.limit)
         self.collectors = sum(c.get("state") == "collecting" for c in counters)
         self.collector_env_steps = [int(c.get("env_steps", 0)) for c in counters]
         self.env_steps = sum(int(c.get("env_steps", 0)) for c in counters)

@@ -224,6 +224,32 @@ def test_the_async_learner_sums_each_collectors_per_task_counters(tmp_path):
     assert metrics_from_task_sums(counts.tasks) == pytest.approx(task_metrics(TASKS))
 
 
+@pytest.mark.parametrize("forged", [
+    {"env_steps": 10**15, "stored_env_steps": 10**15},  # would end the run at once
+    {"env_steps": "lots"}, {"env_steps": -5}, {"env_steps": True}, {"env_steps": 8, "stored_env_steps": 9},
+    {"env_steps": 8, "return_sum": float("inf")}, {"env_steps": 8, "return_sum": "x"},
+    {"env_steps": 8, "tasks": [1]}, {"env_steps": 8, "tasks": {"a": {"rollouts": "x"}}}, [1, 2], "text",
+])
+def test_a_counters_file_that_cannot_be_a_collectors_is_ignored_and_said_once(tmp_path, forged, capsys):
+    """A forged or damaged async/collectors/N.json neither ends the run (1e15 env steps) nor stops the learner
+    and the collectors with a traceback: it is left out of the sums, said once; a collector asked to continue it
+    refuses in one line."""
+    from icrl.asynchronous.protocol import AsyncPaths, RunCounters, read_own_counters, write_counters
+    from icrl.config import ConfigError
+
+    paths = AsyncPaths(tmp_path)
+    paths.make_collectors_dir()
+    write_counters(paths, 0, {"env_steps": 800, "stored_env_steps": 760, "stored_rollouts": 4, "rollouts": 4})
+    paths.counter(1).write_text(json.dumps(forged))
+    for _ in range(2):
+        counts = RunCounters(paths, limit=100_000).read()
+        assert (counts.env_steps, counts.stored_env_steps, counts.rollouts) == (800, 760, 4)
+    assert capsys.readouterr().out.count("ignoring") == 1
+    with pytest.raises(ConfigError, match="move it away"):
+        read_own_counters(paths, 1, limit=100_000)
+    assert read_own_counters(paths, 0, limit=100_000)["env_steps"] == 800
+
+
 def test_evaluations_get_a_copy_per_rollout_only_where_one_env_steps_every_copy():
     from icrl.config import EnvConfig
     from icrl.run.components import MAX_BATCHED_EVAL_ENVS, eval_env_copies
