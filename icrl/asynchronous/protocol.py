@@ -153,7 +153,7 @@ def _read_counter_file(path: Path, limit: int | None) -> dict | None:
             return None
     problem = counter_problem(data, limit if limit is not None else 10**15)
     if problem is None:
-        return data  # type: ignore[return-value]  # a dict: counter_problem checked it
+        return data  # a dict: counter_problem checked it
     if (str(path), problem) not in _REPORTED:
         _REPORTED.add((str(path), problem))
         say(f"icrl: ignoring {path}: {problem}; a collector's counters file is written by `icrl collect` only")
