@@ -142,13 +142,19 @@ def start_log(c: Components, hooks: Callbacks) -> Logger:
 
 
 def say_roundings(c: Components) -> None:
-    """Say once where the run does not do exactly what was asked: a budget that is not whole epochs, and
+    """Say once where the run does not do exactly what was asked: a budget that is not whole epochs, an epoch that
+    is not whole vector steps of every process's envs (each takes ceil(its share / envs) of them), and
     evaluations of more rollouts than asked (every eval env copy finishes the same number)."""
-    s, cfg = c.cfg.schedule, c.cfg
-    runs = (s.env_steps // s.steps_per_epoch) * s.steps_per_epoch
-    if runs != s.env_steps:
-        say(f"icrl: note: --total-env-steps {s.env_steps:,} is not whole epochs of --steps-per-epoch "
-            f"{s.steps_per_epoch:,}: the run takes {runs:,} env steps")
+    s, cfg, world, n = c.cfg.schedule, c.cfg, c.replicas.world_size, c.cfg.env.parallel_envs
+    epochs = s.env_steps // s.steps_per_epoch
+    per_epoch = world * -(-c.steps_per_rank // n) * n
+    if epochs * per_epoch != s.env_steps:
+        how = (f"whole epochs of --steps-per-epoch {per_epoch:,}" if per_epoch == s.steps_per_epoch else
+               f"epochs of {per_epoch:,}, not --steps-per-epoch {s.steps_per_epoch:,}: " + (
+                   f"{world} processes x {per_epoch // world:,} env steps, whole steps of their {n} envs" if world > 1
+                   else f"whole steps of the {n} envs"))
+        say(f"icrl: note: the run takes {epochs * per_epoch:,} env steps, not --total-env-steps {s.env_steps:,}: "
+            f"{epochs:,} {how}")
     if c.eval_collector is not None:
         n = c.eval_collector.num_envs
         done = -(-cfg.eval.eval_rollouts // n) * n

@@ -510,9 +510,17 @@ def test_a_run_says_what_it_rounded_and_why_a_callback_stopped_it(in_tmp, capsys
     icrl.train(tiny("runs/n", env_kwargs="{}", total_env_steps=70, eval_rollouts=3), env=lambda: Combo(),
                callbacks=[Enough()])  # a user's env: evaluated on the run's 2 copies
     out = capsys.readouterr().out
-    assert "--total-env-steps 70 is not whole epochs" in out and "the run takes 64 env steps" in out
+    assert "the run takes 64 env steps, not --total-env-steps 70: 2 whole epochs of --steps-per-epoch 32" in out
     assert "evaluations run 4 rollouts, not --eval-rollouts 3" in out
     assert "stopping: the callback Enough.on_epoch_end returned True" in out
+
+
+def test_an_epoch_that_is_not_whole_steps_of_the_envs_is_said(in_tmp, capsys):
+    """Each process takes whole vector steps of its envs: 33 env steps per epoch of 2 envs are 34, said once."""
+    result = icrl.train(tiny("runs/n", total_env_steps=66, steps_per_epoch=33))
+    out = capsys.readouterr().out
+    assert "the run takes 68 env steps, not --total-env-steps 66: 2 epochs of 34, not --steps-per-epoch 33" in out
+    assert result["env_steps"] == 68
 
 
 def test_plot_labels_seeds_only_when_they_are_and_redraws_a_runs_own_plot_with_its_title(in_tmp, monkeypatch):
