@@ -129,8 +129,9 @@ def unpacked(archive: str | Path) -> Iterator[Path]:
         missing = [n for n in (*REQUIRED, MANIFEST) if n not in members]
         if missing:
             raise RunDirError(f"{archive} is not an icrl export (no {', '.join(missing)}); make one with `icrl export`")
+        text = _copy_member(z, members[MANIFEST], archive)[0]  # its own RunDirError (a ValueError) passes through
         try:
-            manifest = json.loads(_copy_member(z, members[MANIFEST], archive)[0])
+            manifest = json.loads(text)
         except (ValueError, RecursionError) as e:
             raise RunDirError(f"{archive}: {MANIFEST} is not valid JSON ({type(e).__name__})") from e
         hashes = manifest.get("sha256") if isinstance(manifest, dict) else None
