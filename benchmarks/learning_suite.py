@@ -65,9 +65,10 @@ class Case:
     target: int | None = None  # env steps within which issue 33 asks for the threshold
     long: bool = False  # run only when named
 
-    def command(self, seed: int, run_dir: Path) -> list[str]:
+    def command(self, seed: int, run_dir: Path, flags: tuple[str, ...] = ()) -> list[str]:
+        """`flags` (a variant's, `--flags`) come last, so they override the case's own."""
         return [sys.executable, "-m", "icrl", "train", *self.args, "--total-env-steps", str(self.budget),
-                "--seed", str(seed), "--threads", "1", "--device", "cpu", "--run-dir", str(run_dir)]
+                "--seed", str(seed), "--threads", "1", "--device", "cpu", "--run-dir", str(run_dir), *flags]
 
 
 def tmaze(n: int, budget: int, target: int, eval_every: int, long: bool = False) -> Case:
@@ -129,11 +130,11 @@ def summarize_curve(case: Case, curve: list[dict]) -> dict:
     return out
 
 
-def run_case(case: Case, seed: int, keep: bool) -> dict:
-    work = RUN_ROOT / f"{case.name}_s{seed}"
+def run_case(case: Case, seed: int, keep: bool, flags: tuple[str, ...] = ()) -> dict:
+    work = RUN_ROOT / OUT.name / f"{case.name}_s{seed}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cmd = case.command(seed, work / "run")
+    cmd = case.command(seed, work / "run", flags)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     start = time.time()
     with open(work / "stdout.log", "w") as out:
@@ -247,7 +248,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep-replay", action="store_true")
     p.add_argument("--list", action="store_true", help="print the cases' commands and exit")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from stored runs")
+    p.add_argument("--variant", default=None, help="a name for a change tried against the defaults: its runs and "
+                   "table go to results/learning_suite/variants/NAME, apart from the defaults'")
+    p.add_argument("--flags", default="", help="with --variant: `icrl train` flags added to every case "
+                   "(e.g. \"--tau 0.01\"); a variant's flags are kept in its folder's flags.txt")
     args = p.parse_args(argv)
+    global OUT
+    flags = tuple(shlex.split(args.flags))
+    if flags and not args.variant:
+        p.error("--flags changes the defaults: name the variant with --variant NAME")
+    if args.variant:
+        if not args.variant.replace("-", "").replace("_", "").isalnum():
+            p.error(f"--variant {args.variant!r}: letters, digits, - and _ only")
+        OUT = OUT / "variants" / args.variant
+        said = OUT / "flags.txt"
+        if said.is_file() and flags and said.read_text().strip() != shlex.join(flags):
+            p.error(f"variant {args.variant} was run with {said.read_text().strip()!r}, not {shlex.join(flags)!r}: "
+                    "name this one differently")
+        if flags:
+            OUT.mkdir(parents=True, exist_ok=True)
+            said.write_text(shlex.join(flags) + "\n")
+        elif said.is_file():
+            flags = tuple(shlex.split(said.read_text()))
     unknown = [c for c in args.cases or [] if c not in CASES]
     if unknown:
         p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
@@ -256,13 +278,13 @@ def main(argv: list[str] | None = None) -> None:
     cases = [CASES[c] for c in args.cases] if args.cases else [c for c in CASES.values() if not c.long]
     if args.list:
         for c in cases:
-            print(f"{c.name:26s} {shlex.join(['icrl', *c.command(0, Path('RUN_DIR'))[3:]])}")
+            print(f"{c.name:26s} {shlex.join(['icrl', *c.command(0, Path('RUN_DIR'), flags)[3:]])}")
         return
     if not args.report:
         done = {(r["case"], r["seed"]) for r in stored()}
         todo = [(c, s) for c in cases for s in args.seeds if args.rerun or (c.name, s) not in done]
         with ThreadPoolExecutor(args.jobs) as pool:
-            for r in pool.map(lambda cs: run_case(cs[0], cs[1], args.keep_replay), todo):
+            for r in pool.map(lambda cs: run_case(cs[0], cs[1], args.keep_replay, flags), todo):
                 print(f"{r['case']} seed {r['seed']}: solved at {r['solved_env_steps']}, best {_num(r['best'])}, "
                       f"last {_num(r['last'])}, {r['process_wall_s']:.0f} s", flush=True)
     print(report())

@@ -178,6 +178,16 @@ def _import_module(module_name: str):
         return importlib.import_module(module_name)
 
 
+def _where(e: BaseException) -> str:
+    """' at FILE line N': where a user's module failed (a SyntaxError's own line, else the innermost frame)."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f" at {e.filename} line {e.lineno}"
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" at {tb.tb_frame.f_code.co_filename} line {tb.tb_lineno}" if tb is not None else ""
+
+
 def _in_dir(folder: str, top: str) -> bool:
     return os.path.isfile(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top))
 
@@ -201,6 +211,10 @@ def _resolve_factory(name: str) -> Callable[..., gym.Env] | None:
         module = _import_module(module_name)
     except ImportError as e:
         raise ValueError(f"Unknown env {name!r}: cannot import module {module_name!r} ({e}). {_forms_help()}") from e
+    except Exception as e:  # the user's module does not parse, or raises while it is imported
+        raise ValueError(f"env {name!r}: importing module {module_name!r} failed{_where(e)} with "
+                         f"{type(e).__name__}: {e}; fix the module (`python -c 'import {module_name}'` shows the "
+                         "traceback)") from e
     factory = getattr(module, attr, None)
     if factory is None and "." not in attr and not _registers_envs(module_name):  # a typo in the name after ':'
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]

@@ -108,6 +108,16 @@ def test_bad_value_refused_before_anything_is_written(tmp_path, flags, word):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("source", "word"), [('raise RuntimeError("boom")\n', "RuntimeError: boom"),
+                                              ("def f(:\n", "SyntaxError"), ("import no_such_dependency\n", "no_such_dependency")])
+def test_a_user_module_that_raises_or_does_not_parse_is_one_line(tmp_path, source, word):
+    """The module of `--env module:factory` is the user's code: its failure is said with where it happened."""
+    (tmp_path / "usermod.py").write_text(source)
+    out = train(tmp_path / "run", 16, "--env", "usermod:Env", cwd=tmp_path)
+    assert_refused(out, word)
+    assert "usermod" in out.stderr and not (tmp_path / "run").exists()
+
+
 def test_run_dir_that_is_a_file_or_below_one(tmp_path):
     (tmp_path / "afile").write_text("keep me")
     assert_refused(train(tmp_path / "afile", 16, cwd=tmp_path), "is a file")
