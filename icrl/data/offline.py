@@ -117,13 +117,41 @@ def iter_offline_rollouts(cfg: ExperimentConfig, source: str) -> Iterator[Rollou
     return read_rollout_folders(where, obs_space, spec)
 
 
+MAX_MANIFEST_BYTES = 64 << 20  # a million rollout names with room to spare
+
+
+def _read_manifest(manifest: Path) -> dict:
+    """The import record of `manifest`, or ConfigError (one line) for a file that is not one. It is never
+    repaired or removed here: it says which rollouts of protected/ came from which source, and a guess could
+    import the data twice or delete a genuine rollout."""
+    problem = None
+    try:
+        if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+            problem = f"larger than {MAX_MANIFEST_BYTES:,} bytes"
+        else:
+            record = json.loads(manifest.read_text(encoding="utf-8"))
+            if not isinstance(record, dict) or not isinstance(record.get("source"), str):
+                problem = "not an import record (no source)"
+            elif not isinstance(record.get("files", []), list) or not isinstance(record.get("status", ""), str):
+                problem = "not an import record (files or status of the wrong kind)"
+    except (OSError, UnicodeDecodeError) as e:
+        problem = f"unreadable ({e})"
+    except (ValueError, RecursionError) as e:
+        problem = f"not valid JSON ({type(e).__name__})"
+    if problem is not None:
+        raise ConfigError(f"{manifest} is damaged: {problem}. It records this run's offline import; to import "
+                          f"again, remove it and the rollouts that import put in {manifest.parent / 'protected'} "
+                          "(or train in another --run-dir)")
+    return record
+
+
 def _undo_interrupted(replay_root: Path) -> None:
     """Remove staging folders, and the files of an import that was interrupted while moving them."""
     for stale in replay_root.glob(f"{_STAGING}*"):
         shutil.rmtree(stale, ignore_errors=True)
     manifest = replay_root / MANIFEST
     if manifest.is_file():
-        record = json.loads(manifest.read_text(encoding="utf-8"))
+        record = _read_manifest(manifest)
         if record.get("status") != "done":
             for name in record.get("files", []):  # only rollout names: a forged manifest names no other file
                 if isinstance(name, str) and ROLLOUT_FILE_RE.fullmatch(name):
@@ -146,7 +174,7 @@ def import_offline_data(cfg: ExperimentConfig, replay_root: str | os.PathLike, s
     _undo_interrupted(root)
     manifest = root / MANIFEST
     if manifest.is_file():
-        record = json.loads(manifest.read_text(encoding="utf-8"))
+        record = _read_manifest(manifest)
         if record["source"] != str(source):
             raise ConfigError(f"{root} already holds offline data from {record['source']!r}, not {source!r}; "
                               "train in another --run-dir")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from icrl import train
-from icrl.config import EnvConfig, ExperimentConfig, LossConfig, ModelConfig
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import load_rollout, save_rollout
 from icrl.run.checkpoint import CheckpointError
 
@@ -214,9 +214,30 @@ def test_an_interrupted_import_manifest_deletes_only_rollout_files_in_protected(
     victim.write_text("precious\n")
     moved = root / "protected" / rollout_file_name(3)
     moved.write_bytes(b"")
-    (root / MANIFEST).write_text(json.dumps({"status": "moving", "files": ["../../../victim", moved.name]}))
+    (root / MANIFEST).write_text(json.dumps({"source": "x", "status": "moving", "files": ["../../../victim", moved.name]}))
     _undo_interrupted(root)  # what the next import does first
     assert victim.read_text() == "precious\n" and not moved.exists()
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"files": []}', '{"source": "x", "files": 3}',
+                                  "[" * 100_000 + "]" * 100_000, '{"source": "x", "status": "moving", "files": [1]}'])
+def test_a_damaged_import_manifest_is_one_line_and_deletes_nothing(tmp_path, text):
+    from icrl.data.offline import MANIFEST, _undo_interrupted
+    from icrl.data.storage import rollout_file_name
+
+    root = tmp_path / "run" / "replay"
+    (root / "protected").mkdir(parents=True)
+    genuine = root / "protected" / rollout_file_name(3)
+    genuine.write_bytes(b"a rollout")
+    (root / MANIFEST).write_text(text)
+    if text.endswith("[1]}"):  # a record of the right shape whose names are not rollouts: nothing to undo
+        _undo_interrupted(root)
+        assert not (root / MANIFEST).exists()
+    else:
+        with pytest.raises(ConfigError, match=re.escape(f"{root / MANIFEST} is damaged")):
+            _undo_interrupted(root)
+        assert (root / MANIFEST).read_text() == text
+    assert genuine.read_bytes() == b"a rollout"
 
 
 @pytest.mark.parametrize("entry", ["async", "async/collectors"])
