@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -178,6 +179,14 @@ def parse(argv: list[str]):
         fail("icrl learn: the run dir is the first argument; drop --run-dir")
     preset, config_file, env_kwargs, trusted = (_start_args(rest, f"icrl {command}") if command in ("train", "learn")
                                                 else (None, None, {}, False))
+    if command in ("train", "learn") and {"-h", "--help"} & set(rest) and "--help-all" not in rest:
+        from icrl.cli.help import short_help
+
+        cls = COMMANDS[command]
+        print(short_help(command, cls.__doc__ or "", _start_config(preset, config_file, env_kwargs, trusted),
+                         skip=("run_dir",) if command == "learn" else ()), end="")
+        raise SystemExit(0)
+    argv = [("--help" if a == "--help-all" else a) for a in argv]
     union = _subcommands(preset, config_file, env_kwargs, trusted)
     with _tyro_errors(f"icrl {command}"):
         args = tyro.cli(union, args=argv, prog="icrl", config=(tyro.conf.OmitArgPrefixes,))
@@ -234,6 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with stopped_in_one_line(argv[0]):  # Ctrl-C / SIGTERM at any moment: one line, exit 130 / 143
             parse(argv).run()
+    except BrokenPipeError:  # `icrl train --help-all | head`: the reader left; say nothing more (Python's docs' recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
     finally:
         speak_again(token)
 

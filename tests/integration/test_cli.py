@@ -200,13 +200,38 @@ def test_collect_without_max_lead_never_waits_for_the_learner(tmp_path, monkeypa
     assert counters["stored_env_steps"] == learner.stored() == 6 * ROUND and counters["state"] == "finished"
 
 
-def test_train_help_lists_the_flags_by_group():
-    out = subprocess.run([sys.executable, "-m", "icrl", "train", "--preset", "tmaze", "--help"], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "COLUMNS": "120"})
+def _help(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "icrl", *args], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "120"})
     assert out.returncode == 0 and not out.stderr, out.stderr
+    return out.stdout
+
+
+def test_train_help_all_lists_every_flag_by_group():
+    text = _help("train", "--preset", "tmaze", "--help-all")
     for group in ("env options", "model options", "loss options", "asynchronous options"):
-        assert group in out.stdout
-    assert "--d-model INT" in out.stdout and "(default: 32)" in out.stdout  # the preset's value is the default
+        assert group in text
+    assert "--d-model INT" in text and "(default: 32)" in text  # the preset's value is the default
+
+
+@pytest.mark.parametrize("command", ["train", "learn"])
+def test_help_shows_the_common_flags_first_and_names_every_flag(command):
+    """`--help` fits a screen: the flags a first run needs, described, then every other flag by name."""
+    import re
+
+    args = [command, *(["RUN"] if command == "learn" else [])]
+    short, full = _help(*args, "--preset", "control", "--help"), _help(*args, "--preset", "control", "--help-all")
+    assert len(short.splitlines()) <= 80 and len(full.splitlines()) > 3 * len(short.splitlines())
+    flags = {f.split("/")[0] for f in re.findall(r"--[a-z][a-z0-9-]*[a-z0-9]", full)} - {"--help"}
+    named = set(re.findall(r"--[a-z][a-z0-9-]*[a-z0-9]", short))
+    missing = {f for f in flags - named if not (f.startswith("--no-") and "--" + f[5:] in named)}  # --x: --no-x too
+    assert missing == set() and named - flags == {"--help-all"}
+    common = short.index("common flags:")
+    for f in ("--env ", "--seed ", "--total-env-steps ", "--device "):
+        assert common < short.index(f) < short.index("every other flag")
+    assert "(default: 50000)" in short  # the preset's budget
+    assert all(name in short for name in PRESETS)
+    assert ("  --run-dir STR" in short) == (command == "train")  # learn: RUN_DIR is its first argument
 
 
 def test_icrl_warnings_print_as_one_line(capsys, monkeypatch):
