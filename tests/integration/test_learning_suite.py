@@ -105,3 +105,18 @@ def test_unknown_cases_are_refused_in_one_line(capsys):
     with pytest.raises(SystemExit):
         suite.main(["--cases", "tmaze100", "nope"])
     assert "unknown case(s) nope" in capsys.readouterr().err
+
+
+def test_a_variant_runs_apart_from_the_defaults_with_its_flags_kept(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(suite, "OUT", tmp_path / "learning_suite")
+    suite.main(["--variant", "tau01", "--flags", "--tau 0.01", "--list", "--cases", "tmaze20"])
+    assert capsys.readouterr().out.rstrip().endswith("--run-dir RUN_DIR --tau 0.01")  # last: it overrides the case
+    assert (tmp_path / "learning_suite/variants/tau01/flags.txt").read_text() == "--tau 0.01\n"
+    monkeypatch.setattr(suite, "OUT", tmp_path / "learning_suite")
+    suite.main(["--variant", "tau01", "--list", "--cases", "tmaze20"])  # the variant's own flags, read back
+    assert "--tau 0.01" in capsys.readouterr().out
+    for argv in (["--variant", "tau01", "--flags", "--tau 0.02"], ["--flags", "--tau 0.02"], ["--variant", "../x"]):
+        monkeypatch.setattr(suite, "OUT", tmp_path / "learning_suite")
+        with pytest.raises(SystemExit):
+            suite.main([*argv, "--list"])
+    assert (tmp_path / "learning_suite/variants/tau01/flags.txt").read_text() == "--tau 0.01\n"
