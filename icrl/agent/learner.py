@@ -246,7 +246,7 @@ class Learner:
         graphed = graphs_available(device, cfg.optim.cuda_graphs) and self.replicas.world_size == 1 and fused
         self.optimizer = torch.optim.AdamW(param_groups(agent, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=fused,
                                            capturable=graphed)
-        warmup = max(cfg.optim.warmup_updates, 1)
+        warmup = max(cfg.resolved_warmup, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
         self.generator = torch.Generator().manual_seed(cfg.run.seed)  # REDQ's members on the CPU
         self.updates = 0

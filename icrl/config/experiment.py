@@ -52,10 +52,26 @@ class ExperimentConfig:
         docstring has the measurement)."""
         if self.optim.compile is not None:
             return self.optim.compile
-        planned = (self.schedule.env_steps // max(self.schedule.steps_per_epoch, 1)) * self.epoch_updates
+        planned = self.planned_updates
         tokens = self.optim.batch_size * (self.model.context + 1)
         return (self.model.traj_encoder == "transformer" and tokens >= 4096
                 and planned >= (10_000 if self.runs_captured else 1_000))
+
+    @property
+    def planned_updates(self) -> int:
+        """The updates the budget plans for (`epoch_updates` per whole epoch): what the rules that scale with
+        a run's length read; the run itself counts the replay's real windows (icrl.run.updates)."""
+        return (self.schedule.env_steps // max(self.schedule.steps_per_epoch, 1)) * self.epoch_updates
+
+    @property
+    def resolved_warmup(self) -> int:
+        """`optim.warmup_updates`, or where unset WARMUP_FRACTION of the planned updates, at most WARMUP_UPDATES
+        (at least 1)."""
+        from icrl.config.training import WARMUP_FRACTION, WARMUP_UPDATES
+
+        if self.optim.warmup_updates is not None:
+            return self.optim.warmup_updates
+        return max(1, min(WARMUP_UPDATES, round(WARMUP_FRACTION * self.planned_updates)))
 
     @property
     def runs_captured(self) -> bool:

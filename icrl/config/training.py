@@ -7,6 +7,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 DEFAULT_ENV_STEPS = 100_000  # the budget of a task that recommends none
+WARMUP_UPDATES = 500
+"""The official AMAGO's learning-rate warm-up, the most a run warms up for when `warmup_updates` is unset."""
+WARMUP_FRACTION = 0.1
+"""Where `warmup_updates` is unset, a run warms up for this fraction of its planned updates (at most
+WARMUP_UPDATES). The flat 500 spent all of a 10,000-env-step POPGym RepeatPreviousEasy run (d128, context 64,
+512 updates) below the full rate: it reached 0.95 only at its last evaluation on seeds 0-2, where 50 updates of
+warm-up solved it at 7,000-8,000 env steps (docs/results.md, the learning suite)."""
 
 
 @dataclass(frozen=True)
@@ -19,8 +26,9 @@ class OptimConfig:
     """AdamW learning rate (the official AMAGO's default). Measured at the official T-Maze-100 update ratio
     (100 updates per 4,040 env steps, seed 0): 3e-4 reached success 0.75 and then collapsed to 0.00 by
     101,000 env steps; 1e-4 with 500 warm-up updates solved it at 80,800 (the official code: 84,840)."""
-    warmup_updates: int = 500
-    """Linear learning-rate warm-up (the official AMAGO's default)."""
+    warmup_updates: int | None = None
+    """Linear learning-rate warm-up, in updates. Unset: WARMUP_FRACTION of the run's planned updates, at most
+    the official AMAGO's 500 (`ExperimentConfig.resolved_warmup`): a short run is not spent warming up."""
     weight_decay: float = 1e-4
     """AdamW weight decay (not applied to norms, biases and embeddings)."""
     grad_clip: float = 1.0

@@ -114,11 +114,12 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     if cfg.model.max_seq_len is None:
         cfg = cfg.replace(max_seq_len=rollout_context(task_context(e.env, e.kwargs, factory), e))
     cfg = dataclasses.replace(cfg, loss=cfg.loss.resolved(cfg.model.context, cfg.explore.eps_shape))
-    return cfg.replace(compile=cfg.compiles)
+    return cfg.replace(compile=cfg.compiles, warmup_updates=cfg.resolved_warmup)
 
 
 def with_recorded_exploration(cfg: ExperimentConfig) -> ExperimentConfig:
-    """A resumed run keeps the exploration schedule its config.json records wherever the user left a field unset,
+    """A resumed run keeps the exploration schedule (and the learning-rate warm-up) its config.json records
+    wherever the user left a field unset,
     rather than deriving it again from a budget that may have grown (`--resume --total-env-steps N`: ε anneals
     over the run's steps, as it did); says so when the budget changed. Anything else: `cfg` as it is."""
     if not cfg.run.resume or cfg.run.run_dir is None:
@@ -130,11 +131,14 @@ def with_recorded_exploration(cfg: ExperimentConfig) -> ExperimentConfig:
         return cfg
     kept = {f.name: getattr(run.explore, f.name) for f in dataclasses.fields(cfg.explore)
             if getattr(cfg.explore, f.name) is None and getattr(run.explore, f.name) is not None}
-    if kept and run.schedule.total_env_steps not in (None, cfg.schedule.total_env_steps):
+    warmup = run.optim.warmup_updates if cfg.optim.warmup_updates is None else None  # also derived from the budget
+    if (kept or warmup is not None) and run.schedule.total_env_steps not in (None, cfg.schedule.total_env_steps):
         say(f"icrl: --resume: {run.schedule.total_env_steps:,} -> {cfg.schedule.total_env_steps:,} env steps; the "
-            f"exploration schedule stays the run's (eps_anneal_steps {kept.get('eps_anneal_steps', 'as set')}), "
-            "not derived again from the new budget")
-    return dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, **kept))
+            f"exploration schedule and the warm-up stay the run's (eps_anneal_steps "
+            f"{kept.get('eps_anneal_steps', 'as set')}, warmup_updates {warmup or 'as set'}), not derived again "
+            "from the new budget")
+    cfg = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, **kept))
+    return cfg if warmup is None else cfg.replace(warmup_updates=warmup)
 
 
 def rollout_context(episode: int | None, e: EnvConfig) -> int:

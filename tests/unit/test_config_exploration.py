@@ -157,3 +157,29 @@ def test_the_anneal_follows_the_budget_unless_a_task_or_the_user_sets_it():
                                                         task_recommendation=False))
     assert cfg.schedule.total_env_steps == 1_000_000 and cfg.explore.eps_anneal_steps == 62_500
     assert with_task_defaults(cfg) == cfg  # idempotent: a resumed run keeps its anneal
+
+
+def test_the_warm_up_follows_the_planned_updates_unless_set(tmp_path):
+    """10% of the planned updates, at most the official 500: a 10,000-env-step POPGym run (410 planned updates)
+    no longer spends itself below the full learning rate; long runs keep 500; a resumed run keeps its own."""
+    from icrl.config.training import WARMUP_FRACTION, WARMUP_UPDATES
+    from icrl.run.components import with_task_defaults
+
+    def warmup(**fields):
+        cfg = with_task_defaults(ExperimentConfig().replace(**fields))
+        assert cfg.optim.warmup_updates == cfg.resolved_warmup  # recorded as resolved
+        return cfg.optim.warmup_updates
+
+    assert (WARMUP_FRACTION, WARMUP_UPDATES) == (0.1, 500)
+    popgym = {"env": "CartPole-v1", "d_model": 128, "max_seq_len": 64, "parallel_envs": 8}
+    assert warmup(total_env_steps=10_000, **popgym) == 41  # 10 epochs of round(64 * 1000 / (24 * 65)) = 41
+    assert warmup(total_env_steps=10_000_000, **popgym) == 500  # the cap
+    assert warmup(total_env_steps=10_000, updates_per_epoch=2, **popgym) == 2
+    assert warmup(total_env_steps=8, **popgym) == 1  # at least one
+    assert warmup(env="tmaze", env_kwargs='{"length": 100}') == 500  # its recommended budget: 200,000 env steps
+    assert warmup(total_env_steps=10_000, warmup_updates=7, **popgym) == 7  # the user's value wins
+
+    cfg = with_task_defaults(ExperimentConfig().replace(total_env_steps=10_000, run_dir=str(tmp_path), **popgym))
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    resumed = ExperimentConfig().replace(total_env_steps=100_000, resume=True, run_dir=str(tmp_path), **popgym)
+    assert with_task_defaults(resumed).optim.warmup_updates == 41  # not 410: derived from the old budget
