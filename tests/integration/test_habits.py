@@ -474,7 +474,7 @@ def test_resume_with_more_budget_keeps_the_runs_schedule(in_tmp, capsys):
     icrl.train(cfg, env=lambda: Combo())
     out = icrl.train(cfg.replace(resume=True, total_env_steps=128), env=lambda: Combo())
     assert out["env_steps"] == 128
-    assert "exploration schedule stays the run's" in capsys.readouterr().out
+    assert "exploration schedule and the warm-up stay the run's" in capsys.readouterr().out
     icrl.train(tiny("runs/b", total_env_steps=64))
     assert cli("train", "--run-dir", "runs/b", "--resume", "--total-env-steps", "128") == 0
     rows = [json.loads(line) for line in (in_tmp / "runs/b/metrics.jsonl").read_text().splitlines()]
