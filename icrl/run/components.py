@@ -102,7 +102,7 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     e = cfg.env
     if cfg.schedule.total_env_steps is None:
         cfg = cfg.replace(total_env_steps=task_budget(e.env, e.kwargs, factory) or DEFAULT_ENV_STEPS)
-    cfg = with_recorded_exploration(cfg)
+    cfg = with_recorded_schedule(cfg)
     s = cfg.schedule
     if 0 < s.env_steps < s.steps_per_epoch:  # a smoke run: one epoch of the whole budget
         say(f"icrl: note: --total-env-steps {s.env_steps:,} is below --steps-per-epoch {s.steps_per_epoch:,}: the run "
@@ -117,7 +117,7 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     return cfg.replace(compile=cfg.compiles, warmup_updates=cfg.resolved_warmup)
 
 
-def with_recorded_exploration(cfg: ExperimentConfig) -> ExperimentConfig:
+def with_recorded_schedule(cfg: ExperimentConfig) -> ExperimentConfig:
     """A resumed run keeps the exploration schedule (and the learning-rate warm-up) its config.json records
     wherever the user left a field unset,
     rather than deriving it again from a budget that may have grown (`--resume --total-env-steps N`: ε anneals

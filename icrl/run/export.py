@@ -91,6 +91,9 @@ def _copy_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive: Path, dest:
     if info.file_size > limit:
         raise RunDirError(f"{archive}: member {info.filename} claims {info.file_size:,} bytes, over the "
                           f"{limit:,}-byte limit (refused)")
+    if info.flag_bits & 0x1 or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise RunDirError(f"{archive}: member {info.filename} is encrypted or compressed with method "
+                          f"{info.compress_type}; an icrl export is an unencrypted zip of stored or deflated files")
     digest, kept, size = hashlib.sha256(), [], 0
     try:
         with z.open(info) as f, (open(dest, "wb") if dest is not None else contextlib.nullcontext()) as out:
@@ -105,9 +108,6 @@ def _copy_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive: Path, dest:
                     out.write(piece)
     except (zipfile.BadZipFile, zlib.error, EOFError) as e:  # CRC, deflate data, truncation
         raise RunDirError(f"{archive}: member {info.filename} is corrupt ({e}); export the run again") from e
-    except (RuntimeError, NotImplementedError) as e:  # encrypted, or a compression method zipfile cannot read
-        raise RunDirError(f"{archive}: member {info.filename} cannot be read ({e}); an icrl export is an "
-                          "unencrypted zip of stored or deflated files") from e
     except OSError as e:  # the temporary folder's disk
         raise RunDirError(f"{archive}: cannot unpack member {info.filename} ({e})") from e
     return b"".join(kept), digest.hexdigest()
