@@ -1,4 +1,4 @@
-"""Learner throughput of data-parallel training: 1 process vs N processes (torchrun, icrl.run.distributed).
+"""Learner throughput of data-parallel training: 1 process vs N processes (torchrun, icrl.parallel).
 
 Fills a DiskReplay with random-policy Passive T-Maze rollouts once, then times `Learner.update` on batches
 from it (make_loader, in-process) in 1 process (no launcher: the plain single-process learner) and under
@@ -33,7 +33,7 @@ from icrl.agent.model import Agent
 from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, RandomPolicy, make_vector_env
-from icrl.run.distributed import init_replicas
+from icrl.parallel import init_replicas
 from icrl.run.updates import training_window
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec

@@ -76,7 +76,7 @@ from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env, make_wrapped_env
-from icrl.nets.popart import ema_update_
+from icrl.nets.ema import ema_update_
 from icrl.types import ActionSpec, Rollout, Timesteps
 
 RESULTS = Path(__file__).parent / "results" / "throughput"

@@ -300,7 +300,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
 
         return env_spaces(env, cfg.env.kwargs)
 
-    from icrl.run.distributed import resolve_device
+    from icrl.device import resolve_device
 
     agent, cfg, spaces = load_run(path, device, spaces_of=spaces_of)  # a bad device is refused in there
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)

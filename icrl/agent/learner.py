@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,61 +26,12 @@ from icrl.agent.critic_kind import CriticReader
 from icrl.agent.graphs import CapturedStep, graphs_available
 from icrl.agent.losses import actor_loss, align_next, redq_members, td_targets
 from icrl.agent.model import Agent
-from icrl.agent.precision import use_fused_adam, warn_if_bf16_is_emulated
 from icrl.config import ExperimentConfig, LossConfig
+from icrl.device import use_fused_adam, warn_if_bf16_is_emulated
 from icrl.guards import UpdateGuard
-from icrl.nets.popart import ema_update_
+from icrl.nets.ema import ema_update_
+from icrl.parallel import Collectives, OneProcess
 from icrl.types import Batch
-
-
-class Collectives(Protocol):
-    """What a data-parallel update needs of the processes it runs in: the collectives the learner calls.
-    The run layer provides them (`icrl.run.distributed.Replicas`); the learner, a layer below, names only this
-    shape, so it never imports the run layer (docs/design.md §8). One process is `OneProcess`: the same
-    update with every collective the identity."""
-
-    world_size: int
-
-    def wrap(self, module: nn.Module) -> nn.Module: ...
-    def broadcast_(self, module: nn.Module) -> None: ...
-    def max(self, values: list[int]) -> list[int]: ...
-    def reduce_sum(self, x: torch.Tensor) -> torch.Tensor: ...
-    def gather_rows(self, x: torch.Tensor, max_rows: int) -> torch.Tensor: ...
-    def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-class OneProcess:
-    """The `Collectives` of a single process: every collective is the identity (no copy, no host sync), so
-    the learner has one update for one process and for N, and one process computes exactly what it would
-    without any collective. `icrl.run.distributed.Replicas` extends it with what the run loop needs."""
-
-    world_size: int = 1
-
-    def wrap(self, module: nn.Module) -> nn.Module:
-        """`module` whose backward averages gradients over the ranks."""
-        return module
-
-    def broadcast_(self, module: nn.Module) -> None:
-        """Copy rank 0's parameters and buffers into every rank's `module`, in place."""
-
-    def max(self, values: list[int]) -> list[int]:
-        """Element-wise maximum of a list of integers over the ranks."""
-        return list(values)
-
-    def reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
-        """`x` summed over the ranks, on its device (no host sync); non-finite if any rank's `x` is."""
-        return x
-
-    def gather_rows(self, x: torch.Tensor, max_rows: int) -> torch.Tensor:
-        """Concatenate every rank's float rows `x` [N_rank, D] in rank order: [sum N, D]. `max_rows`: the
-        largest N_rank (from `max`), so one collective suffices."""
-        return x
-
-    def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Concatenate float batches [B, L_rank, ...] and their bool masks [B, L_rank] along B, padded to
-        `length` (the largest L_rank, from `max`; padding masked out): [N B, length, ...], [N B, length]."""
-        return x, mask
-
 
 LossOutput = tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]  # loss, metrics, y, valid
 
@@ -229,7 +180,7 @@ class Learner:
     window's shape and the step is captured as a CUDA graph and replayed (`CapturedStep`); elsewhere the same
     function runs eagerly.
 
-    `replicas` (`Collectives`, e.g. icrl.run.distributed.Replicas; default `OneProcess`): the processes of a
+    `replicas` (`Collectives`, e.g. icrl.parallel.Replicas; default `OneProcess`): the processes of a
     data-parallel run. There is one update for any world size: the loss runs inside `replicas.wrap` (DDP,
     which averages gradients over the ranks), the batch statistics (observation RunningNorm, PopArt) are
     updated from every rank's rows, and a step is skipped on every rank when any rank's loss or the

@@ -24,7 +24,7 @@ from torch.func import functional_call
 
 from icrl.config.loss import DEFAULT_GAMMAS
 from icrl.nets.dists import Categorical, Distribution
-from icrl.nets.tstep import symlog
+from icrl.nets.squash import symexp, symlog
 
 __all__ = [  # DEFAULT_GAMMAS is re-exported: the loss functions' callers often want the default discounts too
     "DEFAULT_GAMMAS", "Metrics", "ValueBins", "actor_loss", "advantage_filter", "align_next", "bins_to_value",
@@ -130,11 +130,6 @@ def critic_loss(
 
 
 # ---------------------------------------------------------------- the classification critic (critic_kind twohot)
-
-
-def symexp(x: torch.Tensor) -> torch.Tensor:
-    """The inverse of `symlog`: sign(x) (exp(|x|) - 1)."""
-    return torch.sign(x) * torch.expm1(x.abs())
 
 
 def two_hot(values: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:

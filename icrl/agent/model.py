@@ -68,7 +68,7 @@ class Agent(nn.Module):
             num_bins=loss.critic_bins if loss.critic_kind == "twohot" else None,  # the critic's kind (docs/method.md)
             action_input=loss.discrete_action_input,  # discrete actions as inputs (AMAGO-2), docs/method.md
         )
-        # Targets never receive gradients; they move only by EMA (icrl.nets.popart.ema_update_).
+        # Targets never receive gradients; they move only by EMA (icrl.nets.ema.ema_update_).
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.popart = PopArt(num_gammas, beta=loss.popart_beta, enabled=loss.popart, max_ratio=loss.popart_floor)

@@ -19,6 +19,7 @@ from icrl.agent.learner import Learner
 from icrl.asynchronous.protocol import AsyncPaths, RunCounters, StopFlag, counter_limit, publish_weights
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.data.offline import prepare_offline
+from icrl.device import resolve_device
 from icrl.envs import Collector
 from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import write_text_atomic
@@ -34,7 +35,6 @@ from icrl.run.components import (
     seed_process,
     with_task_defaults,
 )
-from icrl.run.distributed import resolve_device
 from icrl.run.episodes import add_task_sums, metrics_from_task_sums
 from icrl.run.evaluate import eval_row
 from icrl.run.loggers import say

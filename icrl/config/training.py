@@ -38,7 +38,7 @@ class OptimConfig:
     and attention in bf16; heads' outputs, losses, PopArt, gradients and the optimiser stay float32).
     On a CPU with bf16 instructions (AMX) and 1 thread it made updates ~1.25x faster (d128, B24x256); on an x86
     CPU with AVX512-BF16 but no AMX no faster (d64 x 501); on one without (AVX2 only: torch emulates bf16
-    matmuls) ~10x slower. The last two warn (icrl.agent.precision.warn_if_bf16_is_emulated)."""
+    matmuls) ~10x slower. The last two warn (icrl.device.warn_if_bf16_is_emulated)."""
     compile: bool | None = None
     """torch.compile the learner's loss computation (the encoder pass, heads and losses: one graph; a failed
     compile falls back to eager with a warning). It fuses the heads' and norms' elementwise work, which

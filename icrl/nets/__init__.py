@@ -1,5 +1,6 @@
 """Networks: timestep encoder -> trajectory encoder -> actor / critic heads (docs/design.md §3)."""
 
+from icrl.nets.squash import symlog
 from icrl.nets.traj import (
     FFTrajEncoder,
     GRUTrajEncoder,
@@ -9,7 +10,7 @@ from icrl.nets.traj import (
     make_traj_encoder,
 )
 from icrl.nets.transformer import KVCache, SigmaReparamLinear, TransformerTrajEncoder
-from icrl.nets.tstep import ImpalaCNN, NatureCNN, RunningNorm, TimestepEncoder, symlog
+from icrl.nets.tstep import ImpalaCNN, NatureCNN, RunningNorm, TimestepEncoder
 
 __all__ = [
     "FFTrajEncoder",

@@ -17,14 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from icrl.nets.squash import symlog
 from icrl.types import Timesteps
 
 GOAL_KEY = "goal"  # int instruction tokens; embedded only by an optional `goal_embedder` (docs/design.md §7)
-
-
-def symlog(x: torch.Tensor) -> torch.Tensor:
-    """sign(x) log(1 + |x|): keeps rewards of any scale in a range an MLP input tolerates."""
-    return torch.sign(x) * torch.log1p(x.abs())
 
 
 def is_image_space(space: gym.Space) -> bool:

@@ -36,7 +36,7 @@ from icrl.envs.user import apply_env
 from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
 from icrl.nets.tstep import is_image_space
-from icrl.run.distributed import Replicas, init_replicas
+from icrl.parallel import Replicas, init_replicas
 from icrl.run.loggers import say, say_literally
 from icrl.run.rundir import check_run_dir_free, run_path, take_run_dir, with_run_dir
 from icrl.run.runlock import RunLock

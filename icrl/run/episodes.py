@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from icrl.run.distributed import Replicas
+from icrl.parallel import Replicas
 from icrl.types import EpisodeStats
 
 

@@ -222,9 +222,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, checkpoint
     recorded none (older icrl) asks `spaces_of(config)` for them. RunDirError (a ValueError, one line) for a
     missing or broken config, weights file or checkpoint, weights that do not fit, or no spaces to build with.
     """
+    from icrl.device import resolve_device
     from icrl.envs.wrapper import agent_obs_space
     from icrl.run.components import build_agent
-    from icrl.run.distributed import resolve_device
     from icrl.spaces_json import spaces_wrapper
 
     cfg, weights, spaces = find_run(Path(path), checkpoint)
@@ -306,7 +306,7 @@ def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: tor
 
 def eval_device(device: str) -> torch.device:
     """The torch device `device` names, usable here; RunDirError (one line) otherwise."""
-    from icrl.run.distributed import resolve_device
+    from icrl.device import resolve_device
 
     try:
         dev = resolve_device(device)

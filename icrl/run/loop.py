@@ -3,7 +3,7 @@ checkpoint.
 
 `train` is the algorithm; the setup (icrl.run.components), the run directory and resuming (icrl.run.rundir),
 the updates (icrl.run.updates), the reports (icrl.run.reporting, icrl.run.evaluate) and the data-parallel
-decisions (icrl.run.distributed) live in the modules the asynchronous and evaluation paths share.
+decisions (icrl.parallel) live in the modules the asynchronous and evaluation paths share.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Seque
     one returning True stops the run after that epoch, as `cfg.eval.stop_at_return` does.
 
     Started N times by a launcher (`torchrun --nproc_per_node N -m icrl train ...`), the processes train one agent
-    data-parallel (icrl.run.distributed): each collects steps_per_epoch / N env steps per epoch into the shared
+    data-parallel (icrl.parallel): each collects steps_per_epoch / N env steps per epoch into the shared
     replay, each update averages N batches' gradients; rank 0 alone writes the run dir, evaluates and calls the
     callbacks, the other ranks return {}.
     """

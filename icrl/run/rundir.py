@@ -21,8 +21,8 @@ from icrl.config.errors import setting
 from icrl.dicts import flatten
 from icrl.envs import Collector
 from icrl.fileio import write_text_atomic
+from icrl.parallel import Replicas
 from icrl.run.checkpoint import list_checkpoints, load_latest_checkpoint, set_aside
-from icrl.run.distributed import Replicas
 from icrl.run.loggers import say
 from icrl.run.runlock import RunLock, check_not_locked, check_run_dir_usable
 from icrl.seeding import derive_seed

@@ -1,4 +1,4 @@
-"""Data-parallel training (icrl.run.distributed): a real 2-process CPU run under torchrun (gloo)."""
+"""Data-parallel training (icrl.parallel): a real 2-process CPU run under torchrun (gloo)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig
 from icrl.data import list_rollout_files
 from icrl.envs import make_vector_env
+from icrl.parallel import Replicas, init_replicas, state_sha256
 from icrl.run.checkpoint import list_checkpoints, load_checkpoint
-from icrl.run.distributed import Replicas, init_replicas, state_sha256
 from icrl.run.loggers import read_metrics
 from icrl.types import ActionSpec
 
@@ -60,7 +60,7 @@ def test_without_a_launcher_nothing_is_distributed(monkeypatch):
 def _two_rank_gather(method: str, inputs: list[tuple], *size) -> tuple:
     """What rank 0's `method` returns when rank r called it with inputs[r]: each rank's one collective
     payload is captured, then handed to rank 0 as the all_gather result."""
-    from icrl.run.distributed import _Ranks
+    from icrl.parallel import _Ranks
 
     payloads = []
     rank = _Ranks.__new__(_Ranks)  # no process group: only the packing and unpacking are exercised
@@ -86,7 +86,7 @@ def test_packed_gathers_return_every_ranks_rows_in_rank_order():
 def test_json_gather_returns_every_ranks_value_in_rank_order():
     """Per-task sums differ in their keys between ranks: each rank's JSON text, padded to the longest, comes back
     whole (names with any characters, values as sent)."""
-    from icrl.run.distributed import _Ranks
+    from icrl.parallel import _Ranks
 
     values = [{"RepeatFirstEasy": {"rollouts": 2.0, "return_sum": -0.5}}, {"go to é": {"rollouts": 1.0}, "b": {}}]
     longest = max(len(json.dumps(v).encode("utf-8")) for v in values)

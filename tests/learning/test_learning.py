@@ -12,9 +12,9 @@ import dataclasses
 import pytest
 
 from icrl import train
-from icrl.agent.precision import cpu_bf16_is_native
 from icrl.config import EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.config.presets import control, cue_recall, goal_grid, tmaze
+from icrl.device import cpu_bf16_is_native
 
 pytestmark = pytest.mark.learning
 
@@ -85,7 +85,7 @@ def repeat_previous_config(run_dir, dtype: str = "fp32") -> ExperimentConfig:
 
 
 # Without bf16 instructions torch emulates bf16 matmuls and this run takes ~25 minutes instead of ~1 (an AMD
-# EPYC with AVX2 only, icrl.agent.precision.cpu_bf16_is_native); the bf16 update's numerics are still checked
+# EPYC with AVX2 only, icrl.device.cpu_bf16_is_native); the bf16 update's numerics are still checked
 # there by tests/unit/test_agent.py (test_bf16_learner_update_keeps_float32_state and the bf16 loss case).
 NEEDS_BF16_CPU = pytest.mark.skipif(cpu_bf16_is_native() is False,
                                     reason="this CPU emulates bf16 matmuls (no AVX512-BF16 or AMX)")

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
+from icrl import device as probes
 from icrl.agent import learner as learner_module
-from icrl.agent import precision
 from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner, compute_loss
 from icrl.agent.model import Agent, AgentPolicy
@@ -746,11 +746,11 @@ def test_bf16_learner_update_keeps_float32_state(tmp_path):
 def test_bf16_on_a_cpu_where_it_is_not_fast_is_warned_about(monkeypatch, native, amx, dtype, device, warns):
     """A bf16 run on a CPU without bf16 instructions is ~10x slower than fp32, and on x86 without AMX no faster,
     and nothing else says why."""
-    monkeypatch.setattr(precision, "cpu_bf16_is_native", lambda: native)
-    monkeypatch.setattr(precision, "cpu_has_amx", lambda: amx)
+    monkeypatch.setattr(probes, "cpu_bf16_is_native", lambda: native)
+    monkeypatch.setattr(probes, "cpu_has_amx", lambda: amx)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        said = precision.warn_if_bf16_is_emulated(dtype, torch.device(device))
+        said = probes.warn_if_bf16_is_emulated(dtype, torch.device(device))
     assert said is (warns is not None) and len(caught) == int(warns is not None)
     if warns:
         assert "--dtype fp32" in str(caught[0].message) and warns in str(caught[0].message)
@@ -759,16 +759,16 @@ def test_bf16_on_a_cpu_where_it_is_not_fast_is_warned_about(monkeypatch, native,
 def test_cpu_bf16_features_follow_what_torch_reports(monkeypatch):
     caps = {"architecture": "x86_64", "avx2": True, "avx512_bf16": False, "amx_bf16": False}
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps, raising=False)
-    assert precision.cpu_bf16_is_native() is False
-    assert precision.cpu_has_amx() is False
+    assert probes.cpu_bf16_is_native() is False
+    assert probes.cpu_has_amx() is False
     caps["avx512_bf16"] = True
-    assert precision.cpu_bf16_is_native() is True and precision.cpu_has_amx() is False
+    assert probes.cpu_bf16_is_native() is True and probes.cpu_has_amx() is False
     caps["amx_bf16"] = True
-    assert precision.cpu_bf16_is_native() is True and precision.cpu_has_amx() is True
+    assert probes.cpu_bf16_is_native() is True and probes.cpu_has_amx() is True
     caps["architecture"] = "riscv64"
-    assert precision.cpu_bf16_is_native() is None and precision.cpu_has_amx() is None
+    assert probes.cpu_bf16_is_native() is None and probes.cpu_has_amx() is None
     monkeypatch.delattr(torch.cpu, "get_capabilities")
-    assert precision.cpu_bf16_is_native() is None and precision.cpu_has_amx() is None
+    assert probes.cpu_bf16_is_native() is None and probes.cpu_has_amx() is None
 
 
 @pytest.mark.parametrize("reduce", ["min", "mean"])
@@ -871,7 +871,7 @@ def _hand_update(agent: Agent, opt: torch.optim.Optimizer, sched, generator: tor
     """One learner step written out by hand, in the order the method prescribes (docs/design.md §4): the
     reference `Learner.update` must reproduce bit for bit in one process, whatever collectives it runs on."""
     from icrl.agent.losses import redq_members
-    from icrl.nets.popart import ema_update_
+    from icrl.nets.ema import ema_update_
 
     agent.train()
     members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset, generator)

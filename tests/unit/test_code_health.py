@@ -67,7 +67,7 @@ def test_nothing_imports_from_the_training_loop():
 LAYERS = ["base", "envs", "data", "nets", "agent", "run", "asynchronous", "api", "cli"]
 LAYER_OF = {
     "icrl": "base", "icrl.types": "base", "icrl.guards": "base", "icrl.fileio": "base", "icrl.dicts": "base",
-    "icrl.seeding": "base", "icrl.config": "base",
+    "icrl.seeding": "base", "icrl.config": "base", "icrl.device": "base", "icrl.parallel": "base",
     "icrl.envs": "envs", "icrl.spaces_json": "envs",  # the env's spaces as JSON, read through the env wrapper
     "icrl.data": "data", "icrl.nets": "nets", "icrl.agent": "agent", "icrl.run": "run",
     "icrl.asynchronous": "asynchronous", "icrl.policy": "api", "icrl.cli": "cli", "icrl.__main__": "cli",
@@ -103,7 +103,7 @@ def test_every_module_has_a_layer():
 @pytest.mark.parametrize("path", MODULES, ids=_name)
 def test_no_module_imports_a_higher_layer(path):
     """envs -> data -> nets -> agent -> run -> asynchronous -> api -> cli: a lower layer never imports a higher one
-    (the learner names the collectives it needs as a Protocol instead of importing icrl.run.distributed)."""
+    (the learner names the collectives it needs as a Protocol instead of importing the run layer)."""
     own = LAYERS.index(_layer(_name(path)))
     upward = sorted(m for m in _icrl_imports(path) if LAYERS.index(_layer(m)) > own)
     assert not upward, f"{_name(path)} (layer {LAYERS[own]}) imports a higher layer: {upward}"

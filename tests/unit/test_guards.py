@@ -132,8 +132,9 @@ def test_a_non_finite_loss_on_another_rank_skips_the_update_here_too(tmp_path):
     weights part. The learner skips when the losses summed over the ranks are not finite, so a finite
     update on this rank applies nothing when another rank's loss was NaN (its gradients may still be finite,
     e.g. a NaN in a masked-out term), exactly as one process skips its own NaN loss."""
-    from icrl.agent.learner import Learner, OneProcess
+    from icrl.agent.learner import Learner
     from icrl.agent.model import Agent
+    from icrl.parallel import OneProcess
 
     class OtherRankNaN(OneProcess):
         """Rank 0's view of two ranks whose gradients agree (the all-reduce of identical batches) and whose

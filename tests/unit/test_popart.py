@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from icrl.nets.ema import ema_update_
 from icrl.nets.heads import Critic
-from icrl.nets.popart import PopArt, ema_update_
+from icrl.nets.popart import PopArt
 from icrl.types import ActionSpec
 
 G = 3

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from icrl.config import ExperimentConfig
-from icrl.run.distributed import Replicas, resolve_device
+from icrl.device import resolve_device
+from icrl.parallel import Replicas
 from icrl.run.episodes import (
     SUM_KEYS,
     TASK_METRIC_PREFIXES,

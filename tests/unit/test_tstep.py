@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from icrl.nets.tstep import ImpalaCNN, NatureCNN, TimestepEncoder, symlog
+from icrl.nets.squash import symlog
+from icrl.nets.tstep import ImpalaCNN, NatureCNN, TimestepEncoder
 from icrl.types import Timesteps
 
 A = 3  # previous-action width

@@ -1,7 +1,8 @@
-"""What the learner's device can do fast: the fused AdamW kernel, and bf16 matmuls on a CPU.
+"""What a device is and what it can do fast: the torch device a `--device` name means, the fused AdamW kernel,
+and bf16 matmuls on a CPU.
 
 Probed here, apart from the update (icrl.agent.learner), so the update reads as the method and the probes
-can be tested (and monkeypatched) on their own.
+can be tested (and monkeypatched) on their own; every layer may ask (the run's setup, `icrl.load`, the learner).
 """
 
 from __future__ import annotations
@@ -9,6 +10,13 @@ from __future__ import annotations
 import warnings
 
 import torch
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device a `--device` name means; "auto" picks CUDA when this torch build sees a GPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def use_fused_adam(choice: bool | None, device: torch.device) -> bool:

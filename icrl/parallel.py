@@ -1,4 +1,8 @@
-"""Data-parallel training over several processes (docs/design.md §8), on Hugging Face Accelerate.
+"""The processes of a run: one, or N data-parallel ranks (docs/design.md §8), on Hugging Face Accelerate.
+
+`Collectives` is what a data-parallel update needs of the processes it runs in (the learner, icrl.agent.learner,
+names only this shape); `OneProcess` is the single process, every collective the identity; `Replicas` adds what
+the run loop needs (ranks, seeds, barriers, weight hashes), and `_Ranks` is its multi-process form.
 
 `torchrun --nproc_per_node N -m icrl train ...` (or `accelerate launch` on GPUs) starts N copies of the
 ordinary `icrl train`. `init_replicas` tells them apart from the launcher's environment variables
@@ -27,21 +31,62 @@ import hashlib
 import json
 import os
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from icrl.agent.learner import OneProcess
 from icrl.config import ConfigError
+from icrl.device import resolve_device
 from icrl.seeding import derive_seed
 
 
-def resolve_device(name: str) -> torch.device:
-    """The torch device a `--device` name means; "auto" picks CUDA when this torch build sees a GPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+class Collectives(Protocol):
+    """What a data-parallel update needs of the processes it runs in: the collectives the learner calls.
+    `Replicas` provides them; the learner names only this shape (docs/design.md §8). One process is
+    `OneProcess`: the same update with every collective the identity."""
+
+    world_size: int
+
+    def wrap(self, module: nn.Module) -> nn.Module: ...
+    def broadcast_(self, module: nn.Module) -> None: ...
+    def max(self, values: list[int]) -> list[int]: ...
+    def reduce_sum(self, x: torch.Tensor) -> torch.Tensor: ...
+    def gather_rows(self, x: torch.Tensor, max_rows: int) -> torch.Tensor: ...
+    def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class OneProcess:
+    """The `Collectives` of a single process: every collective is the identity (no copy, no host sync), so
+    the learner has one update for one process and for N, and one process computes exactly what it would
+    without any collective. `Replicas` extends it with what the run loop needs."""
+
+    world_size: int = 1
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """`module` whose backward averages gradients over the ranks."""
+        return module
+
+    def broadcast_(self, module: nn.Module) -> None:
+        """Copy rank 0's parameters and buffers into every rank's `module`, in place."""
+
+    def max(self, values: list[int]) -> list[int]:
+        """Element-wise maximum of a list of integers over the ranks."""
+        return list(values)
+
+    def reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` summed over the ranks, on its device (no host sync); non-finite if any rank's `x` is."""
+        return x
+
+    def gather_rows(self, x: torch.Tensor, max_rows: int) -> torch.Tensor:
+        """Concatenate every rank's float rows `x` [N_rank, D] in rank order: [sum N, D]. `max_rows`: the
+        largest N_rank (from `max`), so one collective suffices."""
+        return x
+
+    def gather_padded(self, x: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Concatenate float batches [B, L_rank, ...] and their bool masks [B, L_rank] along B, padded to
+        `length` (the largest L_rank, from `max`; padding masked out): [N B, length, ...], [N B, length]."""
+        return x, mask
 
 
 def launched_world_size() -> int:
@@ -53,9 +98,8 @@ class Replicas(OneProcess):
     """The processes of one data-parallel run and the few collectives the training loop needs.
 
     The base class is the single process (world size 1): every collective is the identity (the learner's
-    own ones come from `OneProcess`, the learner's single-process collectives), so code written against
-    `Replicas` reads the same in both cases. `init_replicas` returns the multi-process subclass under a
-    launcher.
+    own ones come from `OneProcess`), so code written against `Replicas` reads the same in both cases.
+    `init_replicas` returns the multi-process subclass under a launcher.
     """
 
     rank: int = 0
