@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from icrl.nets.actor_parts import LEAKY_SLOPE, ActorTrunk, ContinuousDist, ContinuousOutput, ResidualTrunk
-from icrl.nets.dists import Bernoulli, Categorical, Distribution
+from icrl.nets.actor_parts import LEAKY_SLOPE, ActorTrunk, ResidualTrunk
+from icrl.nets.dists import Bernoulli, Categorical, ContinuousDist, ContinuousOutput, Distribution
 from icrl.types import ActionSpec
 
 

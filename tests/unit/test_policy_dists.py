@@ -1,6 +1,6 @@
-"""The continuous policies beside the TanhGaussian (a tanh-squashed Gaussian mixture, a Beta on [-1, 1]) and
-the residual actor trunk: shapes, densities against torch.distributions, bounds, gradients, the actor's
-output width and acting path."""
+"""The distributions' common base, the continuous policies beside the TanhGaussian (a tanh-squashed Gaussian
+mixture, a Beta on [-1, 1]) and the residual actor trunk: shapes, densities against torch.distributions, bounds,
+gradients, the actor's output width and acting path."""
 
 from __future__ import annotations
 
@@ -10,8 +10,20 @@ import pytest
 import torch
 from torch import distributions as pyd
 
-from icrl.nets.actor_parts import BETA_MIN_CONCENTRATION, GMM_MIN_STD, ContinuousOutput, ResidualTrunk
-from icrl.nets.dists import ShiftedBeta, TanhGaussian, TanhGMM
+from icrl.nets import dists
+from icrl.nets.actor_parts import ResidualTrunk
+from icrl.nets.dists import (
+    BETA_MIN_CONCENTRATION,
+    GMM_MIN_STD,
+    ActionDistribution,
+    Bernoulli,
+    Categorical,
+    ContinuousOutput,
+    Distribution,
+    ShiftedBeta,
+    TanhGaussian,
+    TanhGMM,
+)
 from icrl.nets.heads import Actor
 from icrl.types import ActionSpec
 
@@ -37,6 +49,44 @@ def _torch_tanh_gmm(d: TanhGMM) -> pyd.Distribution:
     comp = pyd.Independent(pyd.Normal(d.means, d.stds), 1)
     mix = pyd.MixtureSameFamily(pyd.Categorical(logits=d.log_w), comp)
     return pyd.TransformedDistribution(mix, [pyd.TanhTransform()])
+
+
+# ---------------------------------------------------------------- the common base
+
+
+def test_every_distribution_shares_the_base():
+    classes = {c for c in vars(dists).values() if isinstance(c, type) and c.__module__ == dists.__name__}
+    classes -= {ContinuousOutput, dists._TanhSquashed}  # the layout and the squashed policies' shared part
+    assert classes == {ActionDistribution, Categorical, TanhGaussian, Bernoulli, TanhGMM, ShiftedBeta}
+    assert all(issubclass(c, ActionDistribution) for c in classes) and Distribution is ActionDistribution
+
+
+def test_the_base_and_an_incomplete_distribution_cannot_be_built():
+    with pytest.raises(TypeError, match="abstract"):
+        ActionDistribution(torch.Size([G]), torch.float32)  # type: ignore[abstract]
+
+    class NoEntropy(ActionDistribution):
+        def rsample(self, shape=()):
+            return torch.zeros(G, A)
+
+        def log_prob(self, a_vec):
+            return torch.zeros(G)
+
+        def mode(self):
+            return torch.zeros(G, A)
+
+    with pytest.raises(TypeError, match="entropy"):
+        NoEntropy(torch.Size([G]), torch.float32)  # type: ignore[abstract]
+
+
+def test_sample_is_rsample_without_a_graph():
+    mean = torch.randn(G, A, requires_grad=True)
+    d = TanhGaussian(mean, torch.zeros(G, A))
+    torch.manual_seed(3)
+    a = d.sample((4,))
+    torch.manual_seed(3)
+    torch.testing.assert_close(a, d.rsample((4,)).detach(), rtol=0, atol=0)
+    assert not a.requires_grad and a.shape == (4, G, A)
 
 
 # ---------------------------------------------------------------- the Gaussian mixture
