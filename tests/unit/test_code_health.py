@@ -1,5 +1,5 @@
 """Static checks that keep the code base readable: short functions, small modules, the training loop as a
-leaf that nothing else imports, layers that import only downwards, and a README layout section that names
+leaf that nothing else imports, layers that import only downwards, and a layout (docs/layout.md) that names
 every module that exists."""
 
 import ast
@@ -61,7 +61,7 @@ def test_nothing_imports_from_the_training_loop():
     assert not offenders, f"these import from icrl.run.loop: {offenders}; import the shared piece instead"
 
 
-# The layers, lowest first (docs/design.md §8, README's layout): a module may import its own layer and those
+# The layers, lowest first (docs/design.md §8, docs/layout.md): a module may import its own layer and those
 # below it, never one above. "base" holds the format and config modules every layer reads; the package root
 # counts as base because it only maps public names to modules lazily (`from icrl import __version__`).
 LAYERS = ["base", "envs", "data", "nets", "agent", "run", "asynchronous", "api", "cli"]
@@ -109,11 +109,11 @@ def test_no_module_imports_a_higher_layer(path):
     assert not upward, f"{_name(path)} (layer {LAYERS[own]}) imports a higher layer: {upward}"
 
 
-def _layout_modules(readme: str) -> set[str]:
-    """Module paths the README's layout block names: a line starting with `icrl/...` sets the package, and
-    every `name.py` on it and on its indented continuation lines is a module of that package."""
-    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```", 2)[1]
+def _layout_modules(layout: str) -> set[str]:
+    """Module paths the layout block (the first code block of docs/layout.md) names: a line starting with
+    `icrl/...` sets the package, and every `name.py` on it and on its indented continuation lines is a module of
+    that package."""
+    block = layout.split("```", 2)[1]
     listed, package = set(), None
     for line in block.splitlines():
         if line and not line[0].isspace():
@@ -127,12 +127,12 @@ def _layout_modules(readme: str) -> set[str]:
 
 
 def test_readme_layout_names_every_module_and_only_existing_ones():
-    listed = _layout_modules((ROOT / "README.md").read_text(encoding="utf-8"))
+    listed = _layout_modules((ROOT / "docs" / "layout.md").read_text(encoding="utf-8"))
     existing = {str(p.relative_to(ROOT)) for p in MODULES if not p.name.startswith("__")}
     stale = sorted(listed - existing - {str(p.relative_to(ROOT)) for p in MODULES})
     missing = sorted(existing - listed)
-    assert not stale, f"README's layout names modules that do not exist: {stale}"
-    assert not missing, f"README's layout does not name: {missing}"
+    assert not stale, f"docs/layout.md names modules that do not exist: {stale}"
+    assert not missing, f"docs/layout.md does not name: {missing}"
 
 
 def test_design_citations_name_sections_of_the_design_record():
