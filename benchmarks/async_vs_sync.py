@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from icrl.run.loggers import read_metrics
+from icrl.run.reporting import read_metrics
 
 RESULTS = Path(__file__).parent / "results" / "async_vs_sync"
 

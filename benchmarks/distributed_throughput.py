@@ -34,7 +34,7 @@ from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, RandomPolicy, make_vector_env
 from icrl.parallel import init_replicas
-from icrl.run.updates import training_window
+from icrl.run.components import training_window
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec
 

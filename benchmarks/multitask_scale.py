@@ -74,7 +74,7 @@ def icrl_config(update: str, mix: str, steps: int, seed: int, run_dir: Path, thr
 
 def icrl_run(update: str, mix: str, seed: int, args: argparse.Namespace) -> dict:
     from icrl import train
-    from icrl.run.loggers import read_metrics
+    from icrl.run.reporting import read_metrics
 
     run_dir = Path(args.run_root) / f"{mix}_{update}_s{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)

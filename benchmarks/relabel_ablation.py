@@ -91,7 +91,7 @@ def with_budget(cfg: ExperimentConfig, *, steps: int, seed: int, run_dir: Path, 
 def run_one(task: str, mode: str, cfg: ExperimentConfig, seed: int, args: argparse.Namespace) -> dict:
     """One in-process `icrl.train` of `cfg` under the ablation's budget: final and best success, the curve."""
     from icrl import train
-    from icrl.run.loggers import read_metrics
+    from icrl.run.reporting import read_metrics
 
     run_dir = Path(args.run_root) / task / f"{mode}_seed{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)

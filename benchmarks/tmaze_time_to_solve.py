@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from icrl.config import EnvConfig, ExperimentConfig, ModelConfig, apply_overrides
-from icrl.run.loggers import read_metrics
+from icrl.run.reporting import read_metrics
 
 
 def first_solve(rows: list[dict], threshold: float) -> dict | None:

@@ -27,7 +27,7 @@ _LAZY = {
     "EvalCallback": "icrl.run.callbacks",
     "CheckpointCallback": "icrl.run.callbacks",
     "StopTrainingOnRewardThreshold": "icrl.run.callbacks",
-    "export": "icrl.run.export",
+    "export": "icrl.run.load",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

@@ -10,7 +10,7 @@
         if start:
             obs, _ = env.reset()
 
-Loading (`icrl.run.evaluate.load_run`, the loader `icrl eval` uses too) reads config.json, the weights and
+Loading (`icrl.run.load.load_run`, the loader `icrl eval` uses too) reads config.json, the weights and
 the env's spaces (RUN_DIR/spaces.json, or the checkpoint's state.json): nothing imports, builds or calls the
 env, so a policy trained on a class defined in a script loads in a process that has never seen that class.
 Acting reuses the collector's path: observations go through `TimestepWrapper`'s converters (around a
@@ -32,7 +32,7 @@ from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.envs.wrapper import RolloutClock
 from icrl.guards import nonfinite_keys
-from icrl.run.evaluate import RunDirError, load_run
+from icrl.run.load import RunDirError, load_run
 from icrl.spaces_json import SPACES_FILE, spaces_wrapper
 from icrl.types import Timesteps, agent_to_env_action
 
@@ -268,7 +268,7 @@ def _rewards(reward: Any, n: int) -> np.ndarray:
 
 def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = None) -> InContextPolicy:
     """The policy of a run directory, a checkpoint folder (RUN_DIR/checkpoints/ckpt-N), a weights file in
-    either, or a zip written by `icrl export` (checked as hostile input: icrl.run.export), ready to `predict`. The latest checkpoint of a run directory is used (else its final weights), as
+    either, or a zip written by `icrl export` (checked as hostile input: icrl.run.load), ready to `predict`. The latest checkpoint of a run directory is used (else its final weights), as
     `icrl eval` does. `device`: "cpu", "cuda", "auto", ...
 
     Nothing of the env is imported or built: the spaces come from RUN_DIR/spaces.json (or the checkpoint).
@@ -285,7 +285,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
     if not path.exists():
         raise RunDirError(f"{path} does not exist; pass a run directory written by `icrl train` or a checkpoint")
     if path.is_file() and path.suffix.lower() == ".zip":  # `icrl export`: unpacked, checked, loaded, removed
-        from icrl.run.export import unpacked
+        from icrl.run.load import unpacked
 
         with unpacked(path) as folder:
             return load(folder, device, env=env)

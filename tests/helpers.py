@@ -65,7 +65,7 @@ def tiny_run_tasks(env: str, env_kwargs: dict[str, Any], run_dir: Path, tasks: s
 
     import icrl
     from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
-    from icrl.run.loggers import read_metrics
+    from icrl.run.reporting import read_metrics
 
     torch.set_num_threads(1)
     cfg = ExperimentConfig(

@@ -363,7 +363,7 @@ class Learner:
         is refused: the captured step has one shape."""
         src = batch.to_learner_fields()
         if self._static is None:
-            window = self.cfg.model.context + 1  # icrl.run.updates.training_window
+            window = self.cfg.model.context + 1  # icrl.run.components.training_window
             self._static = Batch.zeros_like_fields(src, max(window, batch.shape[1]), self.device)
         dst = self._static.to_learner_fields()
         if src.keys() != dst.keys() or batch.shape[0] != self._static.shape[0] or batch.shape[1] > self._static.shape[1]:

@@ -25,9 +25,9 @@ from icrl.envs import Collector
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.envs.wrapper import agent_obs_space
 from icrl.run.components import build_agent, make_run_envs, open_replay, train_policy
-from icrl.run.episodes import add_task_sums, rollout_sums, task_sums
-from icrl.run.loggers import say
-from icrl.run.runlock import hold_exclusive
+from icrl.run.evaluate import add_task_sums, rollout_sums, task_sums
+from icrl.run.reporting import say
+from icrl.run.rundir import hold_exclusive
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec, EpisodeStats
 

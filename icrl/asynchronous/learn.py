@@ -3,7 +3,7 @@
 It is `icrl train` without the acting phase: an epoch is `updates_per_epoch` updates on batches from the
 shared replay, throttled so that updates <= utd x env steps stored, then the train row, an evaluation every
 `eval_every` epochs and a checkpoint every `checkpoint_every` epochs, exactly as in `train` (and with the
-same run-directory, resume, update and report pieces: icrl.run.rundir, icrl.run.updates, icrl.run.reporting).
+same run-directory, resume, update and report pieces: icrl.run.rundir, icrl.run.components, icrl.run.reporting).
 """
 
 from __future__ import annotations
@@ -23,36 +23,35 @@ from icrl.device import resolve_device
 from icrl.envs import Collector
 from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import write_text_atomic
+from icrl.run.artifacts import finish_run
 from icrl.run.checkpoint import load_latest_checkpoint, save_checkpoint
 from icrl.run.components import (
+    LazyLoader,
     build_agent,
-    check_resume_target,
     closed_on_error,
     make_relabeler,
     make_run_envs,
+    make_train_loader,
     open_replay,
-    run_scope,
+    run_updates,
     seed_process,
     with_task_defaults,
 )
-from icrl.run.episodes import add_task_sums, metrics_from_task_sums
-from icrl.run.evaluate import eval_row
-from icrl.run.loggers import say
-from icrl.run.reporting import due, open_log, report_epoch, row_head
-from icrl.run.results import finish_run
+from icrl.run.evaluate import add_task_sums, eval_row, metrics_from_task_sums
+from icrl.run.reporting import Timer, due, open_log, report_epoch, row_head, say
 from icrl.run.rundir import (
+    RunLock,
+    check_resume_target,
     check_run_dir_free,
     prune_after,
     resume_point,
     run_path,
+    run_scope,
     take_run_dir,
     truncate_metrics,
     with_run_dir,
     write_run_files,
 )
-from icrl.run.runlock import RunLock
-from icrl.run.timer import Timer
-from icrl.run.updates import LazyLoader, make_train_loader, run_updates
 from icrl.seeding import derive_seed
 from icrl.spaces_json import venv_spaces_record
 from icrl.types import ActionSpec

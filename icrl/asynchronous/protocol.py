@@ -46,10 +46,10 @@ from safetensors import SafetensorError, safe_open
 from icrl.agent.model import Agent
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.fileio import check_inside, open_regular, write_text_atomic
-from icrl.run.ckpt_checks import unmatched_names
-from icrl.run.episodes import SUM_KEYS, add_task_sums
-from icrl.run.loggers import say
-from icrl.run.results import save_weights
+from icrl.run.artifacts import save_weights
+from icrl.run.checkpoint import unmatched_names
+from icrl.run.evaluate import SUM_KEYS, add_task_sums
+from icrl.run.reporting import say
 
 
 class AsyncPaths:
@@ -205,7 +205,7 @@ class RunCounters:
         self.paths, self.limit = paths, limit  # limit: `counter_problem`'s
         self.env_steps = self.stored_env_steps = self.rollouts = 0
         self.sums = dict.fromkeys(SUM_KEYS, 0.0)  # the collectors' rollout_sums, added up
-        self.tasks: dict[str, dict[str, float]] = {}  # per-task sums of multi-task envs (icrl.run.episodes.task_sums)
+        self.tasks: dict[str, dict[str, float]] = {}  # per-task sums of multi-task envs (icrl.run.evaluate.task_sums)
         self.collectors = 0
         self.collector_env_steps: list[int] = []  # each collector's own env steps (all its env copies)
 

@@ -120,7 +120,7 @@ def _start_config(preset: str | None, config_file: str | None, env_kwargs: dict[
             fail(str(e))
     if config_file is None:
         return ExperimentConfig()
-    from icrl.run.evaluate import RunDirError, load_config
+    from icrl.run.load import RunDirError, load_config
 
     path = Path(config_file)
     try:

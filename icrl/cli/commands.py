@@ -152,9 +152,9 @@ class Eval:
                                    "--video": (self.video, 0, 1000)})
         import torch
 
-        from icrl.run.evaluate import evaluate_run, load_config, write_eval
-        from icrl.run.loggers import console
-        from icrl.run.reporting import eval_table
+        from icrl.run.evaluate import evaluate_run, write_eval
+        from icrl.run.load import load_config
+        from icrl.run.reporting import console, eval_table
 
         override = self.run_env.override()
         try:
@@ -169,7 +169,7 @@ class Eval:
             console.print(table)
         print(write_eval(self.run_dir, result))
         if self.video:
-            from icrl.run.video import record_video
+            from icrl.run.artifacts import record_video
 
             try:
                 print(record_video(self.run_dir, self.video, checkpoint=self.checkpoint, override=override))
@@ -186,16 +186,15 @@ class Envs:
     """A family prefix such as popgym, babyai or metaworld."""
 
     def run(self) -> None:
-        from icrl.envs.make import BUILTIN_ENVS, ENV_FAMILIES
+        from icrl.envs.registry import ENV_FAMILIES, TASKS
 
-        families = {**_popgym_family(BUILTIN_ENVS), **ENV_FAMILIES}
+        families = {**_popgym_family(TASKS), **ENV_FAMILIES}
         if self.family is not None:
             self._members(families)
             return
-        for name, factory in sorted(BUILTIN_ENVS.items()):
-            if not name.startswith("popgym"):  # POPGym's ~50 tasks: one line below, `icrl envs popgym` lists them
-                doc = (factory.__doc__ or "").strip().splitlines()
-                print(f"{name:<28} {doc[0] if doc else ''}")
+        for name, task in sorted(TASKS.items()):  # the registry, exactly (POPGym's ~50 tasks: one line below)
+            if not name.startswith("popgym"):
+                print(f"{name:<28} {task.summary()}")
         for prefix, family in sorted(families.items()):
             print(f"{prefix + '<name>':<28} {family.help}")
 
@@ -213,7 +212,8 @@ class Envs:
 def _popgym_family(builtin: dict) -> dict:
     """POPGym as a family for `icrl envs`: its tasks are built-in names when the package is installed (listed
     by `icrl envs popgym`); without it the family is still shown, with the pip command."""
-    from icrl.envs.make import EnvFamily, make_env
+    from icrl.envs.make import make_env
+    from icrl.envs.registry import EnvFamily
 
     names = sorted(n.removeprefix("popgym/") for n in builtin if n.startswith("popgym/"))
 
@@ -248,17 +248,17 @@ class Plot:
         for d in self.run_dirs:
             if not (Path(d) / "metrics.jsonl").is_file():
                 fail(f"{d} has no metrics.jsonl; pass run directories written by `icrl train`")
-        from icrl.run.plot import MULTI_RUN_PLOT
+        from icrl.run.artifacts import MULTI_RUN_PLOT
 
         one = Path(self.run_dirs[0]) / "learning_curve.png"
         out = Path(self.out or (one if len(set(self.run_dirs)) == 1 else MULTI_RUN_PLOT))
         if out.suffix.lower() != ".png":
             fail(f"--out {out} must be a .png file")
-        from icrl.run.plot import adaptation_path, plot_adaptation, plot_learning_curves
+        from icrl.run.artifacts import adaptation_path, plot_adaptation, plot_learning_curves
 
         title = None
         if out == one:  # the run's own plot: drawn again as the run drew it, with its title
-            from icrl.run.evaluate import RunDirError, load_config
+            from icrl.run.load import RunDirError, load_config
 
             try:
                 e = load_config(self.run_dirs[0]).env
@@ -316,7 +316,7 @@ class Export:
     """Replace OUT.zip when it exists."""
 
     def run(self) -> None:
-        from icrl.run.export import export
+        from icrl.run.load import export
 
         try:
             print(export(self.run_dir, self.out, self.checkpoint, overwrite=self.overwrite))

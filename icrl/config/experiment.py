@@ -60,7 +60,7 @@ class ExperimentConfig:
     @property
     def planned_updates(self) -> int:
         """The updates the budget plans for (`epoch_updates` per whole epoch): what the rules that scale with
-        a run's length read; the run itself counts the replay's real windows (icrl.run.updates)."""
+        a run's length read; the run itself counts the replay's real windows (icrl.run.components)."""
         return (self.schedule.env_steps // max(self.schedule.steps_per_epoch, 1)) * self.epoch_updates
 
     @property
@@ -87,7 +87,7 @@ class ExperimentConfig:
     def epoch_updates(self) -> int:
         """Updates per epoch where a fixed number is needed (offline epochs, the asynchronous learner's default
         ratio, plans): --updates-per-epoch, or `replay_ratio`'s count for full training windows (context + 1
-        timesteps). `icrl train` counts the replay's real windows instead (icrl.run.updates.UpdateBudget)."""
+        timesteps). `icrl train` counts the replay's real windows instead (icrl.run.components.UpdateBudget)."""
         s = self.schedule
         if s.updates_per_epoch is not None:
             return s.updates_per_epoch

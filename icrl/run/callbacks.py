@@ -29,7 +29,7 @@ import torch
 from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig
 from icrl.fileio import check_inside
-from icrl.run.loggers import say
+from icrl.run.reporting import say
 
 
 @dataclass
@@ -38,7 +38,7 @@ class TrainingRun:
 
     cfg: ExperimentConfig
     run_dir: Path
-    agent: Agent  # the learning agent: act with it (icrl.run.evaluate), save it (icrl.run.results)
+    agent: Agent  # the learning agent: act with it (icrl.run.evaluate), save it (icrl.run.artifacts)
     spaces: tuple  # the env's (observation space, action space)
     device: torch.device
     env_steps: Callable[[], int]
@@ -114,7 +114,7 @@ class EvalCallback(Callback):
         steps = self.run.env_steps()
         self.results.append((steps, stats["return_mean"], stats["success_rate"]))
         if stats["return_mean"] is not None and stats["return_mean"] > self.best:
-            from icrl.run.results import save_weights
+            from icrl.run.artifacts import save_weights
 
             self.best = stats["return_mean"]
             save_weights(self.run.agent, Path(self.best_path or self.run.run_dir / "best_agent.safetensors"))
@@ -134,7 +134,7 @@ class CheckpointCallback(Callback):
     def on_epoch_end(self, row: dict[str, Any]) -> None:
         self.epochs += 1
         if self.run is not None and self.epochs % self.every == 0:
-            from icrl.run.results import save_weights
+            from icrl.run.artifacts import save_weights
 
             folder = Path(self.folder or check_inside(self.run.run_dir, self.run.run_dir / "weights"))
             folder.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,11 @@
-"""Building a run's parts from its config: envs, agent, learner, replay, exploration and the acting policy.
+"""Building a run's parts from its config: envs, agent, learner, replay, exploration and the acting policy; and the
+learning phase's pieces: training windows, the replay loader and a run of gradient updates.
 
 `build_agent` is the one place an agent is constructed: `icrl train`, the asynchronous learner and
 collectors, `icrl eval` and `icrl.load` all call it, so a run's weights fit whatever any of them builds.
 `build_components` is the setup of `icrl train` (`icrl.train`), in the order that fixes its
-seeds, refusals and first writes.
+seeds, refusals and first writes. `make_train_loader`, `UpdateBudget` and `run_updates` are the learning phase
+`icrl train` and the asynchronous learner share.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
 from icrl.config.model import DEFAULT_CONTEXT
 from icrl.config.training import DEFAULT_ENV_STEPS
 from icrl.config.validation import field_errors, memory_error
-from icrl.data import DiskReplay
+from icrl.data import DiskReplay, ReplayLoader, make_loader
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
@@ -37,9 +39,16 @@ from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
 from icrl.nets.tstep import is_image_space
 from icrl.parallel import Replicas, init_replicas
-from icrl.run.loggers import say, say_literally
-from icrl.run.rundir import check_run_dir_free, run_path, take_run_dir, with_run_dir
-from icrl.run.runlock import RunLock
+from icrl.run.reporting import Timer, say, say_literally
+from icrl.run.rundir import (
+    RunLock,
+    check_resume_target,
+    check_run_dir_free,
+    run_path,
+    take_run_dir,
+    with_recorded_schedule,
+    with_run_dir,
+)
 from icrl.seeding import derive_seed, seed_everything
 from icrl.spaces_json import venv_spaces_record
 from icrl.types import ActionSpec
@@ -115,30 +124,6 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
         cfg = cfg.replace(max_seq_len=rollout_context(task_context(e.env, e.kwargs, factory), e))
     cfg = dataclasses.replace(cfg, loss=cfg.loss.resolved(cfg.model.context, cfg.explore.eps_shape))
     return cfg.replace(compile=cfg.compiles, warmup_updates=cfg.resolved_warmup)
-
-
-def with_recorded_schedule(cfg: ExperimentConfig) -> ExperimentConfig:
-    """A resumed run keeps the exploration schedule (and the learning-rate warm-up) its config.json records
-    wherever the user left a field unset,
-    rather than deriving it again from a budget that may have grown (`--resume --total-env-steps N`: ε anneals
-    over the run's steps, as it did); says so when the budget changed. Anything else: `cfg` as it is."""
-    if not cfg.run.resume or cfg.run.run_dir is None:
-        return cfg
-    path = Path(cfg.run.run_dir) / "config.json"
-    try:
-        run = ExperimentConfig.from_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):  # no readable record: check_run_dir says what is wrong with it
-        return cfg
-    kept = {f.name: getattr(run.explore, f.name) for f in dataclasses.fields(cfg.explore)
-            if getattr(cfg.explore, f.name) is None and getattr(run.explore, f.name) is not None}
-    warmup = run.optim.warmup_updates if cfg.optim.warmup_updates is None else None  # also derived from the budget
-    if (kept or warmup is not None) and run.schedule.total_env_steps not in (None, cfg.schedule.total_env_steps):
-        say(f"icrl: --resume: {run.schedule.total_env_steps:,} -> {cfg.schedule.total_env_steps:,} env steps; the "
-            f"exploration schedule and the warm-up stay the run's (eps_anneal_steps "
-            f"{kept.get('eps_anneal_steps', 'as set')}, warmup_updates {warmup or 'as set'}), not derived again "
-            "from the new budget")
-    cfg = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, **kept))
-    return cfg if warmup is None else cfg.replace(warmup_updates=warmup)
 
 
 def rollout_context(episode: int | None, e: EnvConfig) -> int:
@@ -235,15 +220,6 @@ def check_config_type(cfg: Any) -> None:
                     f"got {type(cfg).__name__} {cfg!r:.60}; {hint}")
 
 
-def check_resume_target(cfg: ExperimentConfig) -> None:
-    """`--resume` on a run dir that does not exist is a typo (or the wrong folder), not a new run: refused in
-    one line, so a mistyped path never silently trains from scratch beside the run it meant."""
-    run_dir = run_path(cfg)
-    if cfg.run.resume and not run_dir.exists():
-        raise ConfigError(f"--resume: --run-dir {run_dir} does not exist (a typo?); pass the run's folder, or drop "
-                          "--resume to start a new run there")
-
-
 def _steps_per_rank(cfg: ExperimentConfig, world: int) -> int:
     steps = cfg.schedule.steps_per_epoch // world
     if steps < cfg.env.parallel_envs:
@@ -312,21 +288,6 @@ def closed_on_error() -> Iterator[Callable[[T], T]]:
         raise
 
 
-@contextmanager
-def run_scope(lock: RunLock | None, close: Callable[[], None]) -> Iterator[None]:
-    """The body of a run once its run dir is taken (`icrl train`, the asynchronous learner): on an error or
-    Ctrl-C anywhere in it (resuming, the first log writes, the epochs) the run lock is released at once, so the
-    run dir is free for the next attempt; always, `close` runs (no orphaned env processes)."""
-    try:
-        yield
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    finally:
-        close()
-
-
 def seed_process(cfg: ExperimentConfig, rank: int = 0) -> None:
     """Seed every RNG of this process (rank) from the run's seed, and cap torch's threads (--threads)."""
     seed_everything(cfg.run.seed, rank)
@@ -350,3 +311,111 @@ def _build_learning(cfg: ExperimentConfig, replicas: Replicas, seed: int, steps_
     exploration, policy = train_policy(cfg, agent, collector, spec, seed, device)
     return Components(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock,
                       collector, eval_collector, agent, learner, replay, offline_epochs, exploration, policy)
+
+
+# ----------------------------------------------------------------------------------- the learning phase
+def training_window(cfg: ExperimentConfig) -> int:
+    """Timesteps per training window: the acting context (`max_seq_len`) plus one.
+
+    The critic learns Q(s_t) from the TD target at s_{t+1}, so the window must hold a full context *and*
+    the step after it. With windows of only `max_seq_len` timesteps, a rollout of exactly context + 1
+    timesteps (T-Maze's corridor + junction + final observation) is cut one way or the other: either the
+    cue at t = 0 or the junction's transition to the final state falls outside every window, and the
+    junction's value can never be learned from memory. The Transformer's banded mask keeps each
+    position's receptive field at `max_seq_len`, exactly what acting sees.
+    """
+    return cfg.model.context + 1
+
+
+def _shape(key: str, space: gym.Space) -> tuple[int, ...]:
+    """The shape of one of the agent's observation entries (Boxes, TimestepWrapper's; a Box always has one)."""
+    if space.shape is None:
+        raise TypeError(f"observation entry {key!r} is a {type(space).__name__} without a shape, not a Box")
+    return tuple(space.shape)
+
+
+def make_train_loader(
+    cfg: ExperimentConfig, replay_root: Path, spec: ActionSpec, device: torch.device, seed: int,
+    obs_space: gym.spaces.Dict | None = None, **kwargs
+) -> ReplayLoader:
+    """The learner's endless batches from the replay (`train` and the asynchronous learner share it);
+    files whose observations do not fit `obs_space` (the agent's) are skipped with a warning; `kwargs` go to
+    `make_loader` (e.g. `auto_refresh`)."""
+    if obs_space is not None:
+        kwargs["obs_shapes"] = {key: _shape(key, space) for key, space in obs_space.spaces.items()}
+    return make_loader(
+        replay_root,
+        batch_size=cfg.optim.batch_size,
+        max_seq_len=training_window(cfg),
+        action_spec=spec,
+        seed=seed,
+        num_workers=cfg.replay.num_workers,
+        pin_memory=device.type == "cuda",
+        offline_fraction=cfg.replay.offline_fraction,
+        **kwargs,
+    )
+
+
+class UpdateBudget:
+    """How many updates an epoch of `icrl train` makes: --updates-per-epoch when set, else as many as train
+    `replay_ratio` timesteps per timestep collected. Each update trains batch_size x world windows, and a
+    window of a rollout of T timesteps holds min(T, training window) of them, so the count follows the
+    replay's real rollout lengths (short episodes: more updates, each cheaper), not the context. The budget
+    accrues from the first epoch that may update; the remainder carries over (a resumed run starts with none:
+    at most one update's difference). Every rank computes the same count from the shared replay."""
+
+    def __init__(self, cfg: ExperimentConfig, world_size: int = 1) -> None:
+        self.fixed = cfg.schedule.updates_per_epoch
+        self.ratio, self.window = cfg.schedule.replay_ratio, training_window(cfg)
+        self.windows_per_update = cfg.optim.batch_size * world_size
+        self.carry = 0.0  # timesteps still to train on
+
+    def updates(self, env_steps: int, rollout_lengths: list[int]) -> int:
+        """The updates for an epoch that collected `env_steps` (all ranks), given the timesteps of every
+        rollout the sampler draws from."""
+        if self.fixed is not None:
+            return self.fixed
+        if not rollout_lengths:
+            return 0
+        self.carry += self.ratio * env_steps
+        per_update = self.windows_per_update * sum(min(t, self.window) for t in rollout_lengths) / len(rollout_lengths)
+        n = int(self.carry // per_update)
+        self.carry -= n * per_update
+        return n
+
+
+class LazyLoader:
+    """The train loader, opened at the first update rather than at the start: the replay may still be empty
+    then, and a loader's sample stream starts when it is opened."""
+
+    def __init__(self, open_loader: Callable[[], ReplayLoader]) -> None:
+        self._open = open_loader
+        self.loader: ReplayLoader | None = None
+
+    def get(self) -> ReplayLoader:
+        if self.loader is None:
+            self.loader = self._open()
+        return self.loader
+
+    def refresh(self) -> None:
+        """Make newly written rollouts visible now (not at a timing-dependent moment); no-op before opening."""
+        if self.loader is not None:
+            self.loader.refresh()
+
+    def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
+
+
+def run_updates(learner: Learner, loader: ReplayLoader, num_updates: int, timer: Timer) -> dict[str, float]:
+    """`num_updates` gradient steps on fresh batches; returns the means of their metrics (`Learner.read_metrics`:
+    the one host read of the epoch). Timed into `timer`'s "sample" and "update" phases; an update does not wait
+    for the device, so on a GPU the next batch is sampled while the last update runs, and the final read
+    (waiting for the device) counts as updating."""
+    for _ in range(num_updates):
+        with timer("sample"):
+            batch = next(loader)
+        with timer("update"):
+            learner.update(batch)
+    with timer("update"):
+        return learner.read_metrics()

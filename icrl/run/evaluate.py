@@ -1,28 +1,33 @@
-"""Evaluate a finished (or running) run: load its config and weights, act greedily, summarise.
+"""Evaluating a policy, and the episode summaries training, the asynchronous collectors and evaluation share.
 
 `evaluate` is the greedy evaluation every path runs (`eval_row`: the training-time one, seeded by the epoch);
-`load_run` is the one run loader (`icrl.load`, `icrl eval`): it rebuilds the agent exactly as training does
-(`icrl.run.components.build_agent`) and loads the weights of a checkpoint; `evaluate_run` evaluates them and `write_eval` stores the result in RUN_DIR/eval.json
-atomically (`icrl.run.reporting.eval_table` prints it). Used by `icrl train`, `icrl learn` and `icrl eval RUN_DIR`.
+`play` is the one path of `icrl eval` and `icrl.evaluate`; `evaluate_run` evaluates a run's weights (loaded by
+`icrl.run.load.load_agent`) and `write_eval` stores the result in RUN_DIR/eval.json atomically
+(`icrl.run.reporting.eval_table` prints it). Used by `icrl train`, `icrl learn` and `icrl eval RUN_DIR`.
+
+Every summary averages over rollouts, not episodes (docs/design.md §10): a rollout's return sums its episodes
+and its success is that of its last episode (after adapting), so short episodes are not over-weighted.
+Multi-task envs name each episode's task (`info["task"]`, docs/CONTRACTS.md; `EpisodeStats.task`): the summaries
+then also give each task's mean return, success rate and rollout count (`task_metrics`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import torch
 
 from icrl.config import ExperimentConfig
 from icrl.envs.user import EnvOverride, run_env_config
-from icrl.fileio import OutsideRunDirError, check_inside, write_text_atomic
-
-if TYPE_CHECKING:
-    from icrl.agent.model import Agent
-
-WEIGHTS = "agent.safetensors"
+from icrl.fileio import write_text_atomic
+from icrl.parallel import Replicas
+from icrl.run.load import RunDirError, load_agent, resolve_weights
+from icrl.types import EpisodeStats
 
 
 def evaluate(agent: Any, collector: Any, num_rollouts: int, device: torch.device, seed: int,
@@ -30,8 +35,6 @@ def evaluate(agent: Any, collector: Any, num_rollouts: int, device: torch.device
     """Rollouts of the policy (greedy, or sampled from it with `greedy=False`) summarised over rollouts
     (`summarize_episodes`); `max_steps` caps a rollout's length (episodes that never end), with a warning,
     so an evaluation always ends."""
-    from icrl.run.episodes import summarize_episodes
-
     return summarize_episodes(evaluation_episodes(agent, collector, num_rollouts, device, seed, max_steps, greedy))
 
 
@@ -39,7 +42,7 @@ def evaluation_episodes(agent: Any, collector: Any, num_rollouts: int, device: t
                         max_steps: int | None = None, greedy: bool = True) -> list:
     """The episodes of `evaluate`'s rollouts (icrl.types.EpisodeStats), before they are summarised."""
     from icrl.agent.model import AgentPolicy
-    from icrl.run.loggers import say
+    from icrl.run.reporting import say
 
     policy = AgentPolicy(agent, collector.num_envs, greedy=greedy, device=device)
     _, episodes = collector.collect_rollouts(policy, num_rollouts, seed=seed, max_steps=max_steps)
@@ -55,7 +58,6 @@ def play(agent: Any, venv: Any, device: torch.device, rollouts: int, *, seed: in
     rollout's return, success and length (`returns`, `successes`, `lengths`; `tasks` where the env names them). `icrl eval` and
     `icrl.evaluate` both call this, with the same seeds, so they agree on the same weights and env."""
     from icrl.envs import Collector
-    from icrl.run.episodes import group_rollouts, rollout_task, summarize_episodes
     from icrl.seeding import derive_seed
     from icrl.types import ActionSpec
 
@@ -74,8 +76,7 @@ def play(agent: Any, venv: Any, device: torch.device, rollouts: int, *, seed: in
 def eval_row(agent: Any, collector: Any, cfg: ExperimentConfig, device: torch.device, *, epoch: int,
              env_steps: int, updates: int, start: float) -> dict:
     """The metrics row of one greedy evaluation (seeded by the epoch, so every run meets the same tasks)."""
-    from icrl.run.reporting import row_head
-    from icrl.run.timer import Timer
+    from icrl.run.reporting import Timer, row_head
     from icrl.seeding import derive_seed
 
     timer = Timer()
@@ -83,178 +84,6 @@ def eval_row(agent: Any, collector: Any, cfg: ExperimentConfig, device: torch.de
         stats = evaluate(agent, collector, cfg.eval.eval_rollouts, device,
                          seed=derive_seed(cfg.run.seed, "eval", epoch), max_steps=cfg.eval.eval_max_steps)
     return {**row_head("eval", epoch, env_steps, updates, start), "time/eval_s": timer["eval"], **stats}
-
-
-class RunDirError(ValueError):
-    """A run directory, checkpoint or weights file that cannot be used; the message says what is wrong."""
-
-
-def load_config(run_dir: str | Path, name: str = "config.json") -> ExperimentConfig:
-    """A run's config (RUN_DIR/config.json, or the file `name` in that folder), checked as the flags are."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir} is not a directory; pass a run directory written by `icrl train`")
-    path = run_dir / name
-    if not path.is_file():
-        raise RunDirError(f"{run_dir} has no {name}; pass a run directory written by `icrl train`")
-    try:  # values checked like flags: a hand-edited config.json fails here, in one line, not deep in a build
-        return ExperimentConfig.from_json(path.read_text(encoding="utf-8")).validate(check_device=False)
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise RunDirError(f"{path} is not a valid icrl config ({e})") from e
-
-
-def resolve_weights(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
-    """The weights file to load.
-
-    `checkpoint`: a checkpoint folder holding agent.safetensors, a .safetensors file, or a folder name
-    inside RUN_DIR/checkpoints (`ckpt-000010`). Without it: the latest checkpoint named by
-    RUN_DIR/checkpoints/latest if there is one, else the final weights RUN_DIR/agent.safetensors.
-    """
-    run_dir = Path(run_dir)
-    if checkpoint is not None:
-        candidates = [Path(checkpoint), run_dir / "checkpoints" / str(checkpoint)]
-        for c in candidates:
-            if c.is_file():
-                return c
-            if c.is_dir():
-                if (c / WEIGHTS).is_file():
-                    return c / WEIGHTS
-                raise RunDirError(f"checkpoint folder {c} has no {WEIGHTS}")
-        raise RunDirError(f"checkpoint {checkpoint} does not exist (a checkpoint folder or a .safetensors file)")
-    pointer = run_dir / "checkpoints" / "latest"
-    if pointer.is_file():
-        name = pointer.read_text(encoding="utf-8", errors="replace").strip()
-        path = run_dir / "checkpoints" / name / WEIGHTS
-        # the pointer names one folder of checkpoints/ (the checkpoint module writes `ckpt-NNNNNN`): a path
-        # leading elsewhere (`../../other_run/...`, a symlink out) would load, or export, another run's weights
-        plain = name and "/" not in name and "\\" not in name and name not in (".", "..")
-        if plain and path.is_file() and _inside(run_dir, path):
-            return path
-    if (run_dir / WEIGHTS).is_file():
-        return run_dir / WEIGHTS
-    raise RunDirError(
-        f"{run_dir} has no weights: neither {WEIGHTS} nor a checkpoint in checkpoints/ (is the run finished?)"
-    )
-
-
-def run_spaces(cfg: ExperimentConfig) -> tuple[Any, Any]:
-    """The env's own (observation space, action space) for a run without RUN_DIR/spaces.json (older icrl): the
-    env of `cfg` is built once to read them (check it with `run_env_config` first)."""
-    from icrl.run.components import make_run_envs
-
-    venv = make_run_envs(cfg.env, 1)
-    try:  # get_attr: the SyncVectorEnv make_run_envs builds has it; the VectorEnv base class does not
-        return (venv.get_attr("env_observation_space")[0],  # type: ignore[attr-defined]
-                venv.get_attr("env_action_space")[0])  # type: ignore[attr-defined]
-    finally:
-        venv.close()
-
-
-def load_weights(agent: Agent, path: Path, device: str | torch.device = "cpu") -> None:
-    """Load a weights file into `agent` strictly; RunDirError (one line) when it is unreadable or does not fit."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
-
-    try:
-        missing, unexpected = load_model(agent, str(path), strict=False, device=str(device))
-    except (SafetensorError, OSError) as e:
-        raise RunDirError(f"cannot read weights {path}: {e}") from e
-    except RuntimeError as e:  # shape mismatch
-        first = str(e).strip().splitlines()[-1].strip()
-        raise RunDirError(f"weights {path} do not fit the run's config: {first}; pick others with --checkpoint") from e
-    if missing or unexpected:
-        names = ", ".join(sorted([*missing, *unexpected])[:3])
-        raise RunDirError(f"weights {path} do not fit the run's config (missing or unexpected: {names}...)")
-    from icrl.guards import nonfinite_tensors
-
-    bad = nonfinite_tensors(agent)  # a policy acting on NaN weights would return action 0, silently
-    if bad:
-        raise RunDirError(f"weights {path} hold NaN or inf in {len(bad)} tensor(s) (first: {bad[0]}); pick a "
-                          "finite checkpoint with --checkpoint (icrl.load: a checkpoint folder)")
-    agent.refresh_acting_weights()  # acting multiplies by σReparam snapshots: of these weights, not earlier ones
-    agent.eval()
-
-
-def _checkpoint_extra(folder: Path) -> tuple[ExperimentConfig, tuple[Any, Any] | None]:
-    """(config, spaces or None) that `icrl train` stores in a checkpoint's state.json."""
-    from icrl.spaces_json import read_spaces_record
-
-    state_file = folder / "state.json"
-    try:
-        extra = json.loads(state_file.read_text(encoding="utf-8")).get("extra", {})
-        cfg = ExperimentConfig.from_json(json.dumps(extra["config"])).validate(check_device=False)
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
-        raise RunDirError(f"{state_file} holds no readable run config ({e})") from e
-    return cfg, read_spaces_record(extra["spaces"], str(state_file)) if "spaces" in extra else None
-
-
-def find_run(path: Path, checkpoint: str | Path | None = None) -> tuple[ExperimentConfig, Path, tuple | None]:
-    """(config, weights file, the env's spaces or None) of a run directory (its latest weights, or
-    `checkpoint`'s: `resolve_weights`), a checkpoint folder (RUN_DIR/checkpoints/ckpt-N) or a weights file in
-    either. The spaces come from RUN_DIR/spaces.json, else from the checkpoint's state.json."""
-    from icrl.spaces_json import read_spaces
-
-    folder, weights = (path.parent, path) if path.is_file() else (path, None)
-    if (folder / "config.json").is_file():  # a run directory
-        cfg = load_config(folder)  # first: a config that cannot work is the error to report, not missing weights
-        weights = weights or resolve_weights(folder, checkpoint)
-        try:
-            spaces = read_spaces(folder)
-        except ValueError as e:
-            raise RunDirError(str(e)) from e
-        if spaces is None and (weights.parent / "state.json").is_file():  # its checkpoint has them too
-            spaces = _checkpoint_extra(weights.parent)[1]
-        return cfg, weights, spaces
-    if (folder / "state.json").is_file():  # a checkpoint folder: RUN_DIR/checkpoints/ckpt-N
-        cfg, spaces = _checkpoint_extra(folder)
-        if spaces is None:
-            spaces = read_spaces(folder.parent.parent)
-        return cfg, weights or resolve_weights(folder.parent.parent, folder), spaces
-    raise RunDirError(f"{path} is neither a run directory (config.json), a checkpoint folder (state.json) nor a "
-                      "weights file in one")
-
-
-def load_run(path: str | Path, device: str | torch.device = "cpu", *, checkpoint: str | Path | None = None,
-             spaces_of: Callable[[ExperimentConfig], tuple] | None = None) -> tuple[Agent, ExperimentConfig, tuple]:
-    """The one run loader (`icrl.load`, `icrl eval`, `icrl video`): (agent with the run's weights, in eval
-    mode; config; the env's (observation, action) spaces) of whatever `find_run` takes. The agent is built
-    exactly as training builds it (`icrl.run.components.build_agent`) from the recorded spaces; a run that
-    recorded none (older icrl) asks `spaces_of(config)` for them. RunDirError (a ValueError, one line) for a
-    missing or broken config, weights file or checkpoint, weights that do not fit, or no spaces to build with.
-    """
-    from icrl.device import resolve_device
-    from icrl.envs.wrapper import agent_obs_space
-    from icrl.run.components import build_agent
-    from icrl.spaces_json import spaces_wrapper
-
-    cfg, weights, spaces = find_run(Path(path), checkpoint)
-    if spaces is None:
-        if spaces_of is None:
-            raise RunDirError(f"{path} records no env spaces (a run from an older icrl)")
-        spaces = spaces_of(cfg)
-    dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    io = spaces_wrapper(*spaces)
-    agent = build_agent(cfg, agent_obs_space(io), io.action_spec, dev)
-    load_weights(agent, weights, dev)
-    return agent, cfg, spaces
-
-
-def load_agent(
-    run_dir: str | Path,
-    checkpoint: str | Path | None = None,
-    device: str | torch.device = "cpu",
-    override: EnvOverride = EnvOverride(),
-) -> tuple[Agent, ExperimentConfig]:
-    """The agent of a run directory with its trained weights (in eval mode), and the run's config (`load_run`).
-
-    A run without recorded spaces (older icrl) builds its env, which `override` must allow when config.json
-    names code (`run_env_config`). Raises RunDirError (a ValueError) with a one-line message for a missing
-    config or weights file, a bad checkpoint path, or weights that do not fit the config.
-    """
-    load_config(run_dir)  # a run directory, not a checkpoint folder: the CLI's RUN_DIR argument
-    agent, cfg, _ = load_run(run_dir, device, checkpoint=checkpoint,
-                             spaces_of=lambda c: run_spaces(run_env_config(c, run_dir, override)))
-    return agent, cfg
 
 
 def check_env_fits(venv, spaces: tuple | None, env_name: str) -> None:
@@ -326,7 +155,7 @@ def evaluate_run(
     device: str = "cpu",
     override: EnvOverride = EnvOverride(),
 ) -> dict[str, Any]:
-    """Greedy evaluation of a run's weights; returns `icrl.run.episodes.summarize_episodes` plus provenance.
+    """Greedy evaluation of a run's weights; returns `summarize_episodes` plus provenance.
 
     The env is the run's when config.json names a built-in task or a registered id, else the one `override`
     names (--env) or allows (--trust-run-env): a run directory never makes icrl run code on its own.
@@ -368,17 +197,130 @@ def evaluate_run(
     }
 
 
-def _inside(run_dir: Path, path: Path) -> bool:
-    try:
-        check_inside(run_dir, path)
-    except OutsideRunDirError:
-        return False
-    return True
-
-
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write JSON atomically (temp file, fsync, rename over `path`)."""
-    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
-
 def write_eval(run_dir: str | Path, result: dict[str, Any]) -> Path:
-    return write_json_atomic(Path(run_dir) / "eval.json", result)
+    """Store an `evaluate_run` result in RUN_DIR/eval.json atomically (temp file, fsync, rename)."""
+    return write_text_atomic(Path(run_dir) / "eval.json", json.dumps(result, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------------------------ episode summaries
+def group_rollouts(episodes: list[EpisodeStats]) -> list[list[EpisodeStats]]:
+    """Episodes grouped by rollout, each group in episode order: the unit every summary averages over."""
+    rollouts: dict[tuple[int, int], list[EpisodeStats]] = defaultdict(list)
+    for ep in episodes:
+        rollouts[(ep.env_index, ep.rollout_id)].append(ep)
+    return [sorted(r, key=lambda e: e.episode_index) for r in rollouts.values()]
+
+
+def summarize_episodes(episodes: list[EpisodeStats]) -> dict[str, float | None | list]:
+    """Return and success rate over rollouts (see the module docstring), with the `*_by_episode` lists that
+    give the adaptation curve of multi-episode tasks."""
+    eps = group_rollouts(episodes)
+    if not eps:
+        return {"return_mean": None, "success_rate": None, "rollouts": 0}
+    returns = [sum(e.ret for e in r) for r in eps]
+    successes = [r[-1].success for r in eps if r[-1].success is not None]
+    by_index: dict[int, list[EpisodeStats]] = defaultdict(list)
+    for r in eps:
+        for e in r:
+            by_index[e.episode_index].append(e)
+    out: dict = {
+        "return_mean": float(np.mean(returns)),
+        "return_std": float(np.std(returns)),
+        "success_rate": float(np.mean(successes)) if successes else None,
+        "rollouts": len(eps),
+        "episode_length_mean": float(np.mean([e.length for e in episodes])),
+    }
+    out.update(task_metrics(episodes))
+    if len(by_index) > 1:
+        out["return_by_episode"] = [float(np.mean([e.ret for e in by_index[i]])) for i in sorted(by_index)]
+        succ = [[e.success for e in by_index[i] if e.success is not None] for i in sorted(by_index)]
+        if all(succ):
+            out["success_by_episode"] = [float(np.mean(s)) for s in succ]
+    return out
+
+
+TASK_METRIC_PREFIXES = ("return/", "success/", "rollouts/")
+"""The keys `task_metrics` writes: a prefix, then the task's name (`icrl.types.task_key`)."""
+
+
+def rollout_task(rollout: list[EpisodeStats]) -> str | None:
+    """The task a rollout played: its last episode's that names one (all its episodes play one task)."""
+    return next((e.task for e in reversed(rollout) if e.task is not None), None)
+
+
+def task_sums(episodes: list[EpisodeStats]) -> dict[str, dict[str, float]]:
+    """Per task, the sums behind `task_metrics` (`rollout_sums`' keys over the rollouts that name it): sums add up
+    over ranks and an asynchronous learner's collectors, where means do not. Empty when no episode names a task."""
+    by_task: dict[str, list[list[EpisodeStats]]] = defaultdict(list)
+    for r in group_rollouts(episodes):
+        task = rollout_task(r)
+        if task is not None:
+            by_task[task].append(r)
+    return {task: _sums(rollouts) for task, rollouts in by_task.items()}
+
+
+def add_task_sums(*parts: Mapping[str, Mapping[str, float]], sign: float = 1.0) -> dict[str, dict[str, float]]:
+    """`task_sums` added up (ranks, collectors); `sign=-1` subtracts every part after the first (an epoch's share
+    of running totals). A task absent from a part counts zero there; tasks left with no rollout are dropped."""
+    out: dict[str, dict[str, float]] = {}
+    for i, part in enumerate(parts):
+        k = 1.0 if i == 0 else sign
+        for task, sums in part.items():
+            acc = out.setdefault(task, dict.fromkeys(SUM_KEYS, 0.0))
+            for key in SUM_KEYS:
+                acc[key] += k * float(sums.get(key, 0.0))
+    return {task: v for task, v in out.items() if v["rollouts"] > 0}
+
+
+def metrics_from_task_sums(sums: Mapping[str, Mapping[str, float]]) -> dict[str, float | int]:
+    """Per task, in name order: `return/<task>` (mean rollout return), `success/<task>` (success rate, only for a
+    task whose env reports success) and `rollouts/<task>` (how many)."""
+    out: dict[str, float | int] = {}
+    for task in sorted(sums):
+        s = sums[task]
+        if s["rollouts"] <= 0:
+            continue
+        out[f"return/{task}"] = s["return_sum"] / s["rollouts"]
+        if s["success_n"] > 0:
+            out[f"success/{task}"] = s["success_sum"] / s["success_n"]
+        out[f"rollouts/{task}"] = int(s["rollouts"])
+    return out
+
+
+def task_metrics(episodes: list[EpisodeStats]) -> dict[str, float | int]:
+    """`metrics_from_task_sums` of these episodes. Empty when no episode names a task."""
+    return metrics_from_task_sums(task_sums(episodes))
+
+
+SUM_KEYS = ("rollouts", "return_sum", "success_n", "success_sum")
+"""The keys of `rollout_sums` (and of each task's `task_sums`)."""
+
+
+def _sums(rollouts: list[list[EpisodeStats]]) -> dict[str, float]:
+    succ = [r[-1].success for r in rollouts if r[-1].success is not None]
+    return {"rollouts": len(rollouts), "return_sum": float(sum(sum(e.ret for e in r) for r in rollouts)),
+            "success_n": len(succ), "success_sum": float(sum(succ))}
+
+
+def rollout_sums(episodes: list[EpisodeStats]) -> dict[str, float]:
+    """The sums behind `summarize_episodes`' return and success rate: sums add up over rounds (an
+    asynchronous learner's collectors) and ranks, where means do not."""
+    return _sums(group_rollouts(episodes))
+
+
+def train_stats_all_ranks(episodes: list[EpisodeStats], replicas: Replicas) -> dict[str, float | int | None]:
+    """`summarize_episodes`' return and success rate over the rollouts every rank finished, with the per-task
+    metrics of multi-task envs (each rank's `task_sums`, gathered as JSON: ranks may have met different tasks)."""
+    s = rollout_sums(episodes)
+    n, ret, n_succ, succ_sum = replicas.sum([s[k] for k in SUM_KEYS])
+    tasks = add_task_sums(*replicas.gather_json(task_sums(episodes)))
+    return {"return_mean": ret / n if n else None, "success_rate": succ_sum / n_succ if n_succ else None,
+            **metrics_from_task_sums(tasks)}
+
+
+def train_stats(episodes: list[EpisodeStats], replicas: Replicas) -> Mapping[str, float | None | list]:
+    """The train row's return and success rate, with per-task metrics: this process's rollouts, or every
+    rank's in a data-parallel run."""
+    if replicas.world_size == 1:
+        return summarize_episodes(episodes)
+    return train_stats_all_ranks(episodes, replicas)

@@ -1,8 +1,8 @@
 """The epoch loop (docs/design.md §8): collect -> write rollouts -> sample -> update -> evaluate -> log ->
 checkpoint.
 
-`train` is the algorithm; the setup (icrl.run.components), the run directory and resuming (icrl.run.rundir),
-the updates (icrl.run.updates), the reports (icrl.run.reporting, icrl.run.evaluate) and the data-parallel
+`train` is the algorithm; the setup and the updates (icrl.run.components), the run directory and resuming
+(icrl.run.rundir), the reports (icrl.run.reporting, icrl.run.evaluate) and the data-parallel
 decisions (icrl.parallel) live in the modules the asynchronous and evaluation paths share.
 """
 
@@ -15,17 +15,31 @@ from typing import Any
 
 from icrl.config import ExperimentConfig
 from icrl.envs.wrapper import agent_obs_space
+from icrl.run.artifacts import finish_run
 from icrl.run.callbacks import Callbacks, TrainingRun
 from icrl.run.checkpoint import save_checkpoint
-from icrl.run.components import Components, build_components, run_scope
-from icrl.run.episodes import TASK_METRIC_PREFIXES, train_stats
-from icrl.run.evaluate import eval_row, evaluate
-from icrl.run.loggers import Logger, MultiLogger, progress_bar, progress_line, say
-from icrl.run.reporting import due, open_log, report_epoch, row_head
-from icrl.run.results import finish_run
-from icrl.run.rundir import holds_run, resume_training, write_run_files
-from icrl.run.timer import Timer
-from icrl.run.updates import LazyLoader, UpdateBudget, make_train_loader, run_updates
+from icrl.run.components import (
+    Components,
+    LazyLoader,
+    UpdateBudget,
+    build_components,
+    make_train_loader,
+    run_updates,
+)
+from icrl.run.evaluate import TASK_METRIC_PREFIXES, eval_row, evaluate, train_stats
+from icrl.run.reporting import (
+    Logger,
+    MultiLogger,
+    Timer,
+    due,
+    open_log,
+    progress_bar,
+    progress_line,
+    report_epoch,
+    row_head,
+    say,
+)
+from icrl.run.rundir import holds_run, resume_training, run_scope, write_run_files
 from icrl.seeding import derive_seed
 from icrl.spaces_json import read_spaces_record
 from icrl.types import EpisodeStats, Rollout

@@ -19,7 +19,7 @@ from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs import Collector, make_env, make_vector_env
 from icrl.envs.user import apply_env, resolve_env
 from icrl.envs.wrapper import agent_to_env_action
-from icrl.run.evaluate import RunDirError, load_agent
+from icrl.run.load import RunDirError, load_agent
 from icrl.spaces_json import space_from_json, space_to_json
 from icrl.types import ActionSpec
 

@@ -16,7 +16,7 @@ import torch
 import icrl
 from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs.user import RunEnvError
-from icrl.run.evaluate import RunDirError
+from icrl.run.load import RunDirError
 from icrl.seeding import derive_seed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,7 +187,7 @@ def test_a_run_dir_naming_os_system_runs_nothing(evil_run, tmp_path):
         assert_one_line_error(run([sys.executable, "-m", "icrl", *args]), "'os:system'", "--trust-run-env")
         assert not marker.exists(), args
     with pytest.raises(RunEnvError, match="os:system"):
-        from icrl.run.video import record_video
+        from icrl.run.artifacts import record_video
 
         record_video(run_dir, 1)
     policy = icrl.load(run_dir)  # needs no env at all: the spaces are in spaces.json

@@ -15,7 +15,7 @@ from safetensors import SafetensorError, safe_open
 
 from icrl.data import list_rollout_files, load_rollout
 from icrl.run.checkpoint import list_checkpoints, read_checkpoint
-from icrl.run.loggers import read_metrics
+from icrl.run.reporting import read_metrics
 
 pytestmark = pytest.mark.slow
 

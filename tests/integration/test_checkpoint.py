@@ -31,7 +31,7 @@ from icrl.run.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from icrl.run.loggers import read_metrics
+from icrl.run.reporting import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

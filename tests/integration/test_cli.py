@@ -50,7 +50,7 @@ def test_envs_lists_builtin_tasks():
 
 def test_wandb_backend_logs_offline(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="wandb is an optional back-end (pip install wandb)")
-    from icrl.run.loggers import make_loggers
+    from icrl.run.reporting import make_loggers
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

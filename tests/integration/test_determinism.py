@@ -18,7 +18,7 @@ from icrl import train
 from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import list_rollout_files, load_rollout
 from icrl.run.components import with_task_defaults
-from icrl.run.loggers import read_metrics
+from icrl.run.reporting import read_metrics
 
 
 def tiny_config(run_dir: Path, seed: int) -> ExperimentConfig:

@@ -17,7 +17,7 @@ from icrl.data import list_rollout_files
 from icrl.envs import make_vector_env
 from icrl.parallel import Replicas, init_replicas, state_sha256
 from icrl.run.checkpoint import list_checkpoints, load_checkpoint
-from icrl.run.loggers import read_metrics
+from icrl.run.reporting import read_metrics
 from icrl.types import ActionSpec
 
 TINY = [

@@ -1,4 +1,4 @@
-"""`icrl eval`, `icrl plot`, `icrl.run.evaluate.load_agent` and the logging back-ends, on tiny real runs."""
+"""`icrl eval`, `icrl plot`, `icrl.run.load.load_agent` and the logging back-ends, on tiny real runs."""
 
 import dataclasses
 import json
@@ -15,8 +15,8 @@ import icrl.run.components
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config.presets import tmaze
 from icrl.envs import Collector, make_vector_env
-from icrl.run.evaluate import load_agent
-from icrl.run.loggers import BackendUnavailable, JsonlLogger, Logger, make_loggers, read_metrics, scalars
+from icrl.run.load import load_agent
+from icrl.run.reporting import BackendUnavailable, JsonlLogger, Logger, make_loggers, read_metrics, scalars
 from icrl.types import ActionSpec
 
 
@@ -112,7 +112,7 @@ def test_plot_one_run_and_grouped_seeds(runs, tmp_path):
     assert (tmp_path / "all.png").stat().st_size > 1000
     assert (tmp_path / "all_adaptation.png").stat().st_size > 1000
 
-    from icrl.run.plot import group_runs
+    from icrl.run.artifacts import group_runs
 
     groups = group_runs([runs["s0"], runs["s1"], runs["meta"]])
     assert [len(d) for _, d in groups] == [2, 1]  # the two seeds are one group
@@ -204,7 +204,7 @@ def test_tensorboard_logger(tmp_path):
 
 def test_plot_leaves_out_rows_whose_numbers_are_not_numbers(tmp_path):
     """A hand-edited or foreign metrics row (strings where numbers belong) is left out, not a traceback."""
-    from icrl.run.plot import plot_learning_curves
+    from icrl.run.artifacts import plot_learning_curves
 
     run = tmp_path / "run"
     run.mkdir()

@@ -127,9 +127,9 @@ def test_envs_lists_popgym_as_a_family(capsys):
 
 
 def test_envs_shows_popgym_without_the_extra(monkeypatch, capsys):
-    from icrl.envs import make
+    from icrl.envs import registry
 
-    monkeypatch.setattr(make, "BUILTIN_ENVS", {k: v for k, v in make.BUILTIN_ENVS.items() if "popgym" not in k})
+    monkeypatch.setattr(registry, "TASKS", {k: v for k, v in registry.TASKS.items() if "popgym" not in k})
     assert cli("envs") == 0
     out = capsys.readouterr().out
     assert "popgym/<name>" in out and "pip install 'icrl[popgym]'" in out
@@ -281,7 +281,7 @@ def test_export_packs_no_file_from_outside_the_run_dir(in_tmp, capsys):
 def test_a_zip_with_paths_leaving_the_archive_is_refused(in_tmp, member):
     import zipfile
 
-    from icrl.run.evaluate import RunDirError
+    from icrl.run.load import RunDirError
 
     icrl.train(tiny("runs/x"))
     assert cli("export", "runs/x", "x.zip") == 0
@@ -293,12 +293,12 @@ def test_a_zip_with_paths_leaving_the_archive_is_refused(in_tmp, member):
 
 
 def test_an_oversized_member_is_refused(in_tmp, monkeypatch):
-    from icrl.run import export
-    from icrl.run.evaluate import RunDirError
+    from icrl.run import load
+    from icrl.run.load import RunDirError
 
     icrl.train(tiny("runs/x"))
     assert cli("export", "runs/x", "x.zip") == 0
-    monkeypatch.setattr(export, "MAX_OTHER_BYTES", 100)  # config.json is larger
+    monkeypatch.setattr(load, "MAX_OTHER_BYTES", 100)  # config.json is larger
     with pytest.raises(RunDirError, match="limit"):
         icrl.load("x.zip")
 
@@ -378,7 +378,7 @@ def test_the_live_line_fits_80_columns():
 
     from rich.console import Console
 
-    from icrl.run.loggers import progress_bar, progress_line
+    from icrl.run.reporting import progress_bar, progress_line
 
     row = {"epoch": 123, "env_steps": 49_000, "updates": 12_345, "time/env_steps_per_s": 1234.0,
            "time/updates_per_s": 98.7, "train/return_mean": -0.906}
@@ -392,7 +392,7 @@ def test_the_live_line_fits_80_columns():
 
 
 def test_plot_of_several_runs_keeps_each_runs_own_plot(in_tmp, monkeypatch):
-    from icrl.run import plot
+    from icrl.run import artifacts
 
     icrl.train(tiny("runs/a"))
     icrl.train(tiny("runs/a", total_env_steps=128, resume=True, device="cpu"))  # resumed: only run-only fields differ
@@ -400,11 +400,11 @@ def test_plot_of_several_runs_keeps_each_runs_own_plot(in_tmp, monkeypatch):
     own = (in_tmp / "runs/a/learning_curve.png").read_bytes()
     assert cli("plot", "runs/a", "runs/b") == 0
     assert (in_tmp / "runs/a/learning_curve.png").read_bytes() == own and (in_tmp / "learning_curves.png").is_file()
-    labels = [label for label, _ in plot.group_runs(["runs/a", "runs/b"])]
+    labels = [label for label, _ in artifacts.group_runs(["runs/a", "runs/b"])]
     assert labels == ["d_model=16", "d_model=32"]  # not resume=True
     figs = []
-    monkeypatch.setattr(plot, "_save", lambda fig, out: figs.append(fig) or Path(out))
-    plot.plot_learning_curves(["runs/a"], "x.png")
+    monkeypatch.setattr(artifacts, "_save", lambda fig, out: figs.append(fig) or Path(out))
+    artifacts.plot_learning_curves(["runs/a"], "x.png")
     assert any(t.endswith("(train)") for t in figs[0].axes[0].get_legend_handles_labels()[1])
 
 
@@ -526,16 +526,16 @@ def test_an_epoch_that_is_not_whole_steps_of_the_envs_is_said(in_tmp, capsys):
 def test_plot_labels_seeds_only_when_they_are_and_redraws_a_runs_own_plot_with_its_title(in_tmp, monkeypatch):
     import shutil
 
-    from icrl.run import plot
+    from icrl.run import artifacts
 
     icrl.train(tiny("runs/s0"))
     for copy in ("runs/s0b", "runs/s0c"):  # the same config and seed three times: three runs, not three seeds
         shutil.copytree(in_tmp / "runs/s0", in_tmp / copy)
-    assert [label for label, _ in plot.group_runs(["runs/s0", "runs/s0b", "runs/s0c"])] == ["s0 +2 (3 runs)"]
+    assert [label for label, _ in artifacts.group_runs(["runs/s0", "runs/s0b", "runs/s0c"])] == ["s0 +2 (3 runs)"]
     icrl.train(tiny("runs/s1", seed=1))
-    assert plot.group_runs(["runs/s0", "runs/s1"])[0][0].endswith("(2 seeds)")
+    assert artifacts.group_runs(["runs/s0", "runs/s1"])[0][0].endswith("(2 seeds)")
     titles = []
-    monkeypatch.setattr(plot, "_save", lambda fig, out: titles.append(fig._suptitle.get_text()) or Path(out))
+    monkeypatch.setattr(artifacts, "_save", lambda fig, out: titles.append(fig._suptitle.get_text()) or Path(out))
     assert cli("plot", "runs/s0") == 0  # the run's own learning_curve.png, drawn again: with the run's title
     assert titles == ["tmaze {\"length\": 3}"]
 
@@ -591,7 +591,7 @@ def test_a_zip_whose_members_cannot_be_read_is_refused_in_one_line(in_tmp, damag
     encrypted member or a compression method zipfile cannot read is one RunDirError, never a traceback."""
     import zipfile
 
-    from icrl.run.evaluate import RunDirError
+    from icrl.run.load import RunDirError
 
     icrl.train(tiny("runs/x"))
     assert cli("export", "runs/x", "x.zip") == 0

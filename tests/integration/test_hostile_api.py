@@ -38,7 +38,7 @@ def test_deeply_nested_json_is_a_config_error_not_a_recursion_error(tmp_path):
     with pytest.raises(ConfigError, match="nested too deeply"):
         ExperimentConfig.from_json(DEEP)
     (tmp_path / "config.json").write_text('{"model": ' + DEEP + "}")
-    from icrl.run.evaluate import RunDirError, load_config
+    from icrl.run.load import RunDirError, load_config
 
     with pytest.raises(RunDirError, match="config.json"):
         load_config(tmp_path)
@@ -99,7 +99,7 @@ def test_config_json_with_a_width_that_cannot_fit_is_refused_by_icrl_load(tmp_pa
     raw["model"]["d_model"] = 10**7
     (tmp_path / "config.json").write_text(json.dumps(raw))
     (tmp_path / "agent.safetensors").write_bytes(b"")
-    from icrl.run.evaluate import RunDirError
+    from icrl.run.load import RunDirError
 
     with pytest.raises(RunDirError, match="GiB"):
         icrl.load(tmp_path)

@@ -130,7 +130,7 @@ def test_a_good_published_file_loads_and_a_later_broken_one_only_warns(agent, tm
 
 def test_icrl_load_refuses_nan_weights(tmp_path):
     import icrl
-    from icrl.run.evaluate import RunDirError
+    from icrl.run.load import RunDirError
 
     cfg = tiny_cfg(tmp_path / "run").replace(total_env_steps=8, updates_per_epoch=1, eval_every=100,
                                              eval_rollouts=1, threads=1)
@@ -192,18 +192,18 @@ def test_the_cli_reports_a_raising_env_in_one_line_and_keeps_its_traceback_in_a_
 
 
 def test_a_full_disk_while_the_final_weights_are_written_is_an_os_error_keeping_the_old_file(tmp_path, monkeypatch):
-    from icrl.run import results
+    from icrl.run import artifacts
 
     agent = objects(tiny_cfg(tmp_path))["agent"]
-    path = results.save_weights(agent, tmp_path / "agent.safetensors")
+    path = artifacts.save_weights(agent, tmp_path / "agent.safetensors")
     before = path.read_bytes()
 
     def full_disk(model, filename, *a, **k):
         raise SafetensorError("Error while serializing: No space left on device (os error 28)")
 
-    monkeypatch.setattr(results, "save_model", full_disk)
+    monkeypatch.setattr(artifacts, "save_model", full_disk)
     with pytest.raises(OSError, match="could not write the weights .*No space left on device"):
-        results.save_weights(agent, path)
+        artifacts.save_weights(agent, path)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["agent.safetensors"]
 
 

@@ -11,7 +11,7 @@ from helpers import run_icrl
 
 import icrl
 from icrl.config.presets import MULTITASK_GAMES, MULTITASK_VALUE_BOUND, multitask, preset_config
-from icrl.run.loggers import read_metrics
+from icrl.run.reporting import read_metrics
 
 pytest.importorskip("popgym.envs", reason="popgym is not installed: pip install 'icrl[popgym]'")
 

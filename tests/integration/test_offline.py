@@ -176,7 +176,7 @@ def _rows(run_dir: Path, kind: str) -> list[dict]:
 
 
 def test_offline_then_online_by_resume_and_mixed_sampling(tmp_path, monkeypatch):
-    import icrl.run.updates
+    import icrl.run.components
 
     fractions = []
 
@@ -184,7 +184,7 @@ def test_offline_then_online_by_resume_and_mixed_sampling(tmp_path, monkeypatch)
         fractions.append(kwargs.get("offline_fraction"))
         return make_loader(*args, **kwargs)
 
-    monkeypatch.setattr(icrl.run.updates, "make_loader", recording_make_loader)
+    monkeypatch.setattr(icrl.run.components, "make_loader", recording_make_loader)
     src = _collected_run(tmp_path / "src")
     n_src = len(list_rollout_files(src / "replay" / "fifo"))
     run = tmp_path / "run"

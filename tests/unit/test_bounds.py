@@ -50,7 +50,7 @@ def test_memory_error_compares_against_the_memory_given():
 
 def test_loading_a_run_whose_config_json_is_too_wide_is_refused(tmp_path):
     import icrl
-    from icrl.run.evaluate import RunDirError
+    from icrl.run.load import RunDirError
 
     raw = json.loads(ExperimentConfig().to_json())
     raw["model"]["d_model"] = 10**7

@@ -149,3 +149,33 @@ def test_design_citations_name_sections_of_the_design_record():
             stray.append(str(p.relative_to(ROOT)))
     assert cited and cited <= sections, f"cited sections missing from docs/design.md: {sorted(cited - sections)}"
     assert not stray, f"these cite a DESIGN document the repository does not hold: {stray}"
+
+
+def test_the_run_package_has_at_most_ten_modules():
+    """icrl/run/ is organised by concern (the loop, building a run, the run dir, checkpoints, evaluation, loading,
+    reporting, artifacts, callbacks), not one module per helper: a new piece joins the room of its concern."""
+    modules = sorted(p.name for p in (PACKAGE / "run").glob("*.py"))
+    assert len(modules) <= 10, f"icrl/run/ has {len(modules)} modules ({', '.join(modules)}): merge them by concern"
+
+
+# What only the base modules icrl.device (device probing) and icrl.parallel (collectives) define or call.
+DEVICE_AND_COLLECTIVE_NAMES = {
+    "resolve_device", "use_fused_adam", "cpu_bf16_is_native", "cpu_has_amx", "warn_if_bf16_is_emulated",
+    "Collectives", "OneProcess", "Replicas", "init_replicas", "launched_world_size",
+}
+PROBE_CALLS = ("torch.cpu.get_capabilities", "torch.distributed", "torch.utils._foreach_utils")
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.parent.name in ("nets", "agent")], ids=_name)
+def test_nets_and_agent_leave_device_probing_and_collectives_to_the_base_modules(path):
+    """Networks and the learner ask icrl.device what a device can do and run their collectives through
+    icrl.parallel's `Collectives`; they define neither (by name) and probe nothing themselves."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    used = {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    used |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    probes = sorted(u for u in used if u.startswith(PROBE_CALLS) or "get_capabilities" in u)
+    assert not defined & DEVICE_AND_COLLECTIVE_NAMES, f"{_name(path)} defines {sorted(defined & DEVICE_AND_COLLECTIVE_NAMES)}: move them to icrl.device or icrl.parallel"
+    assert not probes, f"{_name(path)} probes the device or the process group itself ({probes}): ask icrl.device / icrl.parallel"

@@ -18,7 +18,7 @@ from icrl.data import DiskReplay, make_loader
 from icrl.data.storage import CorruptRolloutError, load_rollout, save_rollout
 from icrl.envs import Collector, RandomPolicy, make_env, make_vector_env
 from icrl.guards import NonFiniteError, assert_finite_weights, first_nonfinite, nonfinite_env_error
-from icrl.run.runlock import RunDirLockedError, RunLock, check_not_locked
+from icrl.run.rundir import RunDirLockedError, RunLock, check_not_locked
 from icrl.types import ActionSpec
 
 CFG = ExperimentConfig(
@@ -183,7 +183,7 @@ def test_too_many_skipped_updates_in_a_row_stop_the_run_at_the_next_read(tmp_pat
 def test_run_lock_excludes_other_processes(tmp_path):
     run = tmp_path / "run"
     lock = RunLock.acquire(run)
-    code = ("import sys; from icrl.run.runlock import RunLock\n"
+    code = ("import sys; from icrl.run.rundir import RunLock\n"
             "try:\n    RunLock.acquire(sys.argv[1])\nexcept Exception as e:\n    print(e); sys.exit(3)\n")
     out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 3 and "in use by process pid" in out.stdout, out

@@ -1,5 +1,6 @@
-"""The small pieces the synchronous, asynchronous and evaluation paths share (icrl.run.episodes, timer,
-reporting, updates, distributed.Replicas): summaries over rollouts, phase timing, when rows are due."""
+"""The small pieces the synchronous, asynchronous and evaluation paths share (icrl.run.evaluate's summaries,
+icrl.run.reporting, icrl.run.components' learning phase, icrl.parallel.Replicas): summaries over rollouts, phase
+timing, when rows are due."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from icrl.config import ExperimentConfig
 from icrl.device import resolve_device
 from icrl.parallel import Replicas
-from icrl.run.episodes import (
+from icrl.run.components import LazyLoader
+from icrl.run.evaluate import (
     SUM_KEYS,
     TASK_METRIC_PREFIXES,
     add_task_sums,
@@ -25,10 +27,7 @@ from icrl.run.episodes import (
     train_stats,
     train_stats_all_ranks,
 )
-from icrl.run.loggers import scalars
-from icrl.run.reporting import due, eval_table, report_epoch, row_head
-from icrl.run.timer import Timer
-from icrl.run.updates import LazyLoader
+from icrl.run.reporting import Timer, due, eval_table, report_epoch, row_head, scalars
 from icrl.types import EpisodeStats, task_key
 
 
@@ -272,16 +271,16 @@ def test_evaluations_get_a_copy_per_rollout_only_where_one_env_steps_every_copy(
 def test_the_result_line_says_when_no_evaluation_rollout_ended(monkeypatch, tmp_path):
     """An env whose rollouts outlast --eval-max-steps leaves return_mean None: the run still ends, with a line
     that says so and how to fix it (it raised a TypeError formatting None before)."""
-    from icrl.run import results
+    from icrl.run import artifacts
 
     lines: list[str] = []
-    monkeypatch.setattr(results, "save_weights", lambda agent, path: path)
-    monkeypatch.setattr(results, "plot_learning_curves", lambda *a, **k: tmp_path / "plot.png")
-    monkeypatch.setattr(results, "say", lines.append)
+    monkeypatch.setattr(artifacts, "save_weights", lambda agent, path: path)
+    monkeypatch.setattr(artifacts, "plot_learning_curves", lambda *a, **k: tmp_path / "plot.png")
+    monkeypatch.setattr(artifacts, "say", lines.append)
     row = {"return_mean": None, "success_rate": None, "rollouts": 0, "wall_time": 3.0}
-    results.finish_run(tmp_path, None, ExperimentConfig(), row, env_steps=96, updates=2)
+    artifacts.finish_run(tmp_path, None, ExperimentConfig(), row, env_steps=96, updates=2)
     assert "eval return none (no evaluation rollout ended: raise --eval-max-steps)" in lines[-1]
-    results.finish_run(tmp_path, None, ExperimentConfig(), {**row, "return_mean": 0.5, "rollouts": 4}, 96, 2)
+    artifacts.finish_run(tmp_path, None, ExperimentConfig(), {**row, "return_mean": 0.5, "rollouts": 4}, 96, 2)
     assert "eval return +0.500 over 4 rollouts" in lines[-1]
 
 

@@ -364,7 +364,7 @@ def test_training_windows_hold_a_full_context_and_the_step_after_it(tmp_path: Pa
     training window: the cue at t = 0 and the junction's transition to the final state are learned together.
     With windows of only `max_seq_len` timesteps, one of the two fell outside every window."""
     from icrl.config import ExperimentConfig, ModelConfig
-    from icrl.run.updates import make_train_loader, training_window
+    from icrl.run.components import make_train_loader, training_window
 
     spec = ActionSpec("discrete", 4)
     context = 11

@@ -16,8 +16,7 @@ from icrl.config.model import DEFAULT_CONTEXT
 from icrl.config.presets import preset_config
 from icrl.config.training import DEFAULT_ENV_STEPS
 from icrl.envs.make import task_budget, task_context
-from icrl.run.components import rollout_context, with_task_defaults
-from icrl.run.updates import UpdateBudget
+from icrl.run.components import UpdateBudget, rollout_context, with_task_defaults
 
 
 def test_tasks_recommend_the_context_of_their_whole_rollout():
