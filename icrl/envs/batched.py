@@ -18,12 +18,13 @@ time, episode index and previous action are `RolloutClocks` (icrl.envs.clock), `
 Goal-conditioned tasks (docs/CONTRACTS.md; their batched forms are in icrl.envs.batched_goals) add the
 timestep entry "achieved" ([N, K] int64, -1 padded) and the info key "achieved" (each copy's list of tokens,
 as every reset and step of the per-copy task reports it). The meta-RL tasks are in icrl.envs.batched_meta.
+This module is their base and imports none of them; icrl.envs.registry names which task has which form.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -301,41 +302,3 @@ def _merge(old: Any, new: Any, rows: np.ndarray) -> Any:
     out = old.copy()
     out[rows] = new[rows]
     return out
-
-
-# name -> the kwargs of the per-copy task the batched form takes (render_mode is not among them: a vector env
-# that renders keeps its per-copy envs)
-_ACCEPTED = {
-    "tmaze": {"length", "horizon"},
-    "tmaze_active": {"length", "horizon"},
-    "cue_recall": {"delay", "continuous"},
-    "goal_grid": {"size", "num_goals", "time_limit", "obs_mode"},
-    "mazerunner": {"size", "num_goals", "time_limit", "randomized_actions"},
-    "package_delivery": {"length", "min_packages", "max_packages", "time_limit"},
-    "meta_frozen_lake": {"size", "hard", "hole_prob", "max_episode_steps", "random_corners", "obs_mode"},
-    "dark_key_door": {"size", "episode_length", "random_start", "obs_mode"},
-}
-
-
-def has_batched_form(name: str, kwargs: dict[str, Any]) -> bool:
-    """Built-in task `name` with `kwargs` has a batched form, for rollouts of one episode or several (a kwarg
-    it does not take: no, and the per-copy env reports it as usual)."""
-    return name in _ACCEPTED and set(kwargs) <= _ACCEPTED[name]
-
-
-def batched_env(
-    name: str, kwargs: dict[str, Any], num_envs: int, episodes_per_rollout: int = 1,
-    rollout_horizon: int | None = None,
-) -> BatchedTaskEnv | None:
-    """The batched form of built-in task `name` with `kwargs` and the rollout settings of `TimestepWrapper`,
-    or None where there is none."""
-    if not has_batched_form(name, kwargs):
-        return None
-    # deferred: the task modules build on this module's BatchedTaskEnv
-    from icrl.envs.batched_goals import GOAL_TASKS
-    from icrl.envs.batched_memory import MEMORY_TASKS
-    from icrl.envs.batched_meta import META_TASKS
-
-    forms: dict[str, Callable[..., BatchedTaskEnv]] = {**MEMORY_TASKS, **GOAL_TASKS, **META_TASKS}
-    return forms[name](num_envs, episodes_per_rollout=episodes_per_rollout, rollout_horizon=rollout_horizon,
-                       **kwargs)

@@ -225,10 +225,3 @@ class BatchedPackageDelivery(BatchedGoalTask):
         self._packages -= deliver
         self._pos = new % self.length  # the end of the road wraps to the depot
         return np.where(deliver, pos, -1)  # a delivery achieves its address
-
-
-GOAL_TASKS: dict[str, type[BatchedGoalTask]] = {
-    "goal_grid": BatchedGoalGrid,
-    "mazerunner": BatchedMazeRunner,
-    "package_delivery": BatchedPackageDelivery,
-}

@@ -8,9 +8,6 @@ reset, as its per-copy task does.
 
 from __future__ import annotations
 
-import functools
-from typing import Callable
-
 import gymnasium as gym
 import numpy as np
 
@@ -20,15 +17,17 @@ from icrl.envs.tasks.tmaze import DOWN, LEFT, RIGHT, UP, TMaze, TMazeActive
 
 
 class BatchedTMaze(BatchedTaskEnv):
-    """N Passive (or, `active=True`, Active) T-Mazes (`icrl.envs.tasks.tmaze`): the same rules, as arrays."""
+    """N Passive T-Mazes (`icrl.envs.tasks.tmaze`): the same rules, as arrays."""
+
+    task_class: type[TMaze] = TMaze
 
     def __init__(
-        self, num_envs: int, length: int = 10, horizon: int | None = None, active: bool = False,
-        episodes_per_rollout: int = 1, rollout_horizon: int | None = None,
+        self, num_envs: int, length: int = 10, horizon: int | None = None, episodes_per_rollout: int = 1,
+        rollout_horizon: int | None = None,
     ) -> None:
-        task = (TMazeActive if active else TMaze)(length=length, horizon=horizon)
+        task = self.task_class(length=length, horizon=horizon)
         super().__init__(task, num_envs, episodes_per_rollout, rollout_horizon)
-        self.active = active
+        self.active = isinstance(task, TMazeActive)
         self.length, self.horizon, self.penalty = task.length, task.horizon, task.penalty
         self.start_pos = task.start_pos
         n = self.num_envs
@@ -73,6 +72,12 @@ class BatchedTMaze(BatchedTaskEnv):
         terminated = choose | timeout
         success = np.where(choose, correct.astype(np.float64), np.where(timeout, 0.0, np.nan))
         return StepArrays(reward, terminated, success)
+
+
+class BatchedTMazeActive(BatchedTMaze):
+    """N Active T-Mazes (`TMazeActive`: the cue is fetched from cell 0), as arrays."""
+
+    task_class = TMazeActive
 
 
 class BatchedCueRecall(BatchedTaskEnv):
@@ -123,10 +128,3 @@ class BatchedCueRecall(BatchedTaskEnv):
         reward = np.where(answering, reward, 0.0)
         success = np.where(answering, success, np.nan)
         return StepArrays(reward, answering.copy(), success)
-
-
-MEMORY_TASKS: dict[str, Callable[..., BatchedTaskEnv]] = {
-    "tmaze": BatchedTMaze,
-    "tmaze_active": functools.partial(BatchedTMaze, active=True),
-    "cue_recall": BatchedCueRecall,
-}

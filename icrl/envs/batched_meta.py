@@ -11,7 +11,7 @@ drawn by the per-copy code too. The steps are array code over all copies.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -121,9 +121,3 @@ class BatchedDarkKeyToDoor(BatchedTaskEnv):
         truncated = ~opened & (self._time >= self.episode_length)
         success = np.where(opened, 1.0, np.where(truncated, 0.0, np.nan))
         return StepArrays((pick | opened).astype(np.float64), opened, success, truncated)
-
-
-META_TASKS: dict[str, Callable[..., BatchedTaskEnv]] = {
-    "meta_frozen_lake": BatchedMetaFrozenLake,
-    "dark_key_door": BatchedDarkKeyToDoor,
-}

@@ -1,7 +1,7 @@
 """Build envs by name, so configs and CLIs can name any task with one string.
 
-Three forms, tried in this order: a built-in icrl task (`BUILTIN_ENVS`, or a member of a family of
-`ENV_FAMILIES` such as "babyai/GoToLocal", resolved by its prefix), a registered Gymnasium id
+Three forms, tried in this order: a built-in icrl task (`icrl.envs.registry`: a task of `TASKS`, or a member
+of a family of `ENV_FAMILIES` such as "babyai/GoToLocal", resolved by its prefix), a registered Gymnasium id
 (`gym.make`), or `"package.module:factory"` (imported and called). Vector envs use picklable thunks so the
 asynchronous (subprocess) vector env works with every form.
 """
@@ -14,90 +14,13 @@ import importlib
 import os
 import re
 import sys
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
-from icrl.envs.batched import batched_env, has_batched_form
 from icrl.envs.kwarg_errors import check_kwarg_types, explain_constructor_error
-from icrl.envs.tasks.atari import AtariMulti, atari_env_names, make_atari  # imports without ale-py
-from icrl.envs.tasks.babyai import (  # imports without minigrid; building one needs it
-    babyai_env_names,
-    make_babyai,
-)
-from icrl.envs.tasks.bandit import BernoulliBandit
-from icrl.envs.tasks.crafter_env import CrafterEnv  # imports without crafter; building one needs it
-from icrl.envs.tasks.frozen_lake import MetaFrozenLake
-from icrl.envs.tasks.goal_grid import GoalGrid
-from icrl.envs.tasks.half_cheetah_vel import HalfCheetahVel  # imports without mujoco; building one needs it
-from icrl.envs.tasks.key_door import DarkKeyToDoor
-from icrl.envs.tasks.mazerunner import MazeRunner
-from icrl.envs.tasks.metaworld_envs import make_metaworld, metaworld_env_names  # imports without metaworld
-from icrl.envs.tasks.package_delivery import PackageDelivery
-from icrl.envs.tasks.popgym_envs import popgym_builtin_envs
-from icrl.envs.tasks.procgen import ProcgenGames, make_procgen, procgen_env_names  # imports without procgen
-from icrl.envs.tasks.recall import CueRecall
-from icrl.envs.tasks.tmaze import TMaze, TMazeActive
-from icrl.envs.tasks.xland import make_xland, xland_env_names  # imports without jax / xminigrid
-from icrl.envs.tasks.xland_vector import make_xland_vector
+from icrl.envs.registry import ENV_FAMILIES, TASKS, batched_env, has_batched_form
 from icrl.envs.wrapper import TimestepWrapper
-
-# Name -> factory(**env_kwargs). Other modules may add their tasks here.
-BUILTIN_ENVS: dict[str, Callable[..., gym.Env]] = {
-    "tmaze": TMaze,
-    "tmaze_active": TMazeActive,
-    "cue_recall": CueRecall,
-    "meta_frozen_lake": MetaFrozenLake,
-    "dark_key_door": DarkKeyToDoor,
-    "bandit": BernoulliBandit,
-    "half_cheetah_vel": HalfCheetahVel,
-    "crafter": CrafterEnv,
-    "atari_multi": AtariMulti,
-    "procgen_multi": ProcgenGames,
-    "goal_grid": GoalGrid,
-    "mazerunner": MazeRunner,
-    "package_delivery": PackageDelivery,
-    **popgym_builtin_envs(),  # "popgym/<EnvClassName>" and "popgym_multi" when popgym is installed
-}
-
-class EnvFamily(NamedTuple):
-    """Tasks named "<prefix><member>", resolved when built: `make(member, **env_kwargs)`; `members()` lists
-    them (it may need the family's optional package, so `icrl envs` shows only `help` by default).
-    `vector(member, env_kwargs, num_envs, episodes_per_rollout, rollout_horizon)`, where given, builds the
-    family's own vector env (every copy stepped at once, as the batched built-in tasks) for `make_vector_env`
-    (which builds the per-copy envs to render)."""
-
-    make: Callable[..., gym.Env]
-    members: Callable[[], list[str]]
-    help: str
-    vector: Callable[..., gym.vector.VectorEnv] | None = None
-
-
-# Prefix -> family. Listed by `icrl envs` without importing the optional packages; `icrl envs metaworld` lists
-# the members. "babyai/GoToLocal" calls make_babyai("GoToLocal", **env_kwargs).
-ENV_FAMILIES: dict[str, EnvFamily] = {
-    "metaworld/": EnvFamily(
-        make_metaworld,
-        metaworld_env_names,
-        "Meta-World ML1/<task>, ML10 (kwarg split='test'); extra icrl[metaworld]; icrl envs metaworld",
-    ),
-    "babyai/": EnvFamily(
-        make_babyai, babyai_env_names, "BabyAI levels, language missions; extra icrl[minigrid]; icrl envs babyai"
-    ),
-    "atari/": EnvFamily(
-        make_atari, atari_env_names, "Atari 2600 games (ALE, full 18 actions); extra icrl[atari]; icrl envs atari"
-    ),
-    "procgen/": EnvFamily(
-        make_procgen, procgen_env_names,
-        "Procgen games (64x64 RGB, 15 actions), a level per rollout; procgen2 + gym3 --no-deps (docs/tasks.md); "
-        "icrl envs procgen",
-    ),
-    "xland/": EnvFamily(
-        make_xland, xland_env_names,
-        "XLand-MiniGrid (JAX), a ruleset per rollout, copies stepped at once; extra icrl[jax]; icrl envs xland",
-        vector=make_xland_vector,
-    ),
-}
 
 
 def _forms_help() -> str:
@@ -111,7 +34,7 @@ def _forms_help() -> str:
 
 def _unknown_env(name: str) -> ValueError:
     """A short 'Unknown env' error: close matches, the three forms, and where the full list is."""
-    known = [*BUILTIN_ENVS, *(k for k in gym.registry if "/" not in k)]
+    known = [*TASKS, *(k for k in gym.registry if "/" not in k)]
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     return ValueError(f"Unknown env {name!r}.{hint} {_forms_help()}")
@@ -126,7 +49,7 @@ def _missing_extra(name: str) -> Exception | None:
     or it is installed and has no such env (a typo: ValueError with close matches), or None."""
     for prefix, extra in _EXTRA_ONLY_NAMES.items():
         if name == prefix or (prefix.endswith("/") and name.startswith(prefix)):
-            members = [k for k in BUILTIN_ENVS if k.startswith(prefix)] if prefix.endswith("/") else []
+            members = [k for k in TASKS if k.startswith(prefix)] if prefix.endswith("/") else []
             if not members:  # the package is not installed (or does not import): no member was registered
                 return ImportError(f"env {name!r} needs the optional package {extra}: pip install 'icrl[{extra}]'")
             close = difflib.get_close_matches(name, members, n=3, cutoff=0.6)
@@ -233,8 +156,8 @@ def _registers_envs(module_name: str) -> bool:
 def make_env(name: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     """Create one (unwrapped by icrl) env from a built-in name, a gymnasium id or 'module:factory'."""
     kwargs = dict(env_kwargs or {})
-    if name in BUILTIN_ENVS:
-        return _call(BUILTIN_ENVS[name], name, kwargs)
+    if name in TASKS:
+        return _call(TASKS[name].make, name, kwargs)
     for prefix, family in ENV_FAMILIES.items():
         if name.startswith(prefix):
             return _call(functools.partial(family.make, name[len(prefix) :]), name, kwargs)
@@ -302,8 +225,8 @@ def make_vector_env(
     `factories`: build the copies with these callables (copy i uses factories[i % len]) instead of by name.
     The env is built once here first, so a bad name or kwarg fails in this process with a clear message
     instead of inside a worker.
-    `native`: a built-in task that has a batched form (`icrl.envs.batched`: the same timesteps, rewards and
-    infos under the same seed and rollout settings, every copy stepped at once) gets it, and so does a family
+    `native`: a built-in task that has a batched form (`icrl.envs.registry.Task.batched`: the same timesteps,
+    rewards and infos under the same seed and rollout settings, every copy stepped at once) gets it, and so does a family
     member whose family has a vector form (`EnvFamily.vector`: "xland/"); False always builds the per-copy envs.
     """
     if num_envs < 1:
@@ -377,7 +300,8 @@ def task_recommendation(
     `factory` (an env class or factory the user passed) is asked first; then built-in names and
     'module:factory' forms are looked up. Gymnasium ids have none.
     """
-    factory = factory if factory is not None else BUILTIN_ENVS.get(name)
+    if factory is None and name in TASKS:
+        factory = TASKS[name].make
     if factory is None and ":" in name and not any(name.startswith(p) for p in ENV_FAMILIES):
         try:
             factory = _resolve_factory(name)

@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-from icrl.envs.make import BUILTIN_ENVS, ENV_FAMILIES, make_env
+from icrl.envs.make import make_env
+from icrl.envs.registry import ENV_FAMILIES, TASKS
 from icrl.envs.wrapper import TimestepWrapper
 
 EnvFactory = Callable[..., gym.Env]
@@ -51,9 +52,20 @@ class EnvSource:
         """The "env" entry of RUN_DIR/spaces.json."""
         return {"name": self.name, "kwargs": env_kwargs, "rebuild": self.rebuild}
 
+    def env_fields(self, env_kwargs: str) -> dict[str, Any]:
+        """The `EnvConfig` fields a run takes from this source, as plain data (the run applies them): `env`, the
+        recorded name; a vector env's parallel_envs and async_envs, and its sub-envs' kwargs as `env_kwargs`
+        when the config's own (`env_kwargs`, its JSON text) are empty."""
+        fields: dict[str, Any] = {"env": self.name}
+        if self.parallel_envs is not None:
+            fields.update(parallel_envs=self.parallel_envs, async_envs=bool(self.asynchronous))
+        if self.env_kwargs and env_kwargs.strip() in ("", "{}"):
+            fields["env_kwargs"] = json.dumps(self.env_kwargs)
+        return fields
+
 
 def is_builtin_name(name: str) -> bool:
-    return name in BUILTIN_ENVS or name in ("popgym_multi",) or name.startswith(("popgym/", *ENV_FAMILIES))
+    return name in TASKS or name in ("popgym_multi",) or name.startswith(("popgym/", *ENV_FAMILIES))
 
 
 def is_safe_env_name(name: str) -> bool:
@@ -177,19 +189,6 @@ def resolve_env(env: Any) -> EnvSource:
         f"env={env!r}: expected a Gymnasium id or icrl task name, a gymnasium.Env subclass, a zero-arg factory "
         "returning a gymnasium.Env, or a gymnasium.vector.VectorEnv"
     )
-
-
-def apply_env(cfg: Any, env: Any = None) -> tuple[Any, EnvSource]:
-    """(cfg with `env.env` set to the recorded name, the source). `env=None` takes cfg.env.env, which may
-    itself be any accepted form (the ExperimentConfig route). A vector env sets parallel_envs, async_envs and,
-    when cfg has none, env_kwargs."""
-    src = resolve_env(cfg.env.env if env is None else env)
-    changes: dict[str, Any] = {"env": src.name}
-    if src.parallel_envs is not None:
-        changes.update(parallel_envs=src.parallel_envs, async_envs=bool(src.asynchronous))
-    if src.env_kwargs and cfg.env.env_kwargs.strip() in ("", "{}"):
-        changes["env_kwargs"] = json.dumps(src.env_kwargs)
-    return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, **changes)), src
 
 
 def env_spaces(env: Any, env_kwargs: dict[str, Any] | None = None) -> tuple[gym.Space, gym.Space]:

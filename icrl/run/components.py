@@ -34,7 +34,7 @@ from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
 from icrl.envs.make import steps_copies_at_once, task_budget, task_context, task_exploration
-from icrl.envs.user import apply_env
+from icrl.envs.user import resolve_env
 from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
 from icrl.nets.tstep import is_image_space
@@ -238,7 +238,9 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     seeded before the first draw.
     """
     check_config_type(cfg)
-    cfg, source = apply_env(cfg or ExperimentConfig(), env)  # (cfg.env.env may hold an env object until here)
+    cfg = cfg or ExperimentConfig()
+    source = resolve_env(cfg.env.env if env is None else env)  # (cfg.env.env may hold an env object until here)
+    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, **source.env_fields(cfg.env.env_kwargs)))
     errors = field_errors(cfg)  # before any value is computed with (a budget of "lots"...)
     if errors:
         raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))

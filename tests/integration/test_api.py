@@ -17,7 +17,7 @@ import icrl
 from icrl.agent.model import AgentPolicy
 from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs import Collector, make_env, make_vector_env
-from icrl.envs.user import apply_env, resolve_env
+from icrl.envs.user import resolve_env
 from icrl.envs.wrapper import agent_to_env_action
 from icrl.run.load import RunDirError, load_agent
 from icrl.spaces_json import space_from_json, space_to_json
@@ -108,11 +108,15 @@ def test_resolve_env_forms():
     part = resolve_env(functools.partial(Ring, size=3))  # its name alone would rebuild Ring(), not Ring(size=3)
     assert part.rebuild == "none" and part.name.endswith("(partial)")
     venv = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
-    cfg, src = apply_env(tiny("x"), venv)
-    assert (cfg.env.env, cfg.env.parallel_envs, src.rebuild, len(src.factories)) == ("CartPole-v1", 3, "gymnasium", 3)
-    cfg, src = apply_env(tiny("x"), gym.make_vec("CartPole-v1", num_envs=2))  # CartPole's own vector env
-    assert src.factories is None and cfg.env.env == "CartPole-v1" and json.loads(cfg.env.env_kwargs) == {
+    src = resolve_env(venv)
+    fields = src.env_fields(tiny("x").env.env_kwargs)  # what the run's EnvConfig takes (icrl.run.components)
+    assert (fields["env"], fields["parallel_envs"], fields["async_envs"], src.rebuild, len(src.factories)) == (
+        "CartPole-v1", 3, False, "gymnasium", 3)
+    src = resolve_env(gym.make_vec("CartPole-v1", num_envs=2))  # CartPole's own vector env
+    fields = src.env_fields("{}")
+    assert src.factories is None and fields["env"] == "CartPole-v1" and json.loads(fields["env_kwargs"]) == {
         "max_episode_steps": 500}
+    assert "env_kwargs" not in src.env_fields('{"a": 1}')  # the config's own kwargs are kept
     with pytest.raises(ValueError, match="pass the class, env=Ring, a zero-arg factory"):
         resolve_env(Ring())
     with pytest.raises(ValueError, match="not a gymnasium.Env subclass"):

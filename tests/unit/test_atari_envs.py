@@ -10,7 +10,7 @@ import pytest
 from helpers import assert_missing_extra_reported, tiny_run_tasks
 
 from icrl.envs import make_env, make_wrapped_env
-from icrl.envs.make import ENV_FAMILIES
+from icrl.envs.registry import ENV_FAMILIES
 from icrl.envs.tasks import atari
 from icrl.nets.tstep import is_image_space
 

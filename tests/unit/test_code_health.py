@@ -109,6 +109,49 @@ def test_no_module_imports_a_higher_layer(path):
     assert not upward, f"{_name(path)} (layer {LAYERS[own]}) imports a higher layer: {upward}"
 
 
+def _module_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports (deferred imports too; `from pkg import mod` names mod)."""
+    paths = {_name(p): p for p in MODULES if _name(p).startswith(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & paths.keys()
+                deps |= subs or {node.module}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        graph[name] = (deps & paths.keys()) - {name}
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` (its modules in order, the first repeated at the end), or None."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return None
+        for dep in sorted(graph[module]):
+            found = visit(dep, [*path, module])
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    return next((c for m in sorted(graph) if (c := visit(m, [])) is not None), None)
+
+
+def test_the_env_layer_has_no_import_circle():
+    """icrl.envs imports one way: the registry imports the batched task modules, which import only their base
+    module icrl.envs.batched (no deferred import back); a circle here would make import order matter."""
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check finds one
+    circle = _circle(_module_graph("icrl.envs"))
+    assert circle is None, f"import circle in icrl.envs: {' -> '.join(circle or [])}"
+
+
 def _layout_modules(layout: str) -> set[str]:
     """Module paths the layout block (the first code block of docs/layout.md) names: a line starting with
     `icrl/...` sets the package, and every `name.py` on it and on its indented continuation lines is a module of

@@ -1,1 +1,1 @@
-"""The built-in tasks, one module per family; `icrl.envs.make.BUILTIN_ENVS` names them."""
+"""The built-in tasks, one module per family; `icrl.envs.registry.TASKS` declares them."""
