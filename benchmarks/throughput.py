@@ -73,7 +73,7 @@ from icrl.agent.learner import Learner
 from icrl.agent.learner import compute_loss as eager_compute_loss
 from icrl.agent.losses import redq_members
 from icrl.agent.model import Agent, AgentPolicy
-from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
+from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig, resolve
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env, make_wrapped_env
 from icrl.nets.ema import ema_update_
@@ -458,7 +458,8 @@ class TimedPolicy:
 def bench_acting(args, cfg, spec, agent, device, recompute: bool, steps: int, profile: bool = False) -> dict:
     venv = make_vector_env("tmaze", {"length": args.seq_len}, args.parallel_envs, native=args.env_impl == "batched")
     collector = Collector(venv, spec, seed=0)
-    exploration = Exploration(ExploreConfig(), spec, args.parallel_envs, seed=0)
+    explore = resolve(ExperimentConfig(explore=ExploreConfig(eps_anneal_steps=100_000))).explore  # as measured before
+    exploration = Exploration(explore, spec, args.parallel_envs, seed=0)
     env_steps = lambda: collector.total_env_steps  # noqa: E731
     if recompute:
         inner = RecomputePolicy(agent, args.parallel_envs, args.seq_len, exploration, env_steps, device)

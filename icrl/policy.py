@@ -324,7 +324,7 @@ def evaluate(policy: InContextPolicy | str | Path, env: Any = None, n_episodes: 
     env_kwargs: kwargs for the env (default: the run's when `env` is None or the run's env name, else none).
     seed: seeds the envs; with the run's env and seed this is exactly `icrl eval RUN --seed S`'s evaluation.
     """
-    from icrl.config.validation import MAX_PARALLEL_ENVS, MAX_ROLLOUTS
+    from icrl.config.bounds import MAX_PARALLEL_ENVS, MAX_ROLLOUTS
     from icrl.run.evaluate import evaluate_agent
 
     _check_count("n_episodes", n_episodes, MAX_ROLLOUTS)  # a count that would run for ever, or play nothing

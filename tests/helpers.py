@@ -104,3 +104,11 @@ def assert_missing_extra_reported(monkeypatch: Any, capsys: Any, module: str, na
         cli_main(["envs", family])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"icrl[{extra}]" in err
+
+
+def explore_config(**fields: Any):
+    """An ExploreConfig with `fields` set and every other field resolved as a run resolves it without a task
+    (`icrl.config.resolve`: the library's defaults), as `icrl.agent.exploration.Exploration` takes it."""
+    from icrl.config import ExperimentConfig, ExploreConfig, resolve
+
+    return resolve(ExperimentConfig(explore=ExploreConfig(**fields))).explore

@@ -51,7 +51,12 @@ class Exploration:
     """ε-greedy (discrete: uniform random action; multi-binary: random bit flips) or Gaussian noise."""
 
     def __init__(self, cfg: ExploreConfig, spec: ActionSpec, num_envs: int, seed: int) -> None:
-        self.cfg, self.spec, self.num_envs = cfg.resolve(), spec, num_envs
+        """`cfg`: a resolved ExploreConfig (`icrl.config.resolve(...).explore`), whose fields the schedule reads."""
+        unset = [name for name in ("train_actions", "eps_start", "eps_end", "eps_anneal_steps", "per_env_scale",
+                                   "eps_shape", "noise_start", "noise_end") if getattr(cfg, name) is None]
+        if unset:
+            raise ValueError(f"exploration needs a resolved ExploreConfig (icrl.config.resolve); unset: {unset}")
+        self.cfg, self.spec, self.num_envs = cfg, spec, num_envs
         self.rng = np.random.default_rng(seed)
         self.scale = self._draw_scales(num_envs)  # [N]
 

@@ -27,6 +27,7 @@ from icrl.agent.graphs import CapturedStep, graphs_available
 from icrl.agent.losses import actor_loss, align_next, redq_members, td_targets
 from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig, LossConfig
+from icrl.config.resolve import resolve
 from icrl.device import use_fused_adam, warn_if_bf16_is_emulated
 from icrl.guards import UpdateGuard
 from icrl.nets.ema import ema_update_
@@ -197,7 +198,8 @@ class Learner:
         graphed = graphs_available(device, cfg.optim.cuda_graphs) and self.replicas.world_size == 1 and fused
         self.optimizer = torch.optim.AdamW(param_groups(agent, cfg.optim.weight_decay), lr=cfg.optim.lr, fused=fused,
                                            capturable=graphed)
-        warmup = max(cfg.resolved_warmup, 1)
+        resolved = resolve(cfg).optim  # as a run resolved them (a config built by hand: the library's rules)
+        warmup = max(resolved.warmup_updates or 1, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda u: min(1.0, (u + 1) / warmup))
         self.generator = torch.Generator().manual_seed(cfg.run.seed)  # REDQ's members on the CPU
         self.updates = 0
@@ -212,7 +214,7 @@ class Learner:
         # Rank 0's initial weights and buffers on every rank (in place: the optimiser's parameters stay the
         # same objects), then DDP for the gradients (one process: neither does anything).
         self.replicas.broadcast_(agent)
-        self.loss_module = LossModule(agent, cfg.loss, compiled=cfg.compiles)
+        self.loss_module = LossModule(agent, cfg.loss, compiled=bool(resolved.compile))
         self.loss = self.replicas.wrap(self.loss_module)
         self._metric_names: list[str] = []
         self._metric_sum: torch.Tensor | None = None  # [M] on the device, summed since the last read

@@ -13,7 +13,7 @@ import tyro
 
 from icrl.cli.errors import INPUT_ERRORS, check_ranges, fail, fail_input, one_line, run_stoppable
 from icrl.config import ConfigError, ExperimentConfig
-from icrl.config.validation import MAX_PARALLEL_ENVS, MAX_ROLLOUTS
+from icrl.config.bounds import MAX_PARALLEL_ENVS, MAX_ROLLOUTS
 
 RunDir = Annotated[str, tyro.conf.arg(metavar="RUN_DIR")]
 """A run directory (written by `icrl train` / `icrl learn`), given as the first positional argument."""

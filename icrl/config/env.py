@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from icrl.config.bounds import MAX_PARALLEL_ENVS, bounded
 from icrl.config.errors import ConfigError
 
 
@@ -15,15 +16,15 @@ class EnvConfig:
     """A built-in task name (see `icrl envs`), a registered Gymnasium id, or `package.module:factory`."""
     env_kwargs: str = "{}"
     """JSON object passed to the env constructor, e.g. '{"length": 20}'."""
-    parallel_envs: int = 8
+    parallel_envs: int = bounded(8, ge=1, le=MAX_PARALLEL_ENVS)
     """Env copies stepped as one batch during collection."""
     async_envs: bool = False
     """Step the env copies in subprocesses (worth it for slow simulators, not for tiny tasks)."""
-    episodes_per_rollout: int = 1
+    episodes_per_rollout: int = bounded(1, ge=1)
     """Meta-RL: episodes of the same task per rollout (the agent keeps its memory across them)."""
-    rollout_horizon: int | None = None
+    rollout_horizon: int | None = bounded(None, ge=1)
     """Meta-RL: instead of a fixed episode count, repeat episodes of one task for this many steps."""
-    chunk_len: int | None = None
+    chunk_len: int | None = bounded(None, ge=2)
     """Store very long rollouts as chunks of this many steps (None: whole rollouts)."""
 
     @property

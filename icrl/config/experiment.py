@@ -1,40 +1,30 @@
-"""The whole config: one group per concern, field names unique across the groups (the flags omit the group)."""
+"""The whole config: one group per concern (`ConfigGroups`), field names unique across the groups (the flags omit
+the group), with its checks, `replace` and its config.json form."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from icrl.config.env import EnvConfig
 from icrl.config.errors import ConfigError
 from icrl.config.explore import ExploreConfig
+from icrl.config.groups import ConfigGroups
 from icrl.config.loss import LossConfig
 from icrl.config.model import ModelConfig
 from icrl.config.run import AsyncConfig, EvalConfig, RunConfig
 from icrl.config.training import OptimConfig, ReplayConfig, ScheduleConfig
+from icrl.config.validation import combination_error, device_error, field_errors, memory_error
 
 
 @dataclass(frozen=True)
-class ExperimentConfig:
-    env: EnvConfig = field(default_factory=EnvConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    explore: ExploreConfig = field(default_factory=ExploreConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
-
+class ExperimentConfig(ConfigGroups):
     def validate(self, check_device: bool = True) -> ExperimentConfig:
         """Raise ConfigError naming the fields of the first impossible value or combination.
         `check_device=False` skips whether --device exists here (a run's config read to evaluate elsewhere),
         and checks the memory of acting only, not of an update (`memory_error`)."""
-        from icrl.config.validation import combination_error, device_error, field_errors, memory_error
-
         errors = field_errors(self)  # every field's type and range first: the combination checks assume them
         if errors:
             raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
@@ -44,54 +34,6 @@ class ExperimentConfig:
         if error is not None:
             raise ConfigError(error)
         return self
-
-    @property
-    def compiles(self) -> bool:
-        """Whether the learner compiles its loss: `OptimConfig.compile`, or where unset its rule (big Transformer
-        batches, >= 1,000 planned updates, >= 10,000 where updates are captured as CUDA graphs; the field's
-        docstring has the measurement)."""
-        if self.optim.compile is not None:
-            return self.optim.compile
-        planned = self.planned_updates
-        tokens = self.optim.batch_size * (self.model.context + 1)
-        return (self.model.traj_encoder == "transformer" and tokens >= 4096
-                and planned >= (10_000 if self.runs_captured else 1_000))
-
-    @property
-    def planned_updates(self) -> int:
-        """The updates the budget plans for (`epoch_updates` per whole epoch): what the rules that scale with
-        a run's length read; the run itself counts the replay's real windows (icrl.run.components)."""
-        return (self.schedule.env_steps // max(self.schedule.steps_per_epoch, 1)) * self.epoch_updates
-
-    @property
-    def resolved_warmup(self) -> int:
-        """`optim.warmup_updates`, or where unset WARMUP_FRACTION of the planned updates, at most WARMUP_UPDATES
-        (at least 1)."""
-        from icrl.config.training import WARMUP_FRACTION, WARMUP_UPDATES
-
-        if self.optim.warmup_updates is not None:
-            return self.optim.warmup_updates
-        return max(1, min(WARMUP_UPDATES, round(WARMUP_FRACTION * self.planned_updates)))
-
-    @property
-    def runs_captured(self) -> bool:
-        """Whether this config's updates would be captured as CUDA graphs here: a CUDA `--device` (or `auto`
-        where torch sees a GPU) with `cuda_graphs` (icrl.agent.graphs; data-parallel runs stay eager)."""
-        import torch
-
-        d = self.run.device
-        cuda = d.startswith("cuda") or (d == "auto" and torch.cuda.is_available())
-        return cuda and self.optim.cuda_graphs
-
-    @property
-    def epoch_updates(self) -> int:
-        """Updates per epoch where a fixed number is needed (offline epochs, the asynchronous learner's default
-        ratio, plans): --updates-per-epoch, or `replay_ratio`'s count for full training windows (context + 1
-        timesteps). `icrl train` counts the replay's real windows instead (icrl.run.components.UpdateBudget)."""
-        s = self.schedule
-        if s.updates_per_epoch is not None:
-            return s.updates_per_epoch
-        return max(1, round(s.replay_ratio * s.steps_per_epoch / (self.optim.batch_size * (self.model.context + 1))))
 
     def replace(self, **fields: Any) -> ExperimentConfig:
         """A copy with the named fields changed, wherever they live: field names are unique across the
@@ -106,8 +48,6 @@ class ExperimentConfig:
         new = dataclasses.replace(
             self, **{g: dataclasses.replace(getattr(self, g), **values) for g, values in by_group.items()}
         )
-        from icrl.config.validation import field_errors
-
         errors = field_errors(new, only=set(fields))  # a wrong type or range now, in one line, as the CLI says it
         if errors:
             raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))

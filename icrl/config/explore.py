@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from icrl.config.errors import ConfigError
+from icrl.config.bounds import bounded
 
 # The library's exploration defaults: the official AMAGO's ε-greedy (ε from 1.0 to 0.05, annealed over each
 # env copy's own steps, every env drawing its own scale of it per rollout, flat within a rollout). The
 # anneal's 100,000 steps per env (10x shorter than the official 1M, which CPU-sized runs never reach) is a
-# cap: a run with a budget anneals over ANNEAL_FRACTION of each env copy's share of it (`ExploreConfig.resolve`).
+# cap: a run with a budget anneals over ANNEAL_FRACTION of each env copy's share of it (`icrl.config.resolve`).
 EXPLORE_DEFAULTS: dict[str, Any] = {
     "train_actions": "sample",
     "eps_start": 1.0,
@@ -32,11 +31,8 @@ EXPLORE_DEFAULTS: dict[str, Any] = {
 ANNEAL_FRACTION = 0.5
 """Where no task or user sets `eps_anneal_steps`, ε (and continuous noise) anneals over this fraction of each env
 copy's share of the run's env-step budget (at most EXPLORE_DEFAULTS' 100,000 steps per env), so every run
-ends exploring at `eps_end`, as Stable-Baselines3's and CleanRL's `exploration_fraction` (0.1, 0.5) do. A fixed
-100,000 steps per env never ended in a default run (8 envs: 800,000 env steps against a budget of 100,000): CartPole-v1
-trained at ε ≈ 0.9 x a per-env scale throughout, and its greedy return stayed ~10 where an anneal over 2,000 steps
-per env reached ~110 (docs/results.md, CartPole-v1 at the defaults). The cue_recall and goal_grid presets had set
-the same thing by hand (150 of 300 and 500 of 1,250 steps per env)."""
+ends exploring at `eps_end`, as Stable-Baselines3's and CleanRL's `exploration_fraction` (0.1, 0.5) do
+(docs/results.md, where the defaults come from)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +43,8 @@ class ExploreConfig:
 
     Every field left unset (None) takes the task's recommendation when its env class ships one (a
     `recommended_exploration(**env_kwargs) -> dict` attribute, e.g. `icrl.envs.tasks.tmaze.TMaze`), else the
-    library default (`EXPLORE_DEFAULTS`); the run's config.json records the resolved values.
+    library default (`EXPLORE_DEFAULTS`), when a run resolves its config (`icrl.config.resolve`); the run's
+    config.json records the resolved values.
     """
 
     task_recommendation: bool = True
@@ -56,11 +53,11 @@ class ExploreConfig:
     """Training actions before exploration noise: sampled from the policy, or its mode (argmax / mean).
     Long chains of exact actions (T-Maze's corridor) need argmax: sampling at p = 0.999 per step still
     breaks a 100-step corridor. Unset: the task's choice, else `sample`."""
-    eps_start: float | None = None
+    eps_start: float | None = bounded(None, ge=0.0, le=1.0)
     """Discrete: ε at the start of training (unset: 1.0)."""
-    eps_end: float | None = None
+    eps_end: float | None = bounded(None, ge=0.0, le=1.0)
     """Discrete: ε once annealed (unset: 0.05)."""
-    eps_anneal_steps: int | None = None
+    eps_anneal_steps: int | None = bounded(None, ge=1)
     """Steps *of each env copy* over which ε (and continuous noise) decays linearly; per env, so the schedule
     does not depend on the number of parallel envs. Unset: `ANNEAL_FRACTION` (half) of each env copy's share of
     --total-env-steps, at most 100,000 (the run's config.json records the number; with several data-parallel
@@ -74,39 +71,20 @@ class ExploreConfig:
     `bilevel_end_*` ε at t = `shape_horizon` (explore early, exploit late). `window`: the annealed ε in
     the first `window_start` steps and the last `window_end` steps up to `shape_horizon`, and the small
     fixed `window_eps` elsewhere (T-Maze: explore at the junction, not in the corridor). Unset: `flat`."""
-    shape_horizon: int | None = None
+    shape_horizon: int | None = bounded(None, ge=1)
     """`bilevel` and `window`: the rollout length the shape is laid over (required by those shapes)."""
-    bilevel_end_start: float | None = None
+    bilevel_end_start: float | None = bounded(None, ge=0.0, le=1.0)
     """`bilevel`: ε at a rollout's end at the start of training (unset: 0.8)."""
-    bilevel_end_end: float | None = None
+    bilevel_end_end: float | None = bounded(None, ge=0.0, le=1.0)
     """`bilevel`: ε at a rollout's end once annealed (unset: 0.01)."""
-    window_start: int | None = None
+    window_start: int | None = bounded(None, ge=0)
     """`window`: the first this many steps (t < window_start) explore with the annealed ε (unset: 1)."""
-    window_end: int | None = None
+    window_end: int | None = bounded(None, ge=0)
     """`window`: the last this many steps up to the horizon (shape_horizon - window_end < t <= shape_horizon)
     explore with the annealed ε (unset: 4; with 1 and 4 the shape is the official `TMazeExploration`)."""
-    window_eps: float | None = None
+    window_eps: float | None = bounded(None, ge=0.0, le=1.0)
     """`window`: ε between the two windows, not scaled or annealed (unset: 0.5 / shape_horizon)."""
-    noise_start: float | None = None
+    noise_start: float | None = bounded(None, ge=0.0)
     """Continuous: std of the Gaussian action noise at the start of training (unset: 0.5)."""
-    noise_end: float | None = None
+    noise_end: float | None = bounded(None, ge=0.0)
     """Continuous: std of the Gaussian action noise once annealed (unset: 0.05)."""
-
-    def resolve(self, recommendation: dict[str, Any] | None = None, steps_per_env: int | None = None) -> ExploreConfig:
-        """Unset fields filled from `recommendation` (the task's; ignored with task_recommendation=False),
-        then from EXPLORE_DEFAULTS; `eps_anneal_steps` from `steps_per_env` (each env copy's share of the run's
-        budget, `ANNEAL_FRACTION` of it) where it is given and neither sets it. Idempotent."""
-        rec = dict(recommendation or {}) if self.task_recommendation else {}
-        if steps_per_env is not None and "eps_anneal_steps" not in rec:
-            cap = EXPLORE_DEFAULTS["eps_anneal_steps"]
-            rec["eps_anneal_steps"] = max(1, min(cap, round(ANNEAL_FRACTION * steps_per_env)))
-        unknown = sorted(set(rec) - set(EXPLORE_DEFAULTS))
-        if unknown:
-            raise ConfigError(f"the task's recommended exploration names unknown fields {unknown}")
-        values = {}
-        for name, default in EXPLORE_DEFAULTS.items():
-            value = getattr(self, name)
-            values[name] = value if value is not None else rec.get(name, default)
-        if values["eps_shape"] == "window" and values["window_eps"] is None and values["shape_horizon"]:
-            values["window_eps"] = 0.5 / values["shape_horizon"]
-        return dataclasses.replace(self, **values)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from icrl.config.bounds import bounded
+
 LONG_CONTEXT = 256
 """Contexts longer than this get PopArt's floor, and n-step returns where exploration leaves the rollout greedy,
-unless set (`LossConfig.resolved`)."""
+unless set (`icrl.config.resolve`)."""
 LONG_CONTEXT_MAX_RATIO = 5.0
 """PopArt's floor for long contexts (`popart_max_ratio`)."""
 TIMESTEPS_PER_N_STEP = 64
@@ -25,39 +26,35 @@ DEFAULT_GAMMAS: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
 class LossConfig:
     gammas: tuple[float, ...] = DEFAULT_GAMMAS
     """Discounts learned in parallel; the last one is the policy's."""
-    num_critics: int = 4
+    num_critics: int = bounded(4, ge=1)
     """Critic ensemble size C."""
     redq_subset: int = 2
     """Target critics drawn at random per update and reduced into the target (REDQ)."""
     redq_reduce: Literal["min", "mean"] = "min"
     """How the drawn target critics are reduced: their `min` (REDQ's pessimism against overestimation) or
     their `mean` (less pessimistic; with --redq-subset = --num-critics, the plain ensemble average)."""
-    reward_scale: float = 10.0
+    reward_scale: float = bounded(10.0, gt=0.0)
     """Rewards are multiplied by this before the TD target (the official AMAGO's default). With PopArt the
     critics' targets are normalised anyway; the scale sets how far above PopArt's σ floor small returns lie."""
-    online_coeff: float = 1.0
+    online_coeff: float = bounded(1.0, ge=0.0)
     """Weight of the -Q(s, a~pi) actor term."""
-    offline_coeff: float = 0.1
+    offline_coeff: float = bounded(0.1, ge=0.0)
     """Weight of the filtered behaviour-cloning actor term."""
     bc_filter: Literal["binary", "exp"] = "binary"
     """Advantage filter of the BC term: 1[A>0], or clamp(exp(A / beta))."""
-    exp_beta: float = 1.0
+    exp_beta: float = bounded(1.0, gt=0.0)
     """`exp` filter: temperature beta of exp(A / beta); smaller beta weights high-advantage actions more."""
-    exp_clip: float = 20.0
+    exp_clip: float = bounded(20.0, gt=0.0)
     """`exp` filter: upper bound of the BC weight, so one large advantage cannot dominate the batch."""
-    num_value_samples: int = 1
-    """Continuous / multi-binary actions: actions a_k ~ pi sampled per state for the online term -mean_k Q(s,
-    a_k) and the value baseline V(s) = mean_k Q(s, a_k) of the advantage (discrete actions sum exactly).
-    1 is the official AMAGO's default (`num_actions_for_value_in_actor_loss`). These K x C x G critic rows
-    per timestep (forward, and backward to the actions) are the continuous update's largest cost: Pendulum-v1
-    at the defaults (1 thread, batch 24 x 201, one loaded machine) took 6.9 s per update with 3 and 3.5 s with
-    1, against 12.6 s for the earlier code with 3 (docs/results.md, continuous control). With 1 on Pendulum
-    (`--lr 1e-3 --tau 0.02`, 700 updates) the ff agent reached -118 (tests/learning/test_continuous_control.py).
-    Discrete actions are unaffected (exact sums), except the online term of `discrete_action_input`."""
-    entropy_coeff: float = 0.0
+    num_value_samples: int = bounded(1, ge=1, le=1024)
+    """Continuous / multi-binary actions (and `discrete_action_input`'s online term): actions a_k ~ pi sampled per
+    state for the online term -mean_k Q(s, a_k) and the advantage's baseline V(s) = mean_k Q(s, a_k); discrete
+    actions sum exactly. 1, the official AMAGO's default: these critic rows are the continuous update's largest
+    cost."""
+    entropy_coeff: float = bounded(0.0, ge=0.0)
     """Entropy bonus of the actor, on PopArt-normalised values. Not in the paper's loss (0, the default, gives
     it exactly); exploration comes from `ExploreConfig`."""
-    critic_weight: float = 10.0
+    critic_weight: float = bounded(10.0, gt=0.0)
     """Weight of the critic loss against the actor loss."""
     critic_kind: Literal["regression", "twohot"] = "regression"
     """How the critics learn. `regression`: squared error to the PopArt-normalised TD target (the AMAGO paper).
@@ -67,12 +64,12 @@ class LossConfig:
     discrete_action_input: bool = False
     """Discrete actions: the critic takes the one-hot action as an input, Q(s, a) -> one value (or K bin logits) per
     member and discount as for continuous actions, instead of one output per action (AMAGO-2's `MultiTaskAgent`): its
-    size no longer grows with the number of actions. The cost: an update 3-5 x the default's at 4 to 18 actions
+    size no longer grows with the number of actions. Off by default: an update costs several times the default's
     (docs/method.md), since the online term -Q(s, a~pi) runs the critic forward and backward on `num_value_samples`
     straight-through Gumbel-softmax samples per discount (a biased gradient) instead of the exact sum over actions;
     the TD target and the advantage's V(s) stay exact sums over the A one-hot actions while A <= len(gammas), and use
     sampled actions beyond. Continuous and multi-binary critics take the action as input anyway and ignore it."""
-    critic_bins: int = 128
+    critic_bins: int = bounded(128, ge=2, le=65_536)
     """`twohot` critic: value bins K (the official `output_bins`)."""
     critic_min_value: float = -100_000.0
     """`twohot` critic: the lowest bin, in unnormalised value space (returns of reward_scale x rewards); TD
@@ -83,32 +80,26 @@ class LossConfig:
     critic_symlog_bins: bool = True
     """`twohot` critic: bins evenly spaced in symlog(value) (Dreamer-V3, the official default: fine near 0, coarse
     at large returns), labels and expectation taken in that space; false: evenly spaced in value."""
-    critic_hl_gauss_sigma: float = 0.0
+    critic_hl_gauss_sigma: float = bounded(0.0, ge=0.0)
     """`twohot` critic: HL-Gauss labels (Farebrother et al. 2024) of this width in bin widths (they recommend
     0.75); 0: plain two-hot labels, as the official code."""
-    n_step: int | None = None
+    n_step: int | None = bounded(None, ge=1, le=65_536)
     """n-step TD returns. Unset: 1, or one step per 64 timesteps of context (T-Maze 500, context 501: 7) for a
     context longer than 256 whose exploration is a `window` (random actions only at the task's decision steps),
-    so a reward's value reaches the start of a long rollout in ~64 bootstrap hops instead of one per timestep
-    (`resolved`). Measured (docs/results.md): on T-Maze 500 with 1-step returns the long discount's targets at
-    t = 0 were still -0.1 after 1,434 updates where the converged value is ~2.5, and the corridor's slowly
-    propagating fit outweighed the cue. An n-step target is the return of the policy that collected the data:
-    under flat ε-greedy (the default) a window holds random actions, and 6-step returns slowed POPGym
-    RepeatFirstMedium (context 415) from 85,000 / 70,000 env steps to 110,000 / 105,000 (seeds 0, 1)."""
-    tau: float = 0.003
+    so a reward's value reaches the start of a long rollout in ~64 bootstrap hops instead of one per timestep;
+    under flat ε-greedy an n-step window holds random actions, so 1 (`icrl.config.resolve`; docs/results.md)."""
+    tau: float = bounded(0.003, gt=0.0, le=1.0)
     """EMA rate of the target actor and critics."""
     popart: bool = True
     """Normalise value targets with PopArt."""
-    popart_beta: float = 5e-4
+    popart_beta: float = bounded(5e-4, gt=0.0, le=1.0)
     """PopArt statistics step size (bias-corrected: the first update takes the first batch's moments)."""
-    popart_max_ratio: float | None = None
+    popart_max_ratio: float | None = bounded(None, ge=0.0)
     """A floor on PopArt's scale: at least (largest |target - mean| of a batch, averaged) / this, so rare large
     targets (sparse rewards, long corridors) are at most this many scale units away (icrl.nets.popart). 0: no
-    floor (the plain standard deviation, as the official code). Unset: 5 for a context longer than 256
-    timesteps, else no floor (`resolved`). On T-Maze 500 the junction's value was fitted within 1,434 updates
-    with it and not at 700 without; on T-Maze 100 (context 101) it took 80,800 env steps to solve instead of
-    68,680 (two seeds; docs/results.md), so short contexts keep the plain scale. On POPGym RepeatFirstMedium
-    (context 415, dense rewards) it never hurt: solved at 75,000 env steps with it, 85,000 without (seed 0)."""
+    floor (the plain standard deviation, as the official code). Unset: 5 for a context longer than 256 timesteps,
+    where long corridors need it, else no floor, which short contexts learn faster with (`icrl.config.resolve`;
+    docs/results.md)."""
 
     @property
     def td_steps(self) -> int:
@@ -119,14 +110,3 @@ class LossConfig:
     def popart_floor(self) -> float | None:
         """`popart_max_ratio` as PopArt takes it: None for no floor (unset or 0)."""
         return self.popart_max_ratio or None
-
-    def resolved(self, context: int, eps_shape: str | None = None) -> LossConfig:
-        """This config with `n_step` and `popart_max_ratio` set where they are unset, for a run whose context is
-        `context` timesteps and whose exploration has the shape `eps_shape` (`ExploreConfig`, resolved): the
-        long-context rule of their docstrings (a set value is kept)."""
-        long = context > LONG_CONTEXT
-        greedy_windows = eps_shape == "window"
-        auto_n = max(1, context // TIMESTEPS_PER_N_STEP) if long and greedy_windows else 1
-        n_step = self.n_step if self.n_step is not None else auto_n
-        ratio = self.popart_max_ratio if self.popart_max_ratio is not None else (LONG_CONTEXT_MAX_RATIO if long else 0.0)
-        return dataclasses.replace(self, n_step=n_step, popart_max_ratio=ratio)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from icrl.config.bounds import bounded
+
 DEFAULT_CONTEXT = 256  # the context of a task that recommends none
 
 
@@ -12,41 +14,41 @@ DEFAULT_CONTEXT = 256  # the context of a task that recommends none
 class ModelConfig:
     traj_encoder: Literal["transformer", "gru", "lstm", "ff"] = "transformer"
     """Sequence model over the rollout; `ff` is the memoryless baseline."""
-    d_model: int = 64
+    d_model: int = bounded(64, ge=1)
     """Width of the timestep embedding and of the trajectory encoder (the paper's larger runs use 128-512)."""
-    layers: int = 2
+    layers: int = bounded(2, ge=1, le=1024)
     """Transformer layers (or RNN layers)."""
-    heads: int = 4
+    heads: int = bounded(4, ge=1)
     """Attention heads."""
-    d_ff: int | None = None
+    d_ff: int | None = bounded(None, ge=1)
     """Hidden width of the Transformer's feed-forward blocks (unset: 4 x --d-model, the usual ratio)."""
     max_seq_len: int | None = None
     """The Transformer's context while acting (a sliding window beyond it) and the training window's length.
     Unset: what the task recommends for itself (T-Maze N: its whole rollout, N + 1; `recommended_context` in
     docs/tasks.md), else 256. A run whose rollouts are longer than the context says so once."""
-    max_time: int = 4096
+    max_time: int = bounded(4096, ge=1)
     """Largest time index with its own learned embedding (later steps share the last one)."""
     pos_emb: Literal["learned", "sinusoidal", "none", "rope"] = "sinusoidal"
     """Time-position embedding of the Transformer (as the official AMAGO's default "fixed"); `learned` is a
     table initialised N(0, 1), at the scale of the token embedding it is added to; `rope` rotates every layer's
     queries and keys by the rollout time instead of adding anything (needs an even --d-model / --heads)."""
-    dropout: float = 0.0
+    dropout: float = bounded(0.0, ge=0.0, lt=1.0)
     """Dropout on the Transformer's residual branches."""
-    attn_dropout: float = 0.0
+    attn_dropout: float = bounded(0.0, ge=0.0, lt=1.0)
     """Dropout on the Transformer's attention weights."""
-    emb_dropout: float = 0.0
+    emb_dropout: float = bounded(0.0, ge=0.0, lt=1.0)
     """Dropout on the Transformer's input embedding (timestep embedding + time-position embedding)."""
-    tstep_hidden: int = 128
+    tstep_hidden: int = bounded(128, ge=1)
     """Hidden width of the timestep encoder's MLP, and the feature width of each image key's CNN."""
     normalize_obs: bool = True
     """Normalise vector observations with running mean / variance (updated from every training batch), so
     tasks whose observations differ in scale by orders of magnitude need no hand-made scaling."""
-    clip_obs: float = 10.0
+    clip_obs: float = bounded(10.0, gt=0.0)
     """Normalised vector observations are clipped to [-clip_obs, clip_obs], so an outlier cannot saturate
     the timestep encoder."""
-    head_hidden: int = 128
+    head_hidden: int = bounded(128, ge=1)
     """Hidden width of the actor and critic MLP heads."""
-    head_layers: int = 2
+    head_layers: int = bounded(2, ge=0, le=1024)
     """Hidden layers of the actor and critic MLP heads (the residual actor's residual blocks)."""
     actor_head: Literal["mlp", "residual"] = "mlp"
     """The actor's trunk: an MLP, or `residual` (the official AMAGO's ResidualActor: a --head-hidden wide feature
@@ -54,11 +56,11 @@ class ModelConfig:
     continuous_dist: Literal["tanh_gaussian", "gmm", "beta"] = "tanh_gaussian"
     """The policy of continuous actions: a tanh-squashed Gaussian, a tanh-squashed Gaussian mixture (`gmm`,
     --gmm-components), or a Beta rescaled to [-1, 1]. Discrete and multi-binary actions ignore it."""
-    gmm_components: int = 5
+    gmm_components: int = bounded(5, ge=1, le=1024)
     """Components of the `gmm` policy (--continuous-dist gmm)."""
     cnn: Literal["impala", "nature"] = "impala"
     """CNN for image observations."""
-    goal_dim: int = 32
+    goal_dim: int = bounded(32, ge=1, le=65_536)
     """Width of the instruction embedding (tasks with a "goal" observation, docs/CONTRACTS.md)."""
     goal_view: Literal["full", "current"] = "full"
     """Instruction the agent sees: every remaining sub-goal, or only the current one (the paper's ablation)."""

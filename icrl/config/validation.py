@@ -1,12 +1,14 @@
-"""The checks of an `ExperimentConfig`: types, ranges, combinations and devices, run before anything is built.
+"""The checks `ExperimentConfig.validate` runs before anything is built: types, ranges, combinations and devices
+(of `ConfigGroups`, the config's data, so this module needs nothing of experiment.py).
 
 Every field is checked on its own first (`field_errors`), so a value that cannot work (`--heads 0`, `--grad-clip -1`, `--device banana`, a string
 where config.json should hold an int) fails at parse time with one line naming the flag and what it must be,
 instead of a traceback minutes later (or a run that silently does something else, like reversed gradients).
 
 Types are checked generically from the dataclass annotations, so a field added later is type-checked (and
-its floats required finite) without an entry here; `RULES` adds the ranges of the fields that have one.
-`combination_error` then checks the values that only fail together (one small function per concern).
+its floats required finite) without an entry here; a field with a range declares it where it is defined
+(`icrl.config.bounds.bounded`). `combination_error` then checks the values that only fail together (one small
+function per concern).
 """
 
 from __future__ import annotations
@@ -15,115 +17,17 @@ import dataclasses
 import math
 import types
 import typing
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import Any, Literal
 
+from icrl.config.bounds import field_range
+from icrl.config.groups import ConfigGroups
 from icrl.config.loss import TWOHOT_FIELDS, LossConfig
 from icrl.config.model import ModelConfig
-
-if TYPE_CHECKING:  # experiment.py calls these checks: importing it here would make a cycle
-    from icrl.config.experiment import ExperimentConfig
 
 
 def flag(name: str) -> str:
     """The command-line flag of a config field (`icrl train` omits the group prefixes)."""
     return "--" + name.replace("_", "-")
-
-
-def _ge(lo: float) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v >= lo), f">= {lo}"
-
-
-def _gt(lo: float) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v > lo), f"> {lo}"
-
-
-def _in(lo: float, hi: float, *, open_hi: bool = False, open_lo: bool = False) -> tuple[Callable[[Any], bool], str]:
-    def ok(v: Any) -> bool:
-        return (lo < v if open_lo else lo <= v) and (v < hi if open_hi else v <= hi)
-
-    return ok, f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}"
-
-
-# "group.field" -> (predicate, what the value must be): every single field's range lives here; the checks
-# below are only of combinations of fields. None values of optional fields are not checked. Counts that cost
-# time or processes rather than memory have an upper bound too (an `--eval-rollouts 1e12` would evaluate for
-# ever, silently); sizes that cost memory are bounded by `memory_error`, against what this machine has.
-MAX_ROLLOUTS = 1_000_000
-MAX_PARALLEL_ENVS = 65_536
-
-RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "env.rollout_horizon": _ge(1),
-    "env.parallel_envs": _in(1, MAX_PARALLEL_ENVS),
-    "eval.eval_rollouts": _in(1, MAX_ROLLOUTS),
-    "eval.eval_max_steps": _in(1, 10_000_000),
-    "eval.stop_patience": _ge(1),
-    "model.d_model": _ge(1),
-    "model.layers": _in(1, 1024),
-    "model.heads": _ge(1),
-    "model.max_time": _ge(1),
-    "model.d_ff": _ge(1),
-    "model.dropout": _in(0.0, 1.0, open_hi=True),
-    "model.attn_dropout": _in(0.0, 1.0, open_hi=True),
-    "model.emb_dropout": _in(0.0, 1.0, open_hi=True),
-    "model.tstep_hidden": _ge(1),
-    "model.clip_obs": _gt(0.0),
-    "model.head_hidden": _ge(1),
-    "model.head_layers": _in(0, 1024),
-    "model.gmm_components": _in(1, 1024),
-    "loss.num_critics": _ge(1),
-    "loss.n_step": _in(1, 65_536),
-    "loss.reward_scale": _gt(0.0),
-    "loss.online_coeff": _ge(0.0),
-    "loss.offline_coeff": _ge(0.0),
-    "loss.entropy_coeff": _ge(0.0),
-    "loss.exp_beta": _gt(0.0),
-    "loss.exp_clip": _gt(0.0),
-    "loss.num_value_samples": _in(1, 1024),
-    "loss.critic_weight": _gt(0.0),
-    "loss.popart_beta": _in(0.0, 1.0, open_lo=True),
-    "loss.popart_max_ratio": _ge(0.0),
-    "loss.critic_bins": _in(2, 65_536),
-    "loss.critic_hl_gauss_sigma": _ge(0.0),
-    "explore.eps_start": _in(0.0, 1.0),
-    "explore.eps_end": _in(0.0, 1.0),
-    "explore.eps_anneal_steps": _ge(1),
-    "explore.shape_horizon": _ge(1),
-    "explore.bilevel_end_start": _in(0.0, 1.0),
-    "explore.bilevel_end_end": _in(0.0, 1.0),
-    "explore.window_start": _ge(0),
-    "explore.window_end": _ge(0),
-    "explore.window_eps": _in(0.0, 1.0),
-    "explore.noise_start": _ge(0.0),
-    "explore.noise_end": _ge(0.0),
-    "run.seed": _in(0, 2**63 - 1),
-    "schedule.total_env_steps": _in(0, 10**13),  # bounds that no run reaches: a typo is refused, not run for ever
-    "schedule.steps_per_epoch": _in(1, 10**10),
-    "schedule.replay_ratio": _in(0.0, 1e6, open_lo=True),
-    "optim.lr": _gt(0.0),
-    "optim.warmup_updates": _ge(0),
-    "optim.weight_decay": _ge(0.0),
-    "optim.grad_clip": _gt(0.0),
-    "replay.replay_capacity": _ge(1),
-    "schedule.start_updates_after": _ge(0),
-    "eval.eval_every": _ge(1),
-    "replay.num_workers": _in(0, 256),
-    "run.threads": _in(0, 1024),
-    "model.goal_dim": _in(1, 65_536),
-    "run.log_every": _ge(1),
-    "asynchronous.utd": _gt(0.0),
-    "asynchronous.publish_every": _ge(1),
-    "asynchronous.max_lead": _ge(0),
-    "env.episodes_per_rollout": _ge(1),
-    "env.chunk_len": _ge(2),
-    "loss.tau": _in(0.0, 1.0, open_lo=True),
-    "optim.batch_size": _ge(1),
-    "schedule.updates_per_epoch": _in(0, 10**8),
-    "run.checkpoint_every": _ge(1),
-    "run.checkpoint_seconds": _ge(0),
-    "run.keep_checkpoints": _ge(1),
-    "replay.offline_updates": _ge(0),
-    "replay.offline_fraction": _in(0.0, 1.0),
-}
 
 
 def _type_name(hint: Any) -> str:
@@ -176,13 +80,13 @@ def _numbers(value: Any) -> list[float]:
     return []
 
 
-def field_errors(cfg: ExperimentConfig, only: set[str] | None = None) -> list[str]:
-    """One message per field of `cfg` (an ExperimentConfig) whose value has the wrong type, is not finite
+def field_errors(cfg: ConfigGroups, only: set[str] | None = None) -> list[str]:
+    """One message per field of `cfg` whose value has the wrong type, is not finite
     or is out of its range; empty when every field is fine. Devices are checked by `device_error`. `only`: the
     field names to check (default: all)."""
     errors: list[str] = []
     for group_field in dataclasses.fields(cfg):  # the config's groups: env, model, loss, ...
-        group, sub = group_field.name, getattr(cfg, group_field.name)
+        sub = getattr(cfg, group_field.name)
         hints = typing.get_type_hints(type(sub))
         for f in dataclasses.fields(sub):
             if only is not None and f.name not in only:
@@ -197,9 +101,9 @@ def field_errors(cfg: ExperimentConfig, only: set[str] | None = None) -> list[st
             elif any(isinstance(v, float) and not math.isfinite(v) for v in _numbers(value)):
                 errors.append(f"{flag(f.name)} must be a finite number, got {value!r}")
                 continue
-            rule = RULES.get(f"{group}.{f.name}")
-            if rule is not None and value is not None and not rule[0](value):
-                errors.append(f"{flag(f.name)} must be {rule[1]}, got {value!r}")
+            span = field_range(f)
+            if span is not None and value is not None and not span.holds(value):
+                errors.append(f"{flag(f.name)} must be {span}, got {value!r}")
     if not isinstance(cfg.env.env, str) or not cfg.env.env.strip():
         errors.append("--env must name a task (see `icrl envs`), got an empty string")
     if isinstance(cfg.run.run_dir, str) and not cfg.run.run_dir.strip():
@@ -210,7 +114,7 @@ def field_errors(cfg: ExperimentConfig, only: set[str] | None = None) -> list[st
 Check = tuple[bool, str]  # (the combination is fine, the message naming its flags when it is not)
 
 
-def _env_checks(cfg: ExperimentConfig) -> list[Check]:
+def _env_checks(cfg: ConfigGroups) -> list[Check]:
     e = cfg.env
     return [
         (
@@ -220,17 +124,17 @@ def _env_checks(cfg: ExperimentConfig) -> list[Check]:
     ]
 
 
-def _explore_checks(cfg: ExperimentConfig) -> list[Check]:
-    x = cfg.explore.resolve()  # the shape fields as exploration will use them
+def _explore_checks(cfg: ConfigGroups) -> list[Check]:
+    x = cfg.explore  # unset: flat (no horizon needed), or what the task recommends with its horizon
     return [
         (
-            x.eps_shape == "flat" or x.shape_horizon is not None,
+            x.eps_shape in (None, "flat") or x.shape_horizon is not None,
             f"--eps-shape {x.eps_shape} needs --shape-horizon N (the rollout length the shape is laid over)",
         ),
     ]
 
 
-def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
+def _model_loss_checks(cfg: ConfigGroups) -> list[Check]:
     m, lo = cfg.model, cfg.loss
     return [
         (m.d_model % m.heads == 0, f"--d-model {m.d_model} is not divisible by --heads {m.heads}"),
@@ -252,7 +156,7 @@ def _model_loss_checks(cfg: ExperimentConfig) -> list[Check]:
     ]
 
 
-def _critic_checks(cfg: ExperimentConfig) -> list[Check]:
+def _critic_checks(cfg: ConfigGroups) -> list[Check]:
     lo, default = cfg.loss, LossConfig()
     stray = [flag(n) for n in TWOHOT_FIELDS if getattr(lo, n) != getattr(default, n)]
     return [
@@ -262,7 +166,7 @@ def _critic_checks(cfg: ExperimentConfig) -> list[Check]:
     ]
 
 
-def _schedule_checks(cfg: ExperimentConfig) -> list[Check]:
+def _schedule_checks(cfg: ConfigGroups) -> list[Check]:
     e, r, sc = cfg.env, cfg.replay, cfg.schedule
     return [
         (
@@ -278,7 +182,7 @@ def _schedule_checks(cfg: ExperimentConfig) -> list[Check]:
     ]
 
 
-def _replay_checks(cfg: ExperimentConfig) -> list[Check]:
+def _replay_checks(cfg: ConfigGroups) -> list[Check]:
     e, r, sc = cfg.env, cfg.replay, cfg.schedule
     return [
         (
@@ -298,7 +202,7 @@ def _replay_checks(cfg: ExperimentConfig) -> list[Check]:
     ]
 
 
-def combination_error(cfg: ExperimentConfig) -> str | None:
+def combination_error(cfg: ConfigGroups) -> str | None:
     """The message of the first impossible combination of (individually valid) fields, or None. Assumes
     `field_errors(cfg)` is empty."""
     groups = (_env_checks, _explore_checks, _model_loss_checks, _critic_checks, _schedule_checks, _replay_checks)
@@ -335,8 +239,10 @@ def machine_memory() -> int | None:
     return total
 
 
-def _parameter_count(cfg: ExperimentConfig) -> int:
-    """A lower bound on the agent's parameters (the env's input and output widths taken as 1)."""
+def _parameter_count(cfg: ConfigGroups) -> int:
+    """A lower bound on the agent's parameters (the env's input and output widths taken as 1), from the config
+    alone. The one place they are estimated: a config is checked at parse time, before the env's spaces are
+    known, and the config layer cannot build the networks to count them (icrl.nets sits above it)."""
     m, lo = cfg.model, cfg.loss
     d, hh, g = m.d_model, m.head_hidden, len(lo.gammas)
     d_ff = m.d_ff if m.d_ff is not None else 4 * d
@@ -346,7 +252,7 @@ def _parameter_count(cfg: ExperimentConfig) -> int:
     return m.tstep_hidden * (d + 1) + traj + (m.max_time * d if m.pos_emb == "learned" else 0) + (1 + lo.num_critics) * head
 
 
-def memory_estimate(cfg: ExperimentConfig, update: bool = True, obs_numbers: tuple[int, int] = (0, 0)) -> dict[str, int]:
+def memory_estimate(cfg: ConfigGroups, update: bool = True, obs_numbers: tuple[int, int] = (0, 0)) -> dict[str, int]:
     """Lower bounds in bytes (float32) of what `cfg` allocates: "parameters" (weights, gradients, AdamW's two
     moments and the EMA targets), "acting" (the Transformer's KV cache of --parallel-envs envs) and, with
     `update`, "activations" (what autograd keeps of one update of --batch-size x --max-seq-len timesteps).
@@ -380,7 +286,7 @@ _ADVICE = {
 }
 
 
-def memory_error(cfg: ExperimentConfig, update: bool = True, available: int | None = None,
+def memory_error(cfg: ConfigGroups, update: bool = True, available: int | None = None,
                  obs_numbers: tuple[int, int] = (0, 0)) -> str | None:
     """Why `cfg` cannot fit in this machine's memory (`available` bytes, default its physical memory), with
     the estimate and the flags to lower, or None. `update=False`: acting only (a run loaded to evaluate)."""

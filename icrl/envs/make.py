@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
+from icrl.config.resolve import TaskDefaults
 from icrl.envs.kwarg_errors import check_kwarg_types, explain_constructor_error
 from icrl.envs.registry import ENV_FAMILIES, TASKS, batched_env, has_batched_form
 from icrl.envs.wrapper import TimestepWrapper
@@ -331,3 +332,10 @@ def task_budget(name: str, env_kwargs: dict[str, Any] | None = None, factory: An
     """The env steps (`ScheduleConfig.total_env_steps`) a task recommends for a run, or None."""
     rec = task_recommendation("recommended_budget", name, env_kwargs, factory)
     return rec if type(rec) is int and rec >= 1 else None
+
+
+def task_defaults(name: str, env_kwargs: dict[str, Any] | None = None, factory: Any = None) -> TaskDefaults:
+    """Everything a task recommends for a run (its exploration, its episode's context, its budget), as the plain
+    data `icrl.config.resolve.resolve` takes."""
+    return TaskDefaults(exploration=task_exploration(name, env_kwargs, factory),
+                        context=task_context(name, env_kwargs, factory), budget=task_budget(name, env_kwargs, factory))

@@ -26,14 +26,13 @@ from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
-from icrl.config.model import DEFAULT_CONTEXT
-from icrl.config.training import DEFAULT_ENV_STEPS
+from icrl.config.resolve import resolve
 from icrl.config.validation import field_errors, memory_error
 from icrl.data import DiskReplay, ReplayLoader, make_loader
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
 from icrl.envs import Collector, make_vector_env
-from icrl.envs.make import steps_copies_at_once, task_budget, task_context, task_exploration
+from icrl.envs.make import steps_copies_at_once, task_defaults
 from icrl.envs.user import resolve_env
 from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
@@ -102,38 +101,18 @@ def open_replay(cfg: ExperimentConfig, run_dir: Path) -> DiskReplay:
 
 
 def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
-    """`cfg` with its unset fields resolved, so config.json records exactly what ran: the env-step budget,
-    exploration and the context from the task's recommendations (asked of `factory`, the user's env class
-    or factory, when given), else the library defaults (`DEFAULT_ENV_STEPS`, `ExploreConfig.resolve`: the ε
-    anneal from the budget, `DEFAULT_CONTEXT`); n-step returns and PopArt's floor from the context and the exploration
-    (`LossConfig.resolved`); then whether the learner compiles (`ExperimentConfig.compiles`, which depends on
-    the context and the budget)."""
-    e = cfg.env
-    if cfg.schedule.total_env_steps is None:
-        cfg = cfg.replace(total_env_steps=task_budget(e.env, e.kwargs, factory) or DEFAULT_ENV_STEPS)
-    cfg = with_recorded_schedule(cfg)
-    s = cfg.schedule
-    if 0 < s.env_steps < s.steps_per_epoch:  # a smoke run: one epoch of the whole budget
+    """`cfg` resolved (`icrl.config.resolve`) with what its task recommends (asked of `factory`, the user's env
+    class or factory, when given) and, on --resume, the exploration schedule and warm-up the run recorded
+    (`with_recorded_schedule`, which compares the run's budget with the resolved one); says when a budget below one
+    epoch makes the run a single epoch."""
+    task = task_defaults(cfg.env.env, cfg.env.kwargs, factory)
+    recorded = with_recorded_schedule(cfg.replace(total_env_steps=resolve(cfg, task).schedule.total_env_steps))
+    out = resolve(recorded, task)
+    s = recorded.schedule
+    if out.schedule.steps_per_epoch != s.steps_per_epoch:  # a smoke run: one epoch of the whole budget
         say(f"icrl: note: --total-env-steps {s.env_steps:,} is below --steps-per-epoch {s.steps_per_epoch:,}: the run "
             f"is one epoch of {s.env_steps:,} env steps")
-        cfg = cfg.replace(steps_per_epoch=s.env_steps)
-    rec = task_exploration(e.env, e.kwargs, factory) if cfg.explore.task_recommendation else {}
-    steps_per_env = cfg.schedule.env_steps // max(e.parallel_envs, 1)
-    cfg = dataclasses.replace(cfg, explore=cfg.explore.resolve(rec, steps_per_env=steps_per_env))
-    if cfg.model.max_seq_len is None:
-        cfg = cfg.replace(max_seq_len=rollout_context(task_context(e.env, e.kwargs, factory), e))
-    cfg = dataclasses.replace(cfg, loss=cfg.loss.resolved(cfg.model.context, cfg.explore.eps_shape))
-    return cfg.replace(compile=cfg.compiles, warmup_updates=cfg.resolved_warmup)
-
-
-def rollout_context(episode: int | None, e: EnvConfig) -> int:
-    """The context that holds a whole rollout of the task's recommended `episode` context: K episodes of a
-    meta-RL rollout, each with its final timestep (docs/design.md §2), or the first `--rollout-horizon` steps."""
-    if episode is None:
-        return DEFAULT_CONTEXT
-    if e.rollout_horizon is not None:
-        return e.rollout_horizon
-    return episode if e.episodes_per_rollout == 1 else e.episodes_per_rollout * (episode + 1)
+    return out
 
 
 def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRelabeler | None:

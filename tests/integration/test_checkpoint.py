@@ -68,6 +68,7 @@ def _objects(cfg: ExperimentConfig):
     from icrl.agent.exploration import Exploration
     from icrl.agent.learner import Learner
     from icrl.agent.model import Agent
+    from icrl.config import resolve
     from icrl.envs import Collector, make_vector_env
     from icrl.types import ActionSpec
 
@@ -76,7 +77,7 @@ def _objects(cfg: ExperimentConfig):
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss)
     learner = Learner(agent, cfg, torch.device("cpu"))
     collector = Collector(venv, spec, seed=0)
-    exploration = Exploration(cfg.explore, spec, cfg.env.parallel_envs, seed=123)
+    exploration = Exploration(resolve(cfg).explore, spec, cfg.env.parallel_envs, seed=123)
     return agent, learner, collector, exploration
 
 

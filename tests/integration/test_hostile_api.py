@@ -176,15 +176,16 @@ def test_the_async_learner_logs_the_collectors_own_epsilon():
     from icrl.agent.exploration import Exploration
     from icrl.asynchronous.learn import Learning
     from icrl.asynchronous.protocol import RunCounters
+    from icrl.config import resolve
     from icrl.types import ActionSpec
 
     cfg = tiny_cfg("unused").replace(eps_start=1.0, eps_end=0.0, eps_anneal_steps=100)
     spec = ActionSpec("discrete", 4)
     learning = Learning.__new__(Learning)  # only the pieces `epsilon` reads
-    learning.schedule = Exploration(cfg.explore, spec, cfg.env.parallel_envs, seed=0)
+    learning.schedule = Exploration(resolve(cfg).explore, spec, cfg.env.parallel_envs, seed=0)
     learning.counts = RunCounters.__new__(RunCounters)
     learning.counts.collector_env_steps = [100, 100]  # two collectors of 2 envs: each env copy took 50 steps
-    own = Exploration(cfg.explore, spec, cfg.env.parallel_envs, seed=1).level(100)
+    own = Exploration(resolve(cfg).explore, spec, cfg.env.parallel_envs, seed=1).level(100)
     assert learning.epsilon() == pytest.approx(own) == pytest.approx(0.5)
     learning.counts.collector_env_steps = []
     assert learning.epsilon() == pytest.approx(1.0)  # no collector yet: the schedule's start

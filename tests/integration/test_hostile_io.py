@@ -28,6 +28,7 @@ def objects(cfg: ExperimentConfig):
     from icrl.agent.exploration import Exploration
     from icrl.agent.learner import Learner
     from icrl.agent.model import Agent
+    from icrl.config import resolve
     from icrl.envs import Collector, make_vector_env
     from icrl.types import ActionSpec
 
@@ -35,7 +36,7 @@ def objects(cfg: ExperimentConfig):
     spec = ActionSpec.from_space(venv.single_action_space)
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss)
     return dict(agent=agent, learner=Learner(agent, cfg, torch.device("cpu")), collector=Collector(venv, spec, seed=0),
-                exploration=Exploration(cfg.explore, spec, cfg.env.parallel_envs, seed=1))
+                exploration=Exploration(resolve(cfg).explore, spec, cfg.env.parallel_envs, seed=1))
 
 
 def test_a_full_disk_during_a_checkpoint_is_one_line_exit_2_and_keeps_the_previous_one(tmp_path, monkeypatch, capsys):

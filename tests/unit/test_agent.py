@@ -17,13 +17,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from helpers import explore_config
 
 from icrl import device as probes
 from icrl.agent import learner as learner_module
 from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner, compute_loss
 from icrl.agent.model import Agent, AgentPolicy
-from icrl.config import ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
+from icrl.config import ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, RandomPolicy, TimestepWrapper, TMaze, make_vector_env
 from icrl.nets.transformer import SigmaReparamLinear
@@ -585,7 +586,7 @@ def test_greedy_policy_takes_the_mode_and_ignores_exploration():
     agent = build_agent(obs_space, spec, traj="gru")
     with torch.no_grad():
         expected = agent.actor(agent(ts)).logits[:, 0, -1].argmax(-1).numpy()  # the policy's discount
-    eps1 = Exploration(ExploreConfig(eps_start=1.0, eps_end=1.0), spec, N, seed=0)
+    eps1 = Exploration(explore_config(eps_start=1.0, eps_end=1.0), spec, N, seed=0)
     eps1.scale[:] = 1.0
     for exploration in (None, eps1):
         for _ in range(3):
@@ -607,7 +608,7 @@ def test_exploration_through_agent_policy_is_uniform_at_eps_one():
     sampled = AgentPolicy(agent, N, greedy=False).act(ts, no_new)
     assert (sampled == 2).all()
 
-    exploration = Exploration(ExploreConfig(eps_start=1.0, eps_end=1.0), spec, N, seed=1)
+    exploration = Exploration(explore_config(eps_start=1.0, eps_end=1.0), spec, N, seed=1)
     exploration.scale[:] = 1.0  # eps = 1 in every env
     actions = AgentPolicy(agent, N, greedy=False, exploration=exploration).act(ts, no_new)
     counts = np.bincount(actions, minlength=A)
@@ -616,7 +617,7 @@ def test_exploration_through_agent_policy_is_uniform_at_eps_one():
     assert np.all(np.abs(counts - N / A) < 5 * sd), counts  # uniform over all actions, the mode included
 
     # per-env eps: each env draws its own scale at a new rollout; eps follows the env-step schedule
-    annealed = ExploreConfig(eps_start=1.0, eps_end=0.0, eps_anneal_steps=100)
+    annealed = explore_config(eps_start=1.0, eps_end=0.0, eps_anneal_steps=100)
     exploration = Exploration(annealed, spec, N, seed=2)
     actions = AgentPolicy(agent, N, greedy=False, exploration=exploration).act(ts, np.ones(N, bool))
     expected_off_mode = (1 - 1 / A) * exploration.scale.mean()
@@ -645,7 +646,7 @@ def test_continuous_greedy_is_tanh_of_the_mean_and_noise_perturbs_it():
     assert a1.dtype == np.float32 and a1.shape == (N, 2)
     np.testing.assert_array_equal(a1, a2)
     np.testing.assert_allclose(a1, mode, atol=1e-6)
-    exploration = Exploration(ExploreConfig(noise_start=0.5, noise_end=0.5), spec, N, seed=0)
+    exploration = Exploration(explore_config(noise_start=0.5, noise_end=0.5), spec, N, seed=0)
     noisy = AgentPolicy(agent, N, greedy=False, exploration=exploration).act(ts, np.ones(N, bool))
     assert np.abs(noisy).max() <= 1.0 and not np.allclose(noisy, a1)
 

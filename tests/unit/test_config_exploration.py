@@ -3,9 +3,19 @@ import dataclasses
 import numpy as np
 import pytest
 import tyro
+from helpers import explore_config
 
 from icrl.agent.exploration import Exploration
-from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ExploreConfig, ModelConfig, ScheduleConfig
+from icrl.config import (
+    ConfigError,
+    EnvConfig,
+    ExperimentConfig,
+    ExploreConfig,
+    ModelConfig,
+    ScheduleConfig,
+    TaskDefaults,
+    resolve,
+)
 from icrl.seeding import derive_seed
 from icrl.types import ActionSpec
 
@@ -51,7 +61,7 @@ def test_derive_seed_is_stable_and_distinct():
 
 def test_epsilon_greedy_is_uniform_per_env_and_decays_over_each_envs_steps():
     spec = ActionSpec("discrete", 5)
-    cfg = ExploreConfig(eps_start=1.0, eps_end=0.0, eps_anneal_steps=100)
+    cfg = explore_config(eps_start=1.0, eps_end=0.0, eps_anneal_steps=100)
     explore = Exploration(cfg, spec, num_envs=4000, seed=0)
     explore.scale[:] = 1.0
     greedy = np.zeros(4000, dtype=np.int64)
@@ -65,26 +75,26 @@ def test_epsilon_greedy_is_uniform_per_env_and_decays_over_each_envs_steps():
 
 
 def test_per_env_scales_are_redrawn_only_for_new_rollouts():
-    explore = Exploration(ExploreConfig(), ActionSpec("discrete", 3), num_envs=6, seed=1)
+    explore = Exploration(explore_config(), ActionSpec("discrete", 3), num_envs=6, seed=1)
     before = explore.scale.copy()
     mask = np.array([True, False, False, True, False, False])
     explore.new_rollouts(mask)
     assert (explore.scale[~mask] == before[~mask]).all() and (explore.scale[mask] != before[mask]).all()
-    flat = Exploration(ExploreConfig(per_env_scale=False), ActionSpec("discrete", 3), num_envs=6, seed=1)
+    flat = Exploration(explore_config(per_env_scale=False), ActionSpec("discrete", 3), num_envs=6, seed=1)
     flat.new_rollouts(mask)
     assert (flat.scale == 1.0).all()
 
 
 def test_bilevel_decays_within_rollout_and_noise_for_continuous():
-    cfg = ExploreConfig(eps_start=1.0, eps_end=0.2, eps_shape="bilevel", shape_horizon=10, bilevel_end_start=0.1,
-                        bilevel_end_end=0.0, eps_anneal_steps=100)
+    cfg = explore_config(eps_start=1.0, eps_end=0.2, eps_shape="bilevel", shape_horizon=10, bilevel_end_start=0.1,
+                         bilevel_end_end=0.0, eps_anneal_steps=100)
     explore = Exploration(cfg, ActionSpec("discrete", 3), num_envs=3, seed=0)
     explore.scale[:] = 1.0
     level = explore.per_env_level(0, np.array([0, 10, 10]))
     assert level[0] == pytest.approx(1.0) and level[1] == pytest.approx(0.1)
     level = explore.per_env_level(50 * 3, np.array([0, 5, 20]))  # half-way through the anneal
     assert level == pytest.approx([0.6, 0.6 - 0.5 * (0.6 - 0.05), 0.05])
-    cont = Exploration(ExploreConfig(noise_start=0.3), ActionSpec("continuous", 2), num_envs=500, seed=0)
+    cont = Exploration(explore_config(noise_start=0.3), ActionSpec("continuous", 2), num_envs=500, seed=0)
     cont.scale[:] = 1.0
     out = cont(np.zeros((500, 2), np.float32), env_steps=0, time=np.zeros(500))
     assert out.dtype == np.float32 and np.abs(out).max() <= 1.0
@@ -94,8 +104,8 @@ def test_bilevel_decays_within_rollout_and_noise_for_continuous():
 def test_window_shape_explores_at_the_ends_of_the_horizon_only():
     """T-Maze's recipe: the annealed ε at t <= window_start and t >= H - window_end, a fixed small ε between
     (not scaled per env)."""
-    cfg = ExploreConfig(eps_start=1.0, eps_shape="window", shape_horizon=100, window_start=1, window_end=4)
-    assert cfg.resolve().window_eps == pytest.approx(0.005)  # 0.5 / H when unset
+    cfg = explore_config(eps_start=1.0, eps_shape="window", shape_horizon=100, window_start=1, window_end=4)
+    assert cfg.window_eps == pytest.approx(0.005)  # 0.5 / H when unset
     explore = Exploration(cfg, ActionSpec("discrete", 4), num_envs=8, seed=0)
     explore.scale[:] = 0.5
     level = explore.per_env_level(0, np.array([0, 1, 50, 96, 97, 100, 101, 150]))
@@ -167,7 +177,7 @@ def test_the_warm_up_follows_the_planned_updates_unless_set(tmp_path):
 
     def warmup(**fields):
         cfg = with_task_defaults(ExperimentConfig().replace(**fields))
-        assert cfg.optim.warmup_updates == cfg.resolved_warmup  # recorded as resolved
+        assert resolve(cfg) == cfg  # recorded as resolved: resolving again changes nothing
         return cfg.optim.warmup_updates
 
     assert (WARMUP_FRACTION, WARMUP_UPDATES) == (0.1, 500)
@@ -183,3 +193,27 @@ def test_the_warm_up_follows_the_planned_updates_unless_set(tmp_path):
     (tmp_path / "config.json").write_text(cfg.to_json())
     resumed = ExperimentConfig().replace(total_env_steps=100_000, resume=True, run_dir=str(tmp_path), **popgym)
     assert with_task_defaults(resumed).optim.warmup_updates == 41  # not 410: derived from the old budget
+
+
+def test_one_resolution_takes_the_flag_then_the_task_then_the_library_default():
+    """`resolve(cfg, task)` is the one place unset fields get their values; the task's recommendations come in as
+    plain data (the env layer asks the task: icrl.envs.make.task_defaults), and every derived value follows."""
+    from icrl.config.training import DEFAULT_ENV_STEPS
+
+    task = TaskDefaults(exploration={"train_actions": "argmax", "eps_shape": "window", "shape_horizon": 300},
+                        context=301, budget=600_000)
+    cfg = resolve(ExperimentConfig(), task)
+    assert (cfg.schedule.total_env_steps, cfg.model.max_seq_len) == (600_000, 301)
+    assert cfg.explore.train_actions == "argmax" and cfg.explore.window_eps == pytest.approx(0.5 / 300)
+    assert cfg.explore.eps_anneal_steps == 600_000 // 8 // 2  # half of each env copy's share of the budget
+    assert (cfg.loss.n_step, cfg.loss.popart_max_ratio) == (301 // 64, 5.0)  # a long context, greedy windows
+    assert cfg.optim.warmup_updates == 500 and cfg.optim.compile is not None
+    assert all(getattr(cfg.explore, f) is not None for f in ("eps_start", "per_env_scale", "noise_end"))
+    assert resolve(cfg, task) == cfg  # idempotent
+    mine = resolve(ExperimentConfig().replace(total_env_steps=2_000, max_seq_len=64, train_actions="sample"), task)
+    assert (mine.schedule.total_env_steps, mine.model.max_seq_len, mine.explore.train_actions) == (2_000, 64, "sample")
+    library = resolve(ExperimentConfig())
+    assert (library.schedule.total_env_steps, library.explore.train_actions) == (DEFAULT_ENV_STEPS, "sample")
+    assert resolve(ExperimentConfig().replace(total_env_steps=300)).schedule.steps_per_epoch == 300  # one epoch
+    with pytest.raises(ConfigError, match="unknown fields"):
+        resolve(ExperimentConfig(), TaskDefaults(exploration={"eps_strat": 0.5}))

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from icrl.agent.learner import Learner
-from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ModelConfig
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ModelConfig, TaskDefaults, resolve
 from icrl.config.model import DEFAULT_CONTEXT
 from icrl.config.presets import preset_config
 from icrl.config.training import DEFAULT_ENV_STEPS
 from icrl.envs.make import task_budget, task_context
-from icrl.run.components import UpdateBudget, rollout_context, with_task_defaults
+from icrl.run.components import UpdateBudget, with_task_defaults
 
 
 def test_tasks_recommend_the_context_of_their_whole_rollout():
@@ -40,10 +40,11 @@ def test_an_unset_context_resolves_from_the_task_and_meta_rl_rollouts_hold_every
     assert with_task_defaults(cfg).model.max_seq_len == 501
     assert with_task_defaults(cfg.replace(max_seq_len=64)).model.max_seq_len == 64  # a set value is kept
     assert with_task_defaults(cfg.replace(env="CartPole-v1", env_kwargs="{}")).model.max_seq_len == DEFAULT_CONTEXT
-    meta = EnvConfig(env="tmaze", episodes_per_rollout=3)
-    assert rollout_context(11, meta) == 3 * 12  # each episode's final timestep stays in the rollout
-    assert rollout_context(11, EnvConfig(env="tmaze", rollout_horizon=40)) == 40
-    assert rollout_context(None, meta) == DEFAULT_CONTEXT
+    episode = TaskDefaults(context=11)
+    meta = ExperimentConfig().replace(episodes_per_rollout=3)
+    assert resolve(meta, episode).model.max_seq_len == 3 * 12  # each episode's final timestep stays in the rollout
+    assert resolve(ExperimentConfig().replace(rollout_horizon=40), episode).model.max_seq_len == 40
+    assert resolve(meta).model.max_seq_len == DEFAULT_CONTEXT
 
 
 def test_an_unset_budget_resolves_from_the_task_and_a_set_one_is_kept():
@@ -104,12 +105,17 @@ def test_fixed_update_counts_where_one_is_needed_come_from_the_ratio():
 
 
 def test_compiling_is_decided_by_the_size_and_length_of_the_run():
-    big = ExperimentConfig(model=ModelConfig(max_seq_len=501)).replace(total_env_steps=400_000, updates_per_epoch=100)
-    assert big.compiles  # 24 x 502 timesteps per batch, 40,000 updates
-    assert not big.replace(total_env_steps=5_000).compiles  # 500 updates: the compile would not pay back
-    assert not big.replace(max_seq_len=21).compiles  # 528 timesteps per batch
-    assert not big.replace(traj_encoder="gru").compiles
-    assert big.replace(total_env_steps=5_000, compile=True).compiles and not big.replace(compile=False).compiles
+    big = ExperimentConfig(model=ModelConfig(max_seq_len=501)).replace(total_env_steps=400_000, updates_per_epoch=100,
+                                                                       device="cpu")
+
+    def compiles(cfg: ExperimentConfig) -> bool | None:
+        return resolve(cfg).optim.compile
+
+    assert compiles(big)  # 24 x 502 timesteps per batch, 40,000 updates
+    assert not compiles(big.replace(total_env_steps=5_000))  # 500 updates: the compile would not pay back
+    assert not compiles(big.replace(max_seq_len=21))  # 528 timesteps per batch
+    assert not compiles(big.replace(traj_encoder="gru"))
+    assert compiles(big.replace(total_env_steps=5_000, compile=True)) and not compiles(big.replace(compile=False))
 
 
 def test_a_failed_compile_falls_back_to_eager_with_one_warning(tmp_path, monkeypatch):
