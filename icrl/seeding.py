@@ -18,6 +18,15 @@ def seed_everything(seed: int, rank: int = 0) -> None:
     torch.manual_seed(s)
 
 
+def seed_process(seed: int, rank: int = 0, threads: int = 0) -> None:
+    """The one place a training process is seeded: every global generator from `seed` (offset by a data-parallel
+    `rank`), before its first draw, and torch's threads capped (`--threads`, 0: torch's choice). A run's
+    processes (icrl.run.components.build_run) and each asynchronous collector (icrl.asynchronous.collect) call it."""
+    seed_everything(seed, rank)
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
 def derive_seed(seed: int, *names: str | int) -> int:
     """A stable sub-seed for one consumer (train envs, eval envs, loader, exploration...).
 

@@ -28,7 +28,7 @@ from icrl.run.components import build_agent, make_run_envs, open_replay, train_p
 from icrl.run.evaluate import add_task_sums, rollout_sums, task_sums
 from icrl.run.reporting import say
 from icrl.run.rundir import hold_exclusive
-from icrl.seeding import derive_seed, seed_everything
+from icrl.seeding import derive_seed, seed_process
 from icrl.types import ActionSpec, EpisodeStats
 
 __all__ = ["StopFlag", "collect"]
@@ -71,9 +71,7 @@ def _collect(paths: AsyncPaths, cfg: ExperimentConfig, collector_id: int, device
     counters = read_own_counters(paths, collector_id, counter_limit(cfg))
     starts = int(counters.get("starts", 0)) + 1
     seed = derive_seed(cfg.run.seed, "collector", collector_id, "start", starts)  # a restart draws new tasks
-    seed_everything(seed)
-    if cfg.run.threads > 0:
-        torch.set_num_threads(cfg.run.threads)
+    seed_process(seed, threads=cfg.run.threads)
     venv = make_run_envs(cfg.env, cfg.env.parallel_envs, asynchronous=cfg.env.async_envs)
     run = None
     try:

@@ -228,6 +228,9 @@ class RunCounters:
         return {"total_env_steps": self.env_steps, "total_rollouts": self.rollouts, "eval_env_steps": 0,
                 "next_rollout_id": 0}
 
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Nothing to restore on resume: the collectors' counter files hold the counts, read afresh."""
+
 
 # -------------------------------------------------------------------------------------------- weights
 def publish_weights(agent: Agent, paths: AsyncPaths, updates: int, utd: float) -> int:

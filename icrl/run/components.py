@@ -1,11 +1,12 @@
-"""Building a run's parts from its config: envs, agent, learner, replay, exploration and the acting policy; and the
-learning phase's pieces: training windows, the replay loader and a run of gradient updates.
+"""Building a run: the one setup (`build_run`) of every run, whatever its data source (`DataSource`: this
+process's envs, or the files of collector processes), and the parts it builds from the config: envs, agent,
+learner, replay, exploration and the acting policy; and the learning phase's pieces: training windows, the replay
+loader and the update budget.
 
 `build_agent` is the one place an agent is constructed: `icrl train`, the asynchronous learner and
 collectors, `icrl eval` and `icrl.load` all call it, so a run's weights fit whatever any of them builds.
-`build_components` is the setup of `icrl train` (`icrl.train`), in the order that fixes its
-seeds, refusals and first writes. `make_train_loader`, `UpdateBudget` and `run_updates` are the learning phase
-`icrl train` and the asynchronous learner share.
+`build_run` is the setup of `icrl train` (`icrl.train`), of each data-parallel rank and of `icrl learn`, in the
+order that fixes its seeds, refusals and first writes.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -48,7 +50,7 @@ from icrl.run.rundir import (
     with_recorded_schedule,
     with_run_dir,
 )
-from icrl.seeding import derive_seed, seed_everything
+from icrl.seeding import derive_seed, seed_process
 from icrl.spaces_json import venv_spaces_record
 from icrl.types import ActionSpec
 
@@ -140,49 +142,93 @@ def train_policy(cfg: ExperimentConfig, agent: Agent, collector: Collector, spec
     return exploration, policy
 
 
-@dataclass
-class Components:
-    """Everything one rank of `icrl train` works with; `eval_venv` and `eval_collector` exist on rank 0 only."""
+class DataSource(Protocol):
+    """Where a run's rollouts come from (docs/design.md §8). The one training loop (icrl.run.loop.fit) asks only
+    this of it; everything else (setup, the epoch, evaluation, checkpoints, resuming, the finish) is the same for
+    both kinds: this process's own envs (`icrl.run.loop.Collecting`: `icrl train` and each data-parallel rank)
+    and the files of collector processes (`icrl.asynchronous.learn.CollectorFiles`: `icrl learn`)."""
 
-    cfg: ExperimentConfig
-    replicas: Replicas
-    seed: int  # this rank's seed (the run's seed on rank 0)
-    steps_per_rank: int  # env steps this rank collects per online epoch
-    venv: gym.vector.VectorEnv
-    eval_venv: gym.vector.VectorEnv | None
-    spaces: dict[str, Any]  # RUN_DIR/spaces.json and every checkpoint
-    spec: ActionSpec
-    relabeler: HindsightRelabeler | None
-    lock: RunLock | None
-    collector: Collector
-    eval_collector: Collector | None
-    agent: Agent
-    learner: Learner
+    counter: Any  # a checkpoint's "collector" state: the env-step counter (total_env_steps, state_dict, load_state_dict)
+    exploration: Any  # a checkpoint's "exploration" state (state_dict, load_state_dict)
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped (a signal) before the epoch's updates were all made: the loop keeps them and ends the run."""
+
+    def env_steps(self) -> int:
+        """The run's env steps so far: every rank's, or every collector's."""
+
+    def num_epochs(self) -> int:
+        """The run's epochs (resumes included)."""
+
+    def start(self) -> None:
+        """Rank 0, once the run's files are written: say what the run does; collectors may start acting."""
+
+    def collect(self, epoch: int, timer: Timer) -> None:
+        """The epoch's env steps into the replay (collector processes store theirs whenever they finish them)."""
+
+    def updates(self, epoch: int, timer: Timer) -> Iterator[int]:
+        """The epoch's updates as the data allows them: each count is made before the next is asked for."""
+
+    def row(self, timer: Timer) -> dict[str, Any]:
+        """The data's columns of the epoch's train row (every rank takes part)."""
+
+    def resumed(self, epoch: int, state: dict[str, Any]) -> None:
+        """A checkpoint of `epoch` (its state.json, `state`) was loaded."""
+
+    def finish(self, done: bool) -> None:
+        """Rank 0, at the run's end: `done`, or interrupted."""
+
+
+@dataclass
+class Run:
+    """One run as `build_run` leaves it for the training loop (icrl.run.loop.fit): the resolved config, this
+    process, the learner, the data source and what evaluation, checkpoints and the finish need. Built by keyword,
+    once; the data source last, from the rest."""
+
+    cfg: ExperimentConfig  # resolved: what config.json records
+    replicas: Replicas  # this process among the run's: one, or a data-parallel rank (its device, the collectives)
+    seed: int  # this rank's seed for its envs, exploration and sampler (the run's seed on rank 0)
+    learner: Learner  # with the agent it trains (`agent`)
     replay: DiskReplay
+    loader: Callable[[int], ReplayLoader]  # the train batches from the replay, given their seed
+    spec: ActionSpec
+    spaces: dict[str, Any]  # RUN_DIR/spaces.json and every checkpoint
+    lock: RunLock | None  # rank 0's
+    venv: gym.vector.VectorEnv | None  # the envs this process acts in; None where collector processes act
+    eval_collector: Collector | None  # rank 0's
     offline_epochs: int  # --offline-updates: epochs without env steps
-    exploration: Exploration
-    policy: AgentPolicy
-    env_factories: tuple | None = None  # the user's env objects (icrl.train's env=), None: built by name
+    env: Any = None  # the user's env (icrl.train's env=) for the callbacks; None: built by name
+    stop: Any = None  # truthy once set (icrl learn's SIGTERM / SIGINT): the data source stops at it
+    source: DataSource = field(init=False)
+
+    @property
+    def agent(self) -> Agent:
+        return self.learner.agent
 
     @property
     def run_dir(self) -> Path:
         return run_path(self.cfg)
 
-    @property
-    def device(self) -> torch.device:
-        return self.replicas.device
-
-    def env_steps(self) -> int:
-        """The run's env steps: every rank takes the same number."""
-        return self.replicas.world_size * self.collector.total_env_steps
-
     def close(self) -> None:
         """No orphaned env processes, the data-parallel wrapper freed, and the process group left."""
-        self.venv.close()
-        if self.eval_venv is not None:
-            self.eval_venv.close()
+        for venv in (self.venv, None if self.eval_collector is None else self.eval_collector.venv):
+            if venv is not None:
+                venv.close()
         self.learner.release_wrapper()
         self.replicas.close()
+
+
+class SourceKind(Protocol):
+    """A data source's class, as `build_run` uses it."""
+
+    acts_here: bool  # this process acts in envs of its own: `build_run` builds them before the run dir is taken
+
+    def prepare(self, cfg: ExperimentConfig, world_size: int) -> ExperimentConfig:
+        """`cfg` with the source's own settings, or ConfigError: before anything is written."""
+
+    def __call__(self, run: Run) -> DataSource:
+        """The data source of `run`, built last."""
 
 
 def check_config_type(cfg: Any) -> None:
@@ -199,18 +245,9 @@ def check_config_type(cfg: Any) -> None:
                     f"got {type(cfg).__name__} {cfg!r:.60}; {hint}")
 
 
-def _steps_per_rank(cfg: ExperimentConfig, world: int) -> int:
-    steps = cfg.schedule.steps_per_epoch // world
-    if steps < cfg.env.parallel_envs:
-        raise ConfigError(
-            f"--steps-per-epoch {cfg.schedule.steps_per_epoch} split over {world} processes is below --parallel-envs "
-            f"{cfg.env.parallel_envs}: raise --steps-per-epoch to at least {world * cfg.env.parallel_envs}"
-        )
-    return steps
-
-
-def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Components:
-    """Validate `cfg` (with `env`, see `icrl.train`), refuse what cannot run, seed, and build the run.
+def build_run(cfg: ExperimentConfig | None, env: Any = None, *, kind: SourceKind, stop: Any = None) -> Run:
+    """The one setup of every run (`icrl train`, each data-parallel rank, `icrl learn`): validate `cfg` (with
+    `env`, see `icrl.train`), refuse what cannot run, seed, and build the run with a data source of `kind`.
 
     The order matters: every refusal comes before anything is written (the envs are built, and the relabeler
     checked, before the run dir is created), the run lock is taken before the first write, and the RNG is
@@ -224,34 +261,54 @@ def build_components(cfg: ExperimentConfig | None, env: Any = None) -> Component
     if errors:
         raise ConfigError(errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
     cfg = with_task_defaults(cfg, source.factories[0] if source.factories else None).validate()
-    e = cfg.env
     replicas = init_replicas(cfg.run.device)  # one process, or this rank of a data-parallel run
-    steps_per_rank = _steps_per_rank(cfg, replicas.world_size)
+    cfg = kind.prepare(cfg, replicas.world_size)  # the data source's own refusals and settings
     cfg = with_run_dir(cfg, stamp=replicas.max([int(time.time())])[0])  # unset: a new folder, the same on every rank
     check_resume_target(cfg)
     check_run_dir_free(cfg)  # before anything is created or written
     replicas.barrier()  # every rank has checked the run dir before any of them writes to it
-    seed_process(cfg, replicas.rank)
-    seed = replicas.rank_seed(cfg.run.seed)  # this rank's envs, exploration and sampler (the run's seed on rank 0)
-    main = replicas.is_main
+    seed_process(cfg.run.seed, replicas.rank, cfg.run.threads)
     with closed_on_error() as opened:  # what to close if a later step raises (bad offline data, a full disk...)
-        venv = opened(make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs, factories=source.factories))
-        eval_venv = opened(make_run_envs(e, eval_env_copies(cfg, source.factories), asynchronous=e.async_envs,
-                                         factories=source.factories) if main else None)
-        spaces = venv_spaces_record(venv, e.env, e.kwargs, source.rebuild)
-        spec = ActionSpec.from_space(venv.single_action_space)
-        relabeler = make_relabeler(cfg.replay, venv)  # before the run dir exists: a wrong --relabel leaves nothing
-        lock = opened(take_run_dir(cfg, main))
-        c = _build_learning(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock)
-        c.env_factories = source.factories
-    return c
+        run = _build(cfg, replicas, source.factories, source.rebuild, kind.acts_here, opened)
+        run.env, run.stop = source.factories[0] if source.factories else None, stop
+        run.source = kind(run)
+    return run
+
+
+def _build(cfg: ExperimentConfig, replicas: Replicas, factories: Sequence[Any] | None, rebuild: str,
+           acts_here: bool, opened: Callable[[Any], Any]) -> Run:
+    """`build_run` from the envs on; `opened` closes what it is given should a later step raise."""
+    e, main, device = cfg.env, replicas.is_main, replicas.device
+    venv = opened(make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs, factories=factories)
+                  if acts_here else None)
+    eval_venv = opened(make_run_envs(e, eval_env_copies(cfg, factories), asynchronous=e.async_envs,
+                                     factories=factories) if main else None)
+    probe = venv if venv is not None else eval_venv  # collector processes act elsewhere: the learner is rank 0
+    assert probe is not None
+    spaces = venv_spaces_record(probe, e.env, e.kwargs, rebuild)
+    spec = ActionSpec.from_space(probe.single_action_space)
+    relabeler = make_relabeler(cfg.replay, probe)  # before the run dir exists: a wrong --relabel leaves nothing
+    lock = opened(take_run_dir(cfg, main))
+    eval_collector = None if eval_venv is None else Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
+    agent = build_agent(cfg, agent_obs_space(probe), spec, device)
+    learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
+    replay = open_replay(cfg, run_path(cfg))
+    # --offline-data: loaded once into replay/protected (rank 0); --offline-updates: epochs without env steps
+    offline_epochs = prepare_offline(cfg, replay.root, log=say, import_data=main)
+    replicas.barrier()  # the offline data is on disk before any rank samples
+    # collector processes store rollouts at any time: the sampler lists the replay on its own
+    loader = partial(make_train_loader, cfg, replay.root, spec, device, obs_space=agent_obs_space(probe),
+                     transform=relabeler, **({} if acts_here else {"auto_refresh": True}))
+    return Run(cfg=cfg, replicas=replicas, seed=replicas.rank_seed(cfg.run.seed), learner=learner, replay=replay,
+               loader=loader, spec=spec, spaces=spaces, lock=lock, venv=venv, eval_collector=eval_collector,
+               offline_epochs=offline_epochs)
 
 
 @contextmanager
 def closed_on_error() -> Iterator[Callable[[T], T]]:
     """`with closed_on_error() as opened:` a run's setup; `opened(thing)` returns `thing` and, should the block
     raise, closes it (a RunLock: released), newest first: no env processes left behind, and the run dir free
-    again for the next attempt. `icrl train` and the asynchronous learner build their runs inside one."""
+    again for the next attempt."""
     things: list[Any] = []
 
     def opened(thing: T) -> T:
@@ -267,31 +324,6 @@ def closed_on_error() -> Iterator[Callable[[T], T]]:
             elif thing is not None:
                 thing.close()
         raise
-
-
-def seed_process(cfg: ExperimentConfig, rank: int = 0) -> None:
-    """Seed every RNG of this process (rank) from the run's seed, and cap torch's threads (--threads)."""
-    seed_everything(cfg.run.seed, rank)
-    if cfg.run.threads > 0:
-        torch.set_num_threads(cfg.run.threads)
-
-
-def _build_learning(cfg: ExperimentConfig, replicas: Replicas, seed: int, steps_per_rank: int,
-                    venv: gym.vector.VectorEnv, eval_venv: gym.vector.VectorEnv | None, spaces: dict[str, Any],
-                    spec: ActionSpec, relabeler: HindsightRelabeler | None, lock: RunLock | None) -> Components:
-    """The second half of `build_components`, once the run dir is taken."""
-    main, device = replicas.is_main, replicas.device
-    collector = Collector(venv, spec, chunk_len=cfg.env.chunk_len, seed=derive_seed(seed, "train-envs"))
-    eval_collector = None if eval_venv is None else Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
-    agent = build_agent(cfg, agent_obs_space(venv), spec, device)
-    learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
-    replay = open_replay(cfg, run_path(cfg))
-    # --offline-data: loaded once into replay/protected (rank 0); --offline-updates: epochs without env steps
-    offline_epochs = prepare_offline(cfg, replay.root, log=say, import_data=main)
-    replicas.barrier()  # the offline data is on disk before any rank samples
-    exploration, policy = train_policy(cfg, agent, collector, spec, seed, device)
-    return Components(cfg, replicas, seed, steps_per_rank, venv, eval_venv, spaces, spec, relabeler, lock,
-                      collector, eval_collector, agent, learner, replay, offline_epochs, exploration, policy)
 
 
 # ----------------------------------------------------------------------------------- the learning phase
@@ -363,40 +395,3 @@ class UpdateBudget:
         n = int(self.carry // per_update)
         self.carry -= n * per_update
         return n
-
-
-class LazyLoader:
-    """The train loader, opened at the first update rather than at the start: the replay may still be empty
-    then, and a loader's sample stream starts when it is opened."""
-
-    def __init__(self, open_loader: Callable[[], ReplayLoader]) -> None:
-        self._open = open_loader
-        self.loader: ReplayLoader | None = None
-
-    def get(self) -> ReplayLoader:
-        if self.loader is None:
-            self.loader = self._open()
-        return self.loader
-
-    def refresh(self) -> None:
-        """Make newly written rollouts visible now (not at a timing-dependent moment); no-op before opening."""
-        if self.loader is not None:
-            self.loader.refresh()
-
-    def close(self) -> None:
-        if self.loader is not None:
-            self.loader.close()
-
-
-def run_updates(learner: Learner, loader: ReplayLoader, num_updates: int, timer: Timer) -> dict[str, float]:
-    """`num_updates` gradient steps on fresh batches; returns the means of their metrics (`Learner.read_metrics`:
-    the one host read of the epoch). Timed into `timer`'s "sample" and "update" phases; an update does not wait
-    for the device, so on a GPU the next batch is sampled while the last update runs, and the final read
-    (waiting for the device) counts as updating."""
-    for _ in range(num_updates):
-        with timer("sample"):
-            batch = next(loader)
-        with timer("update"):
-            learner.update(batch)
-    with timer("update"):
-        return learner.read_metrics()

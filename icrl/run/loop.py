@@ -1,31 +1,30 @@
-"""The epoch loop (docs/design.md §8): collect -> write rollouts -> sample -> update -> evaluate -> log ->
-checkpoint.
+"""The training loop (docs/design.md §8): collect -> write rollouts -> sample -> update -> evaluate -> log ->
+checkpoint, one loop for every run.
 
-`train` is the algorithm; the setup and the updates (icrl.run.components), the run directory and resuming
-(icrl.run.rundir), the reports (icrl.run.reporting, icrl.run.evaluate) and the data-parallel
-decisions (icrl.parallel) live in the modules the asynchronous and evaluation paths share.
+`train` is `icrl.train`: a run whose data source (icrl.run.components.DataSource) is this process's own envs
+(`Collecting`), also on each rank of a data-parallel run. The asynchronous learner (icrl.asynchronous.learn) runs
+the same loop, `fit`, on the collector processes' files: the setup (icrl.run.components.build_run), the epoch,
+the train row, evaluation, checkpoints, resuming and the finish are these, whatever the source. The run directory
+(icrl.run.rundir), the reports (icrl.run.reporting, icrl.run.evaluate) and the data-parallel decisions
+(icrl.parallel) live in the modules the evaluation paths share.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, ClassVar
 
-from icrl.config import ExperimentConfig
-from icrl.envs.wrapper import agent_obs_space
-from icrl.run.artifacts import finish_run
+from icrl.agent.learner import Learner
+from icrl.config import ConfigError, ExperimentConfig
+from icrl.data import ReplayLoader
+from icrl.envs import Collector
+from icrl.parallel import Replicas
+from icrl.run.artifacts import finish_run, hint_critic_reach
 from icrl.run.callbacks import Callbacks, TrainingRun
 from icrl.run.checkpoint import save_checkpoint
-from icrl.run.components import (
-    Components,
-    LazyLoader,
-    UpdateBudget,
-    build_components,
-    make_train_loader,
-    run_updates,
-)
+from icrl.run.components import Run, UpdateBudget, build_run, train_policy
 from icrl.run.evaluate import TASK_METRIC_PREFIXES, eval_row, evaluate, train_stats
 from icrl.run.reporting import (
     Logger,
@@ -39,7 +38,7 @@ from icrl.run.reporting import (
     row_head,
     say,
 )
-from icrl.run.rundir import holds_run, resume_training, run_scope, write_run_files
+from icrl.run.rundir import holds_run, resume_training, run_scope, truncate_metrics, write_run_files
 from icrl.seeding import derive_seed
 from icrl.spaces_json import read_spaces_record
 from icrl.types import EpisodeStats, Rollout
@@ -61,138 +60,315 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Seque
     callbacks, the other ranks return {}.
     """
     hooks = Callbacks(callbacks)  # a callback without any hook is refused before anything is built
-    c = build_components(cfg, env)  # every refusal, the seeds, envs, agent, learner, replay; the run dir locked
-    cfg, main = c.cfg, c.replicas.is_main
-    with run_scope(c.lock, c.close):  # an error or Ctrl-C: the run dir is free again at once; no orphaned envs
-        start_epoch, wall_offset = resume(c) if cfg.run.resume else (0, 0.0)
-        log = start_log(c, hooks)
-        batches = LazyLoader(lambda: make_train_loader(
-            cfg, c.replay.root, c.spec, c.device, obs_space=agent_obs_space(c.venv),
-            transform=c.relabeler,
-            # a resumed run draws a fresh sample stream rather than replaying the first one's
-            seed=derive_seed(c.seed, "loader", *(("resume", start_epoch) if start_epoch else ()))))
+    run = build_run(cfg, env, kind=Collecting)  # every refusal, the seeds, envs, agent, learner, replay; run dir locked
+    return fit(run, hooks)
+
+
+def fit(run: Run, hooks: Callbacks) -> dict:
+    """The one training loop (docs/design.md §8), whatever `run`'s data source: resume, start the log, the epochs,
+    the finish. Returns the final evaluation with `run_dir` (rank 0; {} on the other ranks, and when the data
+    source was interrupted)."""
+    cfg, main = run.cfg, run.replicas.is_main
+    with run_scope(run.lock, run.close):  # an error or Ctrl-C: the run dir is free again at once; no orphaned envs
+        start_epoch, wall_offset = resume(run) if cfg.run.resume else (0, 0.0)
+        log = start_log(run, hooks)
+        # a resumed run draws a fresh sample stream rather than replaying the first one's
+        batches = LazyLoader(lambda: run.loader(derive_seed(run.seed, "loader", *(
+            ("resume", start_epoch) if start_epoch else ()))))
         bar, bar_task = progress_bar(cfg.schedule.env_steps)
         bar.disable = bar.disable or not main
         bar.start()
         try:
-            last_eval = epochs(c, hooks, log, batches, bar, bar_task, start_epoch, wall_offset)
+            last_eval = epochs(run, hooks, log, batches, lambda row, new_eval: bar.update(
+                bar_task, completed=run.source.env_steps(), description=progress_line(row, new_eval, live=True)),
+                start_epoch, wall_offset)
         finally:  # also on errors and Ctrl-C: no loader workers left
             bar.stop()
             log.close()
             batches.close()
-    return finish(c, last_eval, hooks) if main else {}
+    return finish(run, last_eval, hooks) if main else {}
 
 
-def epochs(c: Components, hooks: Callbacks, log: Logger, batches: LazyLoader, bar: Any, bar_task: Any,
+def epochs(run: Run, hooks: Callbacks, log: Logger, batches: LazyLoader, progress: Callable[[dict, dict | None], None],
            start_epoch: int, wall_offset: float) -> dict | None:
     """The epochs after `start_epoch`; returns the last evaluation (rank 0; None on the other ranks)."""
-    cfg, main = c.cfg, c.replicas.is_main
-    budget = UpdateBudget(cfg, c.replicas.world_size)
-    num_epochs = max(1, c.offline_epochs + cfg.schedule.env_steps // cfg.schedule.steps_per_epoch)
-    said: frozenset[str] = frozenset()  # the hints said so far (hint_once)
+    cfg, source, learner, replicas = run.cfg, run.source, run.learner, run.replicas
+    main, num_epochs = replicas.is_main, source.num_epochs()
     start, last_eval, stop, epoch = time.perf_counter() - wall_offset, None, False, start_epoch
-    saved_at = time.perf_counter()  # the last checkpoint (or the start): --checkpoint-seconds counts from it
+    saved_at, saved_updates = time.perf_counter(), learner.updates  # --checkpoint-seconds counts from the last one
     for epoch in range(start_epoch + 1, num_epochs + 1):
-        timer, steps0, policy_s0 = Timer(), c.env_steps(), c.policy.seconds
-        with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
-            rollouts, episodes = collect(c, epoch)
+        timer = Timer()
+        source.collect(epoch, timer)  # this process's env steps into the replay (the collectors store theirs)
         with timer("replay_write"):
-            store(c, rollouts, batches)
-        said = hint_once(c, epoch, rollouts, said, last=epoch == num_epochs)
-        metrics, n_updates = update(c, batches, timer, budget, epoch)
-        row = train_row(c, epoch, start, episodes, metrics, timer, steps0, policy_s0, n_updates)
-        new_eval = report(c, log, row, epoch, num_epochs, start, lambda r, ev: bar.update(  # noqa: B023
-            bar_task, completed=c.env_steps(), description=progress_line(r, ev, live=True))) if main else None
+            batches.refresh()  # what was written is sampled from now on, not from a timing-dependent moment
+        metrics, n_updates = update(learner, batches, source.updates(epoch, timer), timer, replicas)
+        if source.interrupted:  # a signal before the epoch's updates were made: kept below, the epoch not logged
+            break
+        row = train_row(run, epoch, start, timer, metrics, n_updates)
+        new_eval = report(run, log, row, epoch, num_epochs, start, progress) if main else None
         late = main and 0 < cfg.run.checkpoint_seconds <= time.perf_counter() - saved_at
-        stop_flag, late_flag = c.replicas.max([int(main and hooks.epoch_end(row, new_eval)), int(late)])
+        stop_flag, late_flag = replicas.max([int(main and hooks.epoch_end(row, new_eval)), int(late)])
         stop = stop_flag > 0  # rank 0 decides both, so every rank stops and checkpoints alike
         last_eval = new_eval or (None if stop else last_eval)  # a run stopped between evaluations: one more
         if stop or late_flag or due(epoch, cfg.run.checkpoint_every, num_epochs):
-            checkpoint(c, epoch, start)
-            saved_at = time.perf_counter()
+            checkpoint(run, epoch, start)
+            saved_at, saved_updates = time.perf_counter(), learner.updates
         if stop:
             break
+    if source.interrupted:
+        if learner.updates > saved_updates:  # keep the updates made since the last checkpoint
+            checkpoint(run, epoch - 1, start)
+            truncate_metrics(run.run_dir / "metrics.jsonl", epoch - 1)
+        return None
     if main and last_eval is None:  # resumed a run that had already reached its last epoch, or stopped early
-        last_eval = final_eval(c, epoch if stop else max(start_epoch, num_epochs), num_epochs, start)
+        last_eval = final_eval(run, epoch if stop else max(start_epoch, num_epochs), num_epochs, start)
     return last_eval
 
 
-def report(c: Components, log: Logger, row: dict, epoch: int, num_epochs: int, start: float,
-           progress: Any) -> dict | None:
+def update(learner: Learner, batches: LazyLoader, counts: Iterable[int], timer: Timer,
+           replicas: Replicas) -> tuple[dict[str, float], int]:
+    """The updates the data allows (`counts`, the data source's), each on a fresh batch; returns the means of the
+    last count's update metrics (`Learner.read_metrics`, one host read per count; averaged over the ranks) and the
+    number of updates made. Timed into "sample" and "update": an update does not wait for the device, so on a GPU
+    the next batch is sampled while the last update runs, and the read (waiting for the device) counts as updating."""
+    metrics: dict[str, float] | None = None
+    made = 0
+    for n in counts:
+        with timer("sample"):  # opening the loader counts as sampling
+            loader = batches.get()
+        for _ in range(n):
+            with timer("sample"):
+                batch = next(loader)
+            with timer("update"):
+                learner.update(batch)
+        with timer("update"):
+            metrics = learner.read_metrics()
+        made += n
+    return ({} if metrics is None else replicas.average(metrics)), made
+
+
+def train_row(run: Run, epoch: int, start: float, timer: Timer, metrics: dict[str, float],
+              n_updates: int) -> dict[str, Any]:
+    """The epoch's train row: the data source's columns (every rank takes part), then the updates'."""
+    return {
+        **row_head("train", epoch, run.source.env_steps(), run.learner.updates, start),
+        **run.source.row(timer),
+        "time/sample_s": timer["sample"],
+        "time/update_s": timer["update"],
+        "time/updates_per_s": n_updates / max(timer["update"], 1e-9) if n_updates else 0.0,
+        **{f"train/{k}": v for k, v in metrics.items()},
+    }
+
+
+def report(run: Run, log: Logger, row: dict, epoch: int, num_epochs: int, start: float, progress: Any) -> dict | None:
     """Rank 0 logs the epoch's train row and, when due, evaluates; returns this epoch's evaluation, if any."""
-    cfg = c.cfg
-    return report_epoch(log, row, cfg, epoch=epoch, num_epochs=num_epochs, last_eval=None, progress=progress,
-                        evaluate=lambda: eval_row(c.agent, c.eval_collector, cfg, c.device, epoch=epoch,
-                                                  env_steps=c.env_steps(), updates=c.learner.updates, start=start))
+    return report_epoch(log, row, run.cfg, epoch=epoch, num_epochs=num_epochs, last_eval=None, progress=progress,
+                        evaluate=lambda: eval_row(run.agent, run.eval_collector, run.cfg, run.replicas.device,
+                                                  epoch=epoch, env_steps=run.source.env_steps(),
+                                                  updates=run.learner.updates, start=start))
 
 
-def resume(c: Components) -> tuple[int, float]:
-    """(epoch, wall-clock seconds) to continue from: the newest usable checkpoint's, else (0, 0.0)."""
-    held = holds_run(c.run_dir)  # a run without a readable checkpoint says so itself
-    start = resume_training(c.cfg, c.replicas, seed=c.seed, agent=c.agent, learner=c.learner,
-                            collector=c.collector, exploration=c.exploration)
-    if start[0] == 0 and not held and c.replicas.is_main:
-        say(f"icrl: --resume: {c.run_dir} has no checkpoint yet; starting the run from the beginning")
-    return start
+class LazyLoader:
+    """The train loader, opened at the first update rather than at the start: the replay may still be empty
+    then, and a loader's sample stream starts when it is opened."""
+
+    def __init__(self, open_loader: Callable[[], ReplayLoader]) -> None:
+        self._open = open_loader
+        self.loader: ReplayLoader | None = None
+
+    def get(self) -> ReplayLoader:
+        if self.loader is None:
+            self.loader = self._open()
+        return self.loader
+
+    def refresh(self) -> None:
+        """Make newly written rollouts visible now (not at a timing-dependent moment); no-op before opening."""
+        if self.loader is not None:
+            self.loader.refresh()
+
+    def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
 
 
-def start_log(c: Components, hooks: Callbacks) -> Logger:
-    """Rank 0, the one writer of the run directory: config.json, spaces.json, the metrics log and the banner;
-    then the callbacks' on_train_start. The other ranks log nothing."""
-    if not c.replicas.is_main:
+# ------------------------------------------------------------------------- start, checkpoint, resume, finish
+def start_log(run: Run, hooks: Callbacks) -> Logger:
+    """Rank 0, the one writer of the run directory: config.json, spaces.json, the data source's start, the
+    metrics log and the banner; then the callbacks' on_train_start. The other ranks log nothing."""
+    if not run.replicas.is_main:
         return MultiLogger([])
-    cfg, e, world = c.cfg, c.cfg.env, c.replicas.world_size
-    write_run_files(c.run_dir, cfg, c.spaces)
-    log = open_log(c.run_dir, cfg)
+    cfg, e, world = run.cfg, run.cfg.env, run.replicas.world_size
+    write_run_files(run.run_dir, cfg, run.spaces)
+    log = open_log(run.run_dir, cfg)
     say(
         f"icrl: training on [bold]{e.env}[/bold] {e.kwargs or ''} with a {cfg.model.traj_encoder} "
-        f"({sum(p.numel() for p in c.agent.online_parameters()):,} parameters) on {c.device}"
-        + (f" x {world} processes" if world > 1 else "") + f"; run dir {c.run_dir}"
+        f"({sum(p.numel() for p in run.agent.online_parameters()):,} parameters) on {run.replicas.device}"
+        + (f" x {world} processes" if world > 1 else "") + f"; run dir {run.run_dir}"
     )
-    say_roundings(c)
-    hooks.start(TrainingRun(cfg, c.run_dir, c.agent, read_spaces_record(c.spaces, "the run"), c.device, c.env_steps,
-                            env=c.env_factories[0] if c.env_factories else None))
-    return log
-
-
-def say_roundings(c: Components) -> None:
-    """Say once where the run does not do exactly what was asked: a budget that is not whole epochs, an epoch that
-    is not whole vector steps of every process's envs (each takes ceil(its share / envs) of them), and
-    evaluations of more rollouts than asked (every eval env copy finishes the same number)."""
-    s, cfg, world, n = c.cfg.schedule, c.cfg, c.replicas.world_size, c.cfg.env.parallel_envs
-    epochs = s.env_steps // s.steps_per_epoch
-    per_epoch = world * -(-c.steps_per_rank // n) * n
-    if epochs * per_epoch != s.env_steps:
-        how = (f"whole epochs of --steps-per-epoch {per_epoch:,}" if per_epoch == s.steps_per_epoch else
-               f"epochs of {per_epoch:,}, not --steps-per-epoch {s.steps_per_epoch:,}: " + (
-                   f"{world} processes x {per_epoch // world:,} env steps, whole steps of their {n} envs" if world > 1
-                   else f"whole steps of the {n} envs"))
-        say(f"icrl: note: the run takes {epochs * per_epoch:,} env steps, not --total-env-steps {s.env_steps:,}: "
-            f"{epochs:,} {how}")
-    if c.eval_collector is not None:
-        n = c.eval_collector.num_envs
+    run.source.start()  # say what the run does; collector processes may start acting now
+    if run.eval_collector is not None:
+        n = run.eval_collector.num_envs
         done = -(-cfg.eval.eval_rollouts // n) * n
         if done != cfg.eval.eval_rollouts:
             say(f"icrl: note: evaluations run {done} rollouts, not --eval-rollouts {cfg.eval.eval_rollouts}: each of "
                 f"the {n} eval env copies finishes the same number")
+    hooks.start(TrainingRun(cfg, run.run_dir, run.agent, read_spaces_record(run.spaces, "the run"), run.replicas.device,
+                            run.source.env_steps, env=run.env))
+    return log
 
 
-def collect(c: Components, epoch: int) -> tuple[list[Rollout], list[EpisodeStats]]:
-    """This rank's env steps of the epoch (none in an --offline-updates epoch) with the exploring policy.
-    Eval mode once for the whole phase (AgentPolicy.act would switch too, once); Learner.update switches back."""
-    c.agent.eval()
-    return c.collector.collect(c.policy, c.steps_per_rank if epoch > c.offline_epochs else 0)
+def resume(run: Run) -> tuple[int, float]:
+    """(epoch, wall-clock seconds) to continue from: the newest usable checkpoint's, else (0, 0.0)."""
+    held = holds_run(run.run_dir)  # a run without a readable checkpoint says so itself
+    source = run.source
+    start = resume_training(run.cfg, run.replicas, agent=run.agent, learner=run.learner, collector=source.counter,
+                            exploration=source.exploration, resumed=source.resumed)
+    if start[0] == 0 and not held and run.replicas.is_main:
+        say(f"icrl: --resume: {run.run_dir} has no checkpoint yet; starting the run from the beginning")
+    return start
 
 
-def store(c: Components, rollouts: list[Rollout], batches: LazyLoader) -> None:
-    """Write the finished rollouts into the replay, visible to every rank's sampler once all ranks wrote."""
-    for rollout in rollouts:
-        c.replay.write(rollout)
-    c.replicas.barrier()  # every rank's rollouts are on disk before any rank lists the replay
-    batches.refresh()  # new files become visible now, not at a timing-dependent moment
+def checkpoint(run: Run, epoch: int, start: float) -> None:
+    """Rank 0 saves the epoch's checkpoint; in a data-parallel run every rank first hashes its state, which
+    raises if the ranks diverged (`Replicas.checkpoint_record`)."""
+    extra = {"wall_time": time.perf_counter() - start, "config": json.loads(run.cfg.to_json()), "spaces": run.spaces,
+             **run.replicas.checkpoint_record(run.agent)}
+    if run.replicas.is_main:
+        save_checkpoint(run.run_dir, agent=run.agent, learner=run.learner, collector=run.source.counter,
+                        exploration=run.source.exploration, epoch=epoch, extra=extra, keep=run.cfg.run.keep_checkpoints)
 
 
-def hint_once(c: Components, epoch: int, rollouts: list[Rollout], said: frozenset[str], last: bool) -> frozenset[str]:
+def final_eval(run: Run, epoch: int, seed_epoch: int, start: float) -> dict[str, Any]:
+    """The evaluation a run resumed after its last epoch returns (not logged: the log has its last one)."""
+    cfg = run.cfg
+    stats = evaluate(run.agent, run.eval_collector, cfg.eval.eval_rollouts, run.replicas.device,
+                     seed=derive_seed(cfg.run.seed, "eval", seed_epoch), max_steps=cfg.eval.eval_max_steps)
+    return {**row_head("eval", epoch, run.source.env_steps(), run.learner.updates, start), **stats}
+
+
+def finish(run: Run, last_eval: dict | None, hooks: Callbacks) -> dict:
+    """Rank 0: the data source's end, then the final weights, the plot and the result line; then the run dir is
+    free again. Returns the final evaluation with the run dir; {} where there is none (`last_eval` None: the data
+    source was interrupted)."""
+    try:
+        run.source.finish(done=last_eval is not None)
+        if last_eval is not None:
+            finish_run(run.run_dir, run.agent, run.cfg, last_eval, run.source.env_steps(), run.learner.updates)
+    finally:
+        if run.lock is not None:
+            run.lock.release()
+    if last_eval is None:
+        return {}
+    hint_critic_reach(run.cfg, run.learner.updates, last_eval)
+    result = {**last_eval, "run_dir": str(run.run_dir)}  # where the run lives, also when icrl chose the folder
+    hooks.end(result)
+    return result
+
+
+# ------------------------------------------------------------------------------ the in-process data source
+class Collecting:
+    """The data source of `icrl train` and of each data-parallel rank: this process's own envs, explored by the
+    learner's agent; each epoch's finished rollouts are written into the shared replay, the updates follow the
+    data collected (`UpdateBudget`)."""
+
+    acts_here: ClassVar[bool] = True
+    interrupted = False  # Ctrl-C raises instead
+
+    def __init__(self, run: Run) -> None:
+        cfg, replicas = run.cfg, run.replicas
+        assert run.venv is not None  # build_run builds the envs of a source that acts here
+        self.cfg, self.replicas, self.replay, self.agent, self.seed = cfg, replicas, run.replay, run.agent, run.seed
+        self.offline_epochs, self.steps_per_rank = run.offline_epochs, cfg.schedule.steps_per_epoch // replicas.world_size
+        self.counter = Collector(run.venv, run.spec, chunk_len=cfg.env.chunk_len, seed=derive_seed(run.seed, "train-envs"))
+        self.exploration, self.policy = train_policy(cfg, run.agent, self.counter, run.spec, run.seed, replicas.device)
+        self.budget = UpdateBudget(cfg, replicas.world_size)
+        self.episodes: list[EpisodeStats] = []
+        self.said: frozenset[str] = frozenset()  # the hints said so far (`hint_once`)
+        self.steps0, self.policy_s0 = 0, 0.0  # at the epoch's start
+
+    @staticmethod
+    def prepare(cfg: ExperimentConfig, world_size: int) -> ExperimentConfig:
+        if cfg.schedule.steps_per_epoch // world_size < cfg.env.parallel_envs:
+            raise ConfigError(
+                f"--steps-per-epoch {cfg.schedule.steps_per_epoch} split over {world_size} processes is below "
+                f"--parallel-envs {cfg.env.parallel_envs}: raise --steps-per-epoch to at least "
+                f"{world_size * cfg.env.parallel_envs}"
+            )
+        return cfg
+
+    def env_steps(self) -> int:
+        """The run's env steps: every rank takes the same number."""
+        return self.replicas.world_size * self.counter.total_env_steps
+
+    def num_epochs(self) -> int:
+        return max(1, self.offline_epochs + self.cfg.schedule.env_steps // self.cfg.schedule.steps_per_epoch)
+
+    def collect(self, epoch: int, timer: Timer) -> None:
+        """This rank's env steps of the epoch (none in an --offline-updates epoch) with the exploring policy,
+        written into the replay, visible to every rank's sampler once all ranks wrote. Eval mode once for the
+        whole phase (AgentPolicy.act would switch too, once); Learner.update switches back."""
+        self.steps0, self.policy_s0 = self.env_steps(), self.policy.seconds
+        with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
+            self.agent.eval()
+            rollouts, self.episodes = self.counter.collect(
+                self.policy, self.steps_per_rank if epoch > self.offline_epochs else 0)
+        with timer("replay_write"):
+            for rollout in rollouts:
+                self.replay.write(rollout)
+            self.replicas.barrier()  # every rank's rollouts are on disk before any rank lists the replay
+        self.said = hint_once(self, epoch, rollouts, self.said, last=epoch == self.num_epochs())
+
+    def updates(self, epoch: int, timer: Timer) -> Iterator[int]:
+        """Once the run has enough data, the epoch's updates: an offline epoch's fixed count, else the budget's."""
+        cfg = self.cfg
+        ready = self.env_steps() >= cfg.schedule.start_updates_after and self.replay.num_rollouts() > 0
+        if not self.replicas.all_ready(ready):
+            return
+        if epoch <= self.offline_epochs:
+            yield cfg.epoch_updates
+        else:
+            yield self.budget.updates(cfg.schedule.steps_per_epoch, [f.num_timesteps for f in self.replay.files()])
+
+    def row(self, timer: Timer) -> dict[str, Any]:
+        stats = train_stats(self.episodes, self.replicas)  # summed over the ranks
+        return {
+            "train/return_mean": stats["return_mean"],
+            "train/success_rate": stats["success_rate"],
+            "train/epsilon": self.exploration.level(self.counter.total_env_steps),
+            "time/collect_s": timer["collect"],  # the acting loop: policy + env steps + collector bookkeeping
+            "time/policy_s": self.policy.seconds - self.policy_s0,  # of which inside AgentPolicy.act
+            "time/replay_write_s": timer["replay_write"],
+            "time/env_steps_per_s": (self.env_steps() - self.steps0) / max(timer["collect"], 1e-9),
+            **{f"train/{k}": v for k, v in stats.items() if k.startswith(TASK_METRIC_PREFIXES)},  # multi-task envs
+        }
+
+    def resumed(self, epoch: int, state: dict[str, Any]) -> None:
+        """The env-step counter per rank, rescaled to this run's process count; the envs start from a hard reset,
+        seeded apart from the run's first reset so the tasks do not repeat (the rollouts in progress are lost)."""
+        saved_world, world = int(state["extra"].get("world_size", 1)), self.replicas.world_size
+        if saved_world != world:
+            self.counter.total_env_steps = self.counter.total_env_steps * saved_world // world
+        self.counter.seed = derive_seed(self.seed, "train-envs", "resume", epoch)
+
+    def start(self) -> None:
+        """Say once where the run does not take exactly the env steps asked for: a budget that is not whole epochs,
+        an epoch that is not whole vector steps of every process's envs (each takes ceil(its share / envs))."""
+        s, world, n = self.cfg.schedule, self.replicas.world_size, self.cfg.env.parallel_envs
+        epochs = s.env_steps // s.steps_per_epoch
+        per_epoch = world * -(-self.steps_per_rank // n) * n
+        if epochs * per_epoch != s.env_steps:
+            how = (f"whole epochs of --steps-per-epoch {per_epoch:,}" if per_epoch == s.steps_per_epoch else
+                   f"epochs of {per_epoch:,}, not --steps-per-epoch {s.steps_per_epoch:,}: " + (
+                       f"{world} processes x {per_epoch // world:,} env steps, whole steps of their {n} envs"
+                       if world > 1 else f"whole steps of the {n} envs"))
+            say(f"icrl: note: the run takes {epochs * per_epoch:,} env steps, not --total-env-steps {s.env_steps:,}: "
+                f"{epochs:,} {how}")
+
+    def finish(self, done: bool) -> None:
+        """Nothing to hand over: the envs close with the run."""
+
+
+def hint_once(c: Collecting, epoch: int, rollouts: list[Rollout], said: frozenset[str], last: bool) -> frozenset[str]:
     """The hints said so far (`said`), plus those that apply now and were not said before: each only once."""
     if "stored" not in said and hint_nothing_stored(c, epoch, rollouts, last):
         said |= {"stored"}
@@ -201,7 +377,7 @@ def hint_once(c: Components, epoch: int, rollouts: list[Rollout], said: frozense
     return said
 
 
-def hint_nothing_stored(c: Components, epoch: int, rollouts: list[Rollout], last: bool) -> bool:
+def hint_nothing_stored(c: Collecting, epoch: int, rollouts: list[Rollout], last: bool) -> bool:
     """Say once why no update runs while online epochs store nothing; True once said. Quiet, until the last
     epoch, while each env has taken no more steps than the context holds: a task whose rollouts fill the
     context (T-Maze 500 in 1,000-step epochs of 8 envs) finishes its first ones only after several epochs."""
@@ -217,7 +393,7 @@ def hint_nothing_stored(c: Components, epoch: int, rollouts: list[Rollout], last
     return True
 
 
-def hint_short_context(c: Components, rollouts: list[Rollout]) -> bool:
+def hint_short_context(c: Collecting, rollouts: list[Rollout]) -> bool:
     """Say once when a rollout had more action steps than the context: its late steps cannot attend to its
     first ones (a T-Maze cue), which no loss curve shows. True once said."""
     steps = max((int(r.time[-1]) for r in rollouts if len(r.time)), default=0)
@@ -226,97 +402,4 @@ def hint_short_context(c: Components, rollouts: list[Rollout]) -> bool:
         return False
     say(f"icrl: rollouts last {steps} steps but the context is {context} (--max-seq-len): late steps see only "
         f"the last {context}; pass --max-seq-len {steps} if the task needs memory of the whole rollout")
-    return True
-
-
-def update(c: Components, batches: LazyLoader, timer: Timer, budget: UpdateBudget,
-           epoch: int) -> tuple[dict[str, float], int]:
-    """The epoch's updates once the run has enough data (an offline epoch: a fixed count; else `budget`'s);
-    returns the means of the epoch's update metrics (averaged over the ranks) and the number of updates made."""
-    cfg = c.cfg
-    ready = c.env_steps() >= cfg.schedule.start_updates_after and c.replay.num_rollouts() > 0
-    if not c.replicas.all_ready(ready):
-        return {}, 0
-    if epoch <= c.offline_epochs:
-        n = cfg.epoch_updates
-    else:
-        n = budget.updates(cfg.schedule.steps_per_epoch, [f.num_timesteps for f in c.replay.files()])
-    with timer("sample"):  # opening the loader counts as sampling
-        loader = batches.get()
-    metrics = run_updates(c.learner, loader, n, timer)
-    return c.replicas.average(metrics), n
-
-
-def train_row(c: Components, epoch: int, start: float, episodes: list[EpisodeStats], metrics: dict[str, float],
-              timer: Timer, steps0: int, policy_s0: float, n_updates: int) -> dict[str, Any]:
-    """The epoch's train row (every rank takes part: the episode stats are summed over the ranks)."""
-    stats = train_stats(episodes, c.replicas)
-    return {
-        **row_head("train", epoch, c.env_steps(), c.learner.updates, start),
-        "train/return_mean": stats["return_mean"],
-        "train/success_rate": stats["success_rate"],
-        "train/epsilon": c.exploration.level(c.collector.total_env_steps),
-        "time/collect_s": timer["collect"],  # the acting loop: policy + env steps + collector bookkeeping
-        "time/policy_s": c.policy.seconds - policy_s0,  # of which inside AgentPolicy.act
-        "time/replay_write_s": timer["replay_write"],
-        "time/sample_s": timer["sample"],
-        "time/update_s": timer["update"],
-        "time/env_steps_per_s": (c.env_steps() - steps0) / max(timer["collect"], 1e-9),
-        "time/updates_per_s": n_updates / max(timer["update"], 1e-9) if n_updates else 0.0,
-        **{f"train/{k}": v for k, v in metrics.items()},
-        **{f"train/{k}": v for k, v in stats.items() if k.startswith(TASK_METRIC_PREFIXES)},  # multi-task envs
-    }
-
-
-def checkpoint(c: Components, epoch: int, start: float) -> None:
-    """Rank 0 saves the epoch's checkpoint; in a data-parallel run every rank first hashes its state, which
-    raises if the ranks diverged (`Replicas.checkpoint_record`)."""
-    extra = {"wall_time": time.perf_counter() - start, "config": json.loads(c.cfg.to_json()), "spaces": c.spaces,
-             **c.replicas.checkpoint_record(c.agent)}
-    if c.replicas.is_main:
-        save_checkpoint(c.run_dir, agent=c.agent, learner=c.learner, collector=c.collector,
-                        exploration=c.exploration, epoch=epoch, extra=extra, keep=c.cfg.run.keep_checkpoints)
-
-
-def final_eval(c: Components, epoch: int, seed_epoch: int, start: float) -> dict[str, Any]:
-    """The evaluation a run resumed after its last epoch returns (not logged: the log has its last one)."""
-    cfg = c.cfg
-    stats = evaluate(c.agent, c.eval_collector, cfg.eval.eval_rollouts, c.device,
-                     seed=derive_seed(cfg.run.seed, "eval", seed_epoch), max_steps=cfg.eval.eval_max_steps)
-    return {**row_head("eval", epoch, c.env_steps(), c.learner.updates, start), **stats}
-
-
-def finish(c: Components, last_eval: dict | None, hooks: Callbacks) -> dict:
-    """Rank 0: the final weights, the plot and the result line, then the run dir is free again; returns the
-    final evaluation with the run dir."""
-    assert last_eval is not None
-    try:
-        finish_run(c.run_dir, c.agent, c.cfg, last_eval, c.env_steps(), c.learner.updates)
-    finally:
-        if c.lock is not None:
-            c.lock.release()
-    hint_critic_reach(c.cfg, c.learner.updates, last_eval)
-    result = {**last_eval, "run_dir": str(c.run_dir)}  # where the run lives, also when icrl chose the folder
-    hooks.end(result)
-    return result
-
-
-def critic_reach(cfg: ExperimentConfig, updates: int) -> float:
-    """About how many steps ahead the critic can have seen by now: each update moves the target networks a
-    fraction τ of the way, and each bootstrap hop spans n steps, so values propagate ~τ × updates × n steps
-    (docs/results.md, "Why Pendulum-v1 learned slowly")."""
-    return cfg.loss.tau * updates * cfg.loss.td_steps
-
-
-def hint_critic_reach(cfg: ExperimentConfig, updates: int, last_eval: dict) -> bool:
-    """At the end of a run that did not succeed, say once when its critic's reach (`critic_reach`) was far
-    shorter than its episodes: the values cannot have reached rewards further away, whatever the task. True
-    when said."""
-    length, success = last_eval.get("episode_length_mean"), last_eval.get("success_rate")
-    reach = critic_reach(cfg, updates)
-    if not length or (success is not None and success >= 0.5) or reach >= length / 4:
-        return False
-    say(f"icrl: hint: the critic can have looked only ~{reach:.0f} steps ahead (τ {cfg.loss.tau:g} x {updates:,} "
-        f"updates x {cfg.loss.td_steps}-step returns) in episodes of ~{length:.0f} steps; if rewards lie further "
-        "away, raise --tau, --n-step or the updates (--replay-ratio, --total-env-steps), as --preset control does")
     return True

@@ -26,18 +26,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.config.errors import setting
 from icrl.dicts import flatten
-from icrl.envs import Collector
 from icrl.fileio import open_regular, write_text_atomic
 from icrl.parallel import Replicas
 from icrl.run.checkpoint import list_checkpoints, load_latest_checkpoint, set_aside
 from icrl.run.reporting import say
-from icrl.seeding import derive_seed
 from icrl.spaces_json import write_spaces
 
 try:
@@ -232,13 +229,13 @@ def resume_point(state: dict[str, Any]) -> tuple[int, float]:
     return int(state["epoch"]), float(state["extra"].get("wall_time", 0.0))
 
 
-def resume_training(cfg: ExperimentConfig, replicas: Replicas, *, seed: int, agent: Agent, learner: Learner,
-                    collector: Collector, exploration: Exploration) -> tuple[int, float]:
-    """Continue `icrl train` from the newest checkpoint consistent with this run (checked before anything is
-    applied); returns (epoch, wall-clock seconds) to continue from, (0, 0.0) without one.
+def resume_training(cfg: ExperimentConfig, replicas: Replicas, *, agent: Agent, learner: Learner, collector: Any,
+                    exploration: Any, resumed: Callable[[int, dict[str, Any]], None]) -> tuple[int, float]:
+    """Continue a run from the newest checkpoint consistent with it (checked before anything is applied); returns
+    (epoch, wall-clock seconds) to continue from, (0, 0.0) without one. `collector` and `exploration` are the
+    data source's (icrl.run.components.DataSource): the env-step counter, told `resumed(epoch, state)` once loaded.
 
-    The checkpoint holds rank 0's exploration and RNG states; the other ranks keep their own. `seed` is this
-    rank's seed: the collector is reseeded from it, since the rollouts in progress at the checkpoint are lost.
+    The checkpoint holds rank 0's exploration and RNG states; the other ranks keep their own.
     """
     run_dir, main, world = run_path(cfg), replicas.is_main, replicas.world_size
     found = load_latest_checkpoint(run_dir, agent=agent, log=say if main else None, learner=learner,
@@ -248,11 +245,7 @@ def resume_training(cfg: ExperimentConfig, replicas: Replicas, *, seed: int, age
     if found is not None:
         ckpt, state = found
         start_epoch, wall_offset = resume_point(state)
-        saved_world = int(state["extra"].get("world_size", 1))
-        if saved_world != world:  # the counter is per rank: rescale it to this run's process count
-            collector.total_env_steps = collector.total_env_steps * saved_world // world
-        # The collector starts from a hard reset, seeded apart from the run's first reset so the tasks do not repeat.
-        collector.seed = derive_seed(seed, "train-envs", "resume", start_epoch)
+        resumed(start_epoch, state)
         if main:
             say(f"icrl: resuming from {ckpt} (epoch {start_epoch}, {world * collector.total_env_steps:,} env steps, "
                 f"{learner.updates:,} updates)")

@@ -142,11 +142,11 @@ def _raise(*_args, **_kwargs):
     raise _Broken("the metrics log cannot be opened")
 
 
-@pytest.mark.parametrize("where", ["icrl.run.loop.open_log", "icrl.asynchronous.learn.open_log"])
-def test_a_run_that_fails_after_taking_its_run_dir_frees_it_and_closes_its_envs(where, tmp_path, monkeypatch):
-    """`icrl.train` and `icrl learn` build their runs from the same pieces (run_scope): a failure once the
-    run dir is taken (here the metrics log, as with a missing tensorboard) releases the run lock at once and
-    closes the envs, so the next attempt can start in the same folder."""
+@pytest.mark.parametrize("entry", ["train", "learn"])
+def test_a_run_that_fails_after_taking_its_run_dir_frees_it_and_closes_its_envs(entry, tmp_path, monkeypatch):
+    """`icrl.train` and `icrl learn` run one loop (icrl.run.loop.fit, in run_scope): a failure once the run dir
+    is taken (here the metrics log, as with a missing tensorboard) releases the run lock at once and closes the
+    envs, so the next attempt can start in the same folder."""
     import fcntl
     import os
 
@@ -158,10 +158,10 @@ def test_a_run_that_fails_after_taking_its_run_dir_frees_it_and_closes_its_envs(
     real_close = gym.vector.VectorEnv.close  # every vector env icrl builds: Sync, Async, batched (icrl.envs.batched)
     monkeypatch.setattr(gym.vector.VectorEnv, "close",
                         lambda self, **kw: (closed.append(self), real_close(self, **kw))[1])
-    monkeypatch.setattr(where, _raise)
+    monkeypatch.setattr("icrl.run.loop.open_log", _raise)
     cfg = tiny_cfg(tmp_path / "run")
     with pytest.raises(_Broken):
-        learn(cfg) if "asynchronous" in where else icrl.train(cfg)
+        learn(cfg) if entry == "learn" else icrl.train(cfg)
     fd = os.open(tmp_path / "run" / ".lock", os.O_RDONLY)  # as another process would: flock on its own descriptor
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while the failed run still holds it
@@ -174,14 +174,14 @@ def test_the_async_learner_logs_the_collectors_own_epsilon():
     """Each collector anneals ε over its own env steps per env copy, as `train`'s collector does; the learner
     logs that level (averaged over the collectors), not the level at all collectors' steps summed."""
     from icrl.agent.exploration import Exploration
-    from icrl.asynchronous.learn import Learning
+    from icrl.asynchronous.learn import CollectorFiles
     from icrl.asynchronous.protocol import RunCounters
     from icrl.config import resolve
     from icrl.types import ActionSpec
 
     cfg = tiny_cfg("unused").replace(eps_start=1.0, eps_end=0.0, eps_anneal_steps=100)
     spec = ActionSpec("discrete", 4)
-    learning = Learning.__new__(Learning)  # only the pieces `epsilon` reads
+    learning = CollectorFiles.__new__(CollectorFiles)  # only the pieces `epsilon` reads
     learning.schedule = Exploration(resolve(cfg).explore, spec, cfg.env.parallel_envs, seed=0)
     learning.counts = RunCounters.__new__(RunCounters)
     learning.counts.collector_env_steps = [100, 100]  # two collectors of 2 envs: each env copy took 50 steps

@@ -1,6 +1,6 @@
-"""The small pieces the synchronous, asynchronous and evaluation paths share (icrl.run.evaluate's summaries,
-icrl.run.reporting, icrl.run.components' learning phase, icrl.parallel.Replicas): summaries over rollouts, phase
-timing, when rows are due."""
+"""The small pieces the training loop and the evaluation paths share (icrl.run.evaluate's summaries,
+icrl.run.reporting, the loop's lazy loader, icrl.parallel.Replicas): summaries over rollouts, phase timing, when
+rows are due."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import torch
 from icrl.config import ExperimentConfig
 from icrl.device import resolve_device
 from icrl.parallel import Replicas
-from icrl.run.components import LazyLoader
 from icrl.run.evaluate import (
     SUM_KEYS,
     TASK_METRIC_PREFIXES,
@@ -27,6 +26,7 @@ from icrl.run.evaluate import (
     train_stats,
     train_stats_all_ranks,
 )
+from icrl.run.loop import LazyLoader
 from icrl.run.reporting import Timer, due, eval_table, report_epoch, row_head, scalars
 from icrl.types import EpisodeStats, task_key
 
@@ -288,7 +288,7 @@ def test_the_critic_reach_hint_names_the_knobs_only_where_the_reach_falls_short(
     """Pendulum at the defaults (τ 0.003, 1-step returns, 900 updates: ~3 steps of reach in 200-step episodes)
     gets the hint; the control preset's settings, a solved run and a run without episode lengths do not."""
     from icrl.config import ExperimentConfig
-    from icrl.run.loop import hint_critic_reach
+    from icrl.run.artifacts import hint_critic_reach
 
     pendulum = {"episode_length_mean": 200.0, "success_rate": None, "return_mean": -1345.0}
     assert hint_critic_reach(ExperimentConfig(), 900, pendulum)
