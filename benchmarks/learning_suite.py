@@ -39,10 +39,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repo root, for `from benchmarks import`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import parity  # noqa: E402
+from benchmarks.parity import icrl_curve, solved_at  # noqa: E402  (one rule for "solved" in both harnesses)
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import parity  # noqa: E402
-from parity import icrl_curve, solved_at  # noqa: E402  (one rule for "solved" in both harnesses)
 
 OUT = HERE / "results" / "learning_suite"
 RUN_ROOT = Path(os.environ.get("ICRL_SUITE_RUNS", Path.home() / ".cache" / "icrl-learning-suite"))

@@ -40,11 +40,9 @@ import sys
 import time
 from pathlib import Path
 
-from parity import (  # benchmarks/ is on sys.path when this file runs as a script
-    GIN,
-    amago_curve,
-    subprocess_env,
-)
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repo root, for `from benchmarks import`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.parity import GIN, amago_curve, subprocess_env  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "multitask_scale"

@@ -59,13 +59,13 @@ import platform
 import pstats
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
-import throughput_plan as plan  # benchmarks/throughput_plan.py: the script's folder is on sys.path
 import torch
 
 from icrl.agent.exploration import Exploration
@@ -78,6 +78,10 @@ from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, make_vector_env, make_wrapped_env
 from icrl.nets.ema import ema_update_
 from icrl.types import ActionSpec, Rollout, Timesteps
+
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repo root, for `from benchmarks import`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import throughput_plan as plan  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "throughput"
 

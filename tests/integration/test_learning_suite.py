@@ -4,14 +4,12 @@ harness's icrl runs, "solved" and "fell" follow their rules, and one tiny case r
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import learning_suite as suite  # noqa: E402
-import parity  # noqa: E402
+from benchmarks import learning_suite as suite
+from benchmarks import parity
 
 
 def config_of(case: suite.Case):

@@ -1,14 +1,11 @@
 """benchmarks/critic_depth.py's pure helpers: the depth of a value in reward steps and the per-bin table."""
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import critic_depth  # noqa: E402
+from benchmarks import critic_depth
 
 
 @pytest.mark.parametrize("h", [1, 3, 10, 57])

@@ -2,16 +2,13 @@
 library's default update on the same model and schedule, and the official run at the same settings; and it
 scores a run by each game's return divided by its hidden factor. Config and arithmetic only; nothing is trained."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import multitask_scale as ms  # noqa: E402
-
-from icrl.config import LossConfig  # noqa: E402
-from icrl.config.presets import multitask  # noqa: E402
+from benchmarks import multitask_scale as ms
+from icrl.config import LossConfig
+from icrl.config.presets import multitask
 
 SAME = ("model", "explore", "optim", "replay", "schedule")
 

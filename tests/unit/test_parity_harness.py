@@ -2,13 +2,11 @@
 against the official command's flags, for every row (and the meta-RL rows' exploration anneal). Nothing is trained."""
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import parity  # noqa: E402
+from benchmarks import parity
 
 icrl_config = parity.icrl_config
 

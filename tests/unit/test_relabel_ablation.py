@@ -3,15 +3,11 @@ script restated the preset's fields but not its learning rate, and fell from 0.9
 library default changed under it). Config only; nothing is trained."""
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import relabel_ablation  # noqa: E402
-
-from icrl.config.presets import goal_grid  # noqa: E402
+from benchmarks import relabel_ablation
+from icrl.config.presets import goal_grid
 
 # Groups that decide how the agent learns; env, context and the run's bookkeeping may differ per task.
 LEARNING_GROUPS = ("loss", "explore", "optim", "replay")

@@ -1,14 +1,10 @@
 """benchmarks/throughput.py's pure helpers (benchmarks/throughput_plan.py): the --preset issue18 expansion, the
 analytic FLOP and memory estimates, the update planning and the markdown report, on tiny inputs (nothing timed)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import throughput  # noqa: E402
-import throughput_plan as plan  # noqa: E402
+from benchmarks import throughput
+from benchmarks import throughput_plan as plan
 
 
 def test_preset_issue18_expands_to_the_reference_shapes():
