@@ -119,7 +119,7 @@ def check_run_dir(cfg: ExperimentConfig) -> None:
     new = json.loads(cfg.to_json())
     a, b = flatten(old), flatten(new)
     if "loss.popart_max_ratio" in a and a["loss.popart_max_ratio"] is None:
-        # config.json records resolved values; before the long-context rule (LossConfig.resolved) null meant
+        # config.json records resolved values; before the long-context rule (icrl.config.resolve) null meant
         # no floor, which is 0 now, so runs saved then still resume
         a["loss.popart_max_ratio"] = 0.0
     diffs = [k for k in sorted(set(a) | set(b)) if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
