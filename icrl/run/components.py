@@ -395,3 +395,26 @@ class UpdateBudget:
         n = int(self.carry // per_update)
         self.carry -= n * per_update
         return n
+
+
+class LazyLoader:
+    """The train loader, opened at the first update rather than at the start: the replay may still be empty
+    then, and a loader's sample stream starts when it is opened."""
+
+    def __init__(self, open_loader: Callable[[], ReplayLoader]) -> None:
+        self._open = open_loader
+        self.loader: ReplayLoader | None = None
+
+    def get(self) -> ReplayLoader:
+        if self.loader is None:
+            self.loader = self._open()
+        return self.loader
+
+    def refresh(self) -> None:
+        """Make newly written rollouts visible now (not at a timing-dependent moment); no-op before opening."""
+        if self.loader is not None:
+            self.loader.refresh()
+
+    def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()

@@ -13,6 +13,7 @@ import torch
 from icrl.config import ExperimentConfig
 from icrl.device import resolve_device
 from icrl.parallel import Replicas
+from icrl.run.components import LazyLoader
 from icrl.run.evaluate import (
     SUM_KEYS,
     TASK_METRIC_PREFIXES,
@@ -26,7 +27,6 @@ from icrl.run.evaluate import (
     train_stats,
     train_stats_all_ranks,
 )
-from icrl.run.loop import LazyLoader
 from icrl.run.reporting import Timer, due, eval_table, report_epoch, row_head, scalars
 from icrl.types import EpisodeStats, task_key
 
