@@ -19,8 +19,9 @@ for each case and seed:
     python benchmarks/learning_suite.py --report                              # table + plot from stored runs
 
 A finished run is stored as `benchmarks/results/learning_suite/runs/<case>_s<seed>.json` (its curve and the
-command) and skipped by later calls unless `--rerun`; the table (`learning_suite.md`, `learning_suite.json`) and
-the plot (`learning_suite.png`) are rebuilt from every stored run. `--jobs 2` runs two cases at once (one thread
+command; a local cache, not committed) and skipped by later calls unless `--rerun`; `learning_suite.json` is the
+committed record of every run with its curve, and it, the table (`learning_suite.md`) and the plot
+(`learning_suite.png`) are rebuilt from the record and the local runs. `--jobs 2` runs two cases at once (one thread
 each): their wall times then share a machine, which the table's `load` column shows. Long cases (T-Maze 1,000)
 run only when named in `--cases`.
 """
@@ -157,9 +158,15 @@ def run_case(case: Case, seed: int, keep: bool, flags: tuple[str, ...] = ()) -> 
 
 # ---------------------------------------------------------------------------------------------- report
 def stored() -> list[dict]:
-    runs = [json.loads(p.read_text()) for p in sorted((OUT / "runs").glob("*.json"))] if (OUT / "runs").is_dir() else []
+    """Every run on record: learning_suite.json (committed: each run with its curve) updated by the run files of
+    this machine (`runs/`, a local cache that git ignores), so a fresh clone's new run adds to the record."""
+    record = OUT / "learning_suite.json"
+    runs = {(r["case"], r["seed"]): r for r in json.loads(record.read_text())["runs"]} if record.is_file() else {}
+    for path in sorted((OUT / "runs").glob("*.json")) if (OUT / "runs").is_dir() else []:
+        r = json.loads(path.read_text())
+        runs[(r["case"], r["seed"])] = r
     order = {n: i for i, n in enumerate(CASES)}
-    return sorted(runs, key=lambda r: (order.get(r["case"], len(order)), r["seed"]))
+    return sorted(runs.values(), key=lambda r: (order.get(r["case"], len(order)), r["seed"]))
 
 
 def official(task: str | None) -> str:
@@ -233,9 +240,7 @@ def report() -> str:
     table = markdown(runs)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "learning_suite.md").write_text(table + "\n")
-    rows = [{k: v for k, v in r.items() if k != "curve"} for r in runs]
-    (OUT / "learning_suite.json").write_text(json.dumps({"hold": HOLD, "fall": FALL, "runs": rows},
-                                                        indent=1) + "\n")
+    (OUT / "learning_suite.json").write_text(json.dumps({"hold": HOLD, "fall": FALL, "runs": runs}) + "\n")
     plot(runs, OUT / "learning_suite.png")
     return table
 
