@@ -11,9 +11,10 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from icrl.cli.errors import INPUT_ERRORS, check_ranges, fail, fail_input, one_line, run_stoppable
+from icrl.cli.errors import INPUT_ERRORS, check_ranges, fail, fail_input, run_stoppable
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.config.bounds import MAX_PARALLEL_ENVS, MAX_ROLLOUTS
+from icrl.config.errors import first_line
 
 RunDir = Annotated[str, tyro.conf.arg(metavar="RUN_DIR")]
 """A run directory (written by `icrl train` / `icrl learn`), given as the first positional argument."""
@@ -174,7 +175,7 @@ class Eval:
             try:
                 print(record_video(self.run_dir, self.video, checkpoint=self.checkpoint, override=override))
             except (ValueError, ImportError) as e:
-                fail(one_line(e))
+                fail(first_line(e))
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ class Envs:
         try:
             members = families[prefix].members()
         except ImportError as e:
-            fail(one_line(e))
+            fail(first_line(e))
         print("\n".join(prefix + m for m in members))
 
 
@@ -296,7 +297,7 @@ class ExportMinari:
             path, episodes, steps = export_run(self.run_dir, self.dataset_id, folder=self.folder,
                                                overwrite=self.overwrite, override=self.run_env.override())
         except INPUT_ERRORS as e:  # bad id, existing id, no rollouts, missing extra
-            fail(one_line(e))
+            fail(first_line(e))
         print(f"{self.dataset_id}: {episodes:,} episodes, {steps:,} steps in {path}")
 
 
@@ -321,7 +322,7 @@ class Export:
         try:
             print(export(self.run_dir, self.out, self.checkpoint, overwrite=self.overwrite))
         except INPUT_ERRORS as e:
-            fail(one_line(e))
+            fail(first_line(e))
 
 
 COMMANDS: dict[str, type] = {

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from icrl.config.errors import first_line
+
 # The errors bad input causes (configs, env names and kwargs, run dirs, checkpoints, files), as opposed to bugs.
 INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, ImportError, OSError)
 
@@ -20,17 +22,11 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def one_line(error: BaseException) -> str:
-    """The first line of an exception's message (its type when it has none)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def fail_input(error: BaseException, log_dir: str | None = None) -> NoReturn:
     """`fail` with an input error's first line. When the error carries the user's own traceback (an env that
     raised: EnvError.user_traceback), it is theirs to debug, so it is written to a file (`log_dir`/env_error.txt
     when that folder exists, else the temp folder) and the line names the file."""
-    message = one_line(error)
+    message = first_line(error)
     text = getattr(error, "user_traceback", "")  # icrl.envs.wrapper.EnvError
     if text:
         path = _write_traceback(text, log_dir)

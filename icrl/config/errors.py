@@ -8,6 +8,12 @@ class ConfigError(ValueError):
     """A config value or combination that cannot work; the message names the fields and the fix."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (its type when it has none): what a one-line error quotes."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 # Who is reading the error: the command line speaks in flags (`--resume`), Python in arguments
 # (`resume=True`). The CLI sets this once at its entry (`icrl.cli.main`); everything else is Python.
 _CLI_WORDS = ContextVar("icrl_cli_words", default=False)

@@ -27,6 +27,7 @@ from safetensors.torch import save_model
 
 from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig
+from icrl.config.errors import first_line
 from icrl.dicts import flatten
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import atomic_path
@@ -38,12 +39,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def _one_line(error: BaseException) -> str:
-    """The first line of an error (icrl.cli.errors.one_line; the CLI is a higher layer)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = None) -> Path:
     """Write the agent's weights (safetensors) to a temp file and rename it over `path`: readers (icrl eval,
     asynchronous collectors) see the old file or the new one, never half of one."""
@@ -52,7 +47,7 @@ def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = Non
         with atomic_path(path, fsync=False, tmp_name=f".{path.name}.tmp-{os.getpid()}") as tmp:
             save_model(agent, str(tmp), metadata=metadata)
     except (SafetensorError, OSError) as e:  # a full disk: one line (exit 2 on the command line), the old file kept
-        raise OSError(f"could not write the weights {path} ({_one_line(e)}); the previous file and the checkpoints "
+        raise OSError(f"could not write the weights {path} ({first_line(e)}); the previous file and the checkpoints "
                       "are kept: free some disk space and resume with --resume") from e
     return path
 
@@ -318,13 +313,13 @@ def record_video(
             e.env, {**e.kwargs, "render_mode": "rgb_array"}, e.episodes_per_rollout, e.rollout_horizon
         )
     except (ValueError, gym.error.DependencyNotInstalled) as err:
-        raise ValueError(f"env {e.env!r} cannot make rgb_array frames for a video ({_one_line(err)})") from err
+        raise ValueError(f"env {e.env!r} cannot make rgb_array frames for a video ({first_line(err)})") from err
     policy = AgentPolicy(agent, 1, greedy=True)
     frames: list[np.ndarray] = []
     try:
         frames = _frames(env, policy, num_rollouts, seed, cfg.eval.eval_max_steps, e.env)
     except gym.error.DependencyNotInstalled as err:  # e.g. pygame for CartPole / FrozenLake: not an ImportError
-        raise ImportError(f"env {e.env!r} cannot render frames for a video: {_one_line(err)}") from err
+        raise ImportError(f"env {e.env!r} cannot render frames for a video: {first_line(err)}") from err
     finally:
         env.close()
     scale = max(1, -(-min_height // frames[0].shape[0]))

@@ -37,6 +37,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
+from icrl.config.errors import first_line
 from icrl.fileio import atomic_path, check_inside, fsync_file, write_text_atomic
 from icrl.guards import assert_finite_weights
 from icrl.nets.transformer import refresh_acting_weights
@@ -133,16 +134,11 @@ def save_checkpoint(
         write_text_atomic(root / "latest", name + "\n")
     except (SafetensorError, OSError, RuntimeError) as e:  # a full disk, a quota: torch says RuntimeError
         raise CheckpointError(
-            f"could not write checkpoint {final} ({_first_line(e)}); the previous checkpoints are kept: free "
+            f"could not write checkpoint {final} ({first_line(e)}); the previous checkpoints are kept: free "
             "some disk space and resume with --resume"
         ) from e
     prune_checkpoints(run_dir, keep)
     return final
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _write_files(tmp: Path, agent: torch.nn.Module, lstate: dict[str, Any], state: dict[str, Any]) -> None:
