@@ -14,6 +14,10 @@ default. The derived values follow, in this order:
 4. the loss's long-context rule (`n_step`, `popart_max_ratio`), from the context and the exploration's shape;
 5. the learner's warm-up (`warmup_updates`) and whether it compiles its loss (`compile`), from the planned updates.
 
+A resumed run (`recorded`: its config.json) keeps its exploration schedule and warm-up wherever the user left them
+unset (`kept_schedule`), rather than deriving them again from a budget that may have grown: ε anneals over the
+run's steps, as it did.
+
 The measurements behind each default: docs/results.md, "Where the defaults come from".
 """
 
@@ -54,11 +58,15 @@ class TaskDefaults:
     """The env steps a run needs (`recommended_budget`)."""
 
 
-def resolve(cfg: ExperimentConfig, task: TaskDefaults | None = None) -> ExperimentConfig:
+def resolve(cfg: ExperimentConfig, task: TaskDefaults | None = None,
+            recorded: ExperimentConfig | None = None) -> ExperimentConfig:
     """`cfg` with every unset field a run needs resolved (this module's docstring lists them): the user's value,
-    else `task`'s recommendation, else the library's default, then the values derived from them. Idempotent.
-    Without `task`: the library's defaults (a config built by hand, a test)."""
+    else (resuming) what the run `recorded` of its schedule, else `task`'s recommendation, else the library's
+    default, then the values derived from them. Idempotent. Without `task`: the library's defaults (a config
+    built by hand, a test)."""
     task = task if task is not None else TaskDefaults()
+    if recorded is not None:
+        cfg = cfg.replace(**kept_schedule(cfg, recorded))
     cfg = _budget(cfg, task.budget)
     steps_per_env = cfg.schedule.env_steps // max(cfg.env.parallel_envs, 1)
     cfg = dataclasses.replace(cfg, explore=_exploration(cfg.explore, task.exploration, steps_per_env))
@@ -66,6 +74,16 @@ def resolve(cfg: ExperimentConfig, task: TaskDefaults | None = None) -> Experime
         cfg = cfg.replace(max_seq_len=_rollout_context(task.context, cfg.env))
     cfg = dataclasses.replace(cfg, loss=_loss(cfg.loss, cfg.model.context, cfg.explore.eps_shape))
     return cfg.replace(compile=_compiles(cfg), warmup_updates=_warmup(cfg))
+
+
+def kept_schedule(cfg: ExperimentConfig, recorded: ExperimentConfig) -> dict[str, Any]:
+    """The fields a resumed run keeps from its config.json (`recorded`), by name: the exploration schedule and the
+    warm-up, which derive from the budget, wherever `cfg` leaves them unset."""
+    kept = {f.name: getattr(recorded.explore, f.name) for f in dataclasses.fields(cfg.explore)
+            if getattr(cfg.explore, f.name) is None and getattr(recorded.explore, f.name) is not None}
+    if cfg.optim.warmup_updates is None and recorded.optim.warmup_updates is not None:
+        kept["warmup_updates"] = recorded.optim.warmup_updates
+    return kept
 
 
 def _budget(cfg: ExperimentConfig, recommended: int | None) -> ExperimentConfig:

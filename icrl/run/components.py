@@ -28,7 +28,7 @@ from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
-from icrl.config.resolve import resolve
+from icrl.config.resolve import kept_schedule, resolve
 from icrl.config.validation import field_errors, memory_error
 from icrl.data import DiskReplay, ReplayLoader, make_loader
 from icrl.data.offline import prepare_offline
@@ -45,9 +45,9 @@ from icrl.run.rundir import (
     RunLock,
     check_resume_target,
     check_run_dir_free,
+    recorded_config,
     run_path,
     take_run_dir,
-    with_recorded_schedule,
     with_run_dir,
 )
 from icrl.seeding import derive_seed, seed_process
@@ -104,16 +104,19 @@ def open_replay(cfg: ExperimentConfig, run_dir: Path) -> DiskReplay:
 
 def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
     """`cfg` resolved (`icrl.config.resolve`) with what its task recommends (asked of `factory`, the user's env
-    class or factory, when given) and, on --resume, the exploration schedule and warm-up the run recorded
-    (`with_recorded_schedule`, which compares the run's budget with the resolved one); says when a budget below one
-    epoch makes the run a single epoch."""
-    task = task_defaults(cfg.env.env, cfg.env.kwargs, factory)
-    recorded = with_recorded_schedule(cfg.replace(total_env_steps=resolve(cfg, task).schedule.total_env_steps))
-    out = resolve(recorded, task)
-    s = recorded.schedule
-    if out.schedule.steps_per_epoch != s.steps_per_epoch:  # a smoke run: one epoch of the whole budget
-        say(f"icrl: note: --total-env-steps {s.env_steps:,} is below --steps-per-epoch {s.steps_per_epoch:,}: the run "
-            f"is one epoch of {s.env_steps:,} env steps")
+    class or factory, when given) and, on --resume, the exploration schedule and warm-up the run recorded; says
+    when those stay the run's under a new budget, and when a budget below one epoch makes the run a single epoch."""
+    recorded = recorded_config(cfg)
+    out = resolve(cfg, task_defaults(cfg.env.env, cfg.env.kwargs, factory), recorded)
+    kept = {} if recorded is None else kept_schedule(cfg, recorded)
+    s = out.schedule
+    if kept and recorded is not None and recorded.schedule.total_env_steps not in (None, s.total_env_steps):
+        say(f"icrl: --resume: {recorded.schedule.total_env_steps:,} -> {s.env_steps:,} env steps; the exploration "
+            f"schedule and the warm-up stay the run's (eps_anneal_steps {kept.get('eps_anneal_steps', 'as set')}, "
+            f"warmup_updates {kept.get('warmup_updates', 'as set')}), not derived again from the new budget")
+    if s.steps_per_epoch != cfg.schedule.steps_per_epoch:  # a smoke run: one epoch of the whole budget
+        say(f"icrl: note: --total-env-steps {s.env_steps:,} is below --steps-per-epoch {cfg.schedule.steps_per_epoch:,}: the "
+            f"run is one epoch of {s.env_steps:,} env steps")
     return out
 
 

@@ -171,28 +171,15 @@ def run_scope(lock: RunLock | None, close: Callable[[], None]) -> Iterator[None]
         close()
 
 
-def with_recorded_schedule(cfg: ExperimentConfig) -> ExperimentConfig:
-    """A resumed run keeps the exploration schedule (and the learning-rate warm-up) its config.json records
-    wherever the user left a field unset,
-    rather than deriving it again from a budget that may have grown (`--resume --total-env-steps N`: ε anneals
-    over the run's steps, as it did); says so when the budget changed. Anything else: `cfg` as it is."""
+def recorded_config(cfg: ExperimentConfig) -> ExperimentConfig | None:
+    """The config.json of the run `cfg` resumes (`icrl.config.resolve` keeps its schedule), or None: not resuming,
+    or no readable record (`check_run_dir` says what is wrong with it)."""
     if not cfg.run.resume or cfg.run.run_dir is None:
-        return cfg
-    path = Path(cfg.run.run_dir) / "config.json"
+        return None
     try:
-        run = ExperimentConfig.from_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):  # no readable record: check_run_dir says what is wrong with it
-        return cfg
-    kept = {f.name: getattr(run.explore, f.name) for f in dataclasses.fields(cfg.explore)
-            if getattr(cfg.explore, f.name) is None and getattr(run.explore, f.name) is not None}
-    warmup = run.optim.warmup_updates if cfg.optim.warmup_updates is None else None  # also derived from the budget
-    if (kept or warmup is not None) and run.schedule.total_env_steps not in (None, cfg.schedule.total_env_steps):
-        say(f"icrl: --resume: {run.schedule.total_env_steps:,} -> {cfg.schedule.total_env_steps:,} env steps; the "
-            f"exploration schedule and the warm-up stay the run's (eps_anneal_steps "
-            f"{kept.get('eps_anneal_steps', 'as set')}, warmup_updates {warmup or 'as set'}), not derived again "
-            "from the new budget")
-    cfg = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, **kept))
-    return cfg if warmup is None else cfg.replace(warmup_updates=warmup)
+        return ExperimentConfig.from_json((Path(cfg.run.run_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def truncate_metrics(path: Path, epoch: int) -> int:

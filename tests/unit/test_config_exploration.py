@@ -217,3 +217,27 @@ def test_one_resolution_takes_the_flag_then_the_task_then_the_library_default():
     assert resolve(ExperimentConfig().replace(total_env_steps=300)).schedule.steps_per_epoch == 300  # one epoch
     with pytest.raises(ConfigError, match="unknown fields"):
         resolve(ExperimentConfig(), TaskDefaults(exploration={"eps_strat": 0.5}))
+
+
+def test_a_resumed_run_keeps_its_schedule_under_a_new_budget_and_says_so(tmp_path, capsys):
+    """Resolving with the run's record (`recorded`) keeps its ε anneal and warm-up where the flags leave them unset,
+    while a flag still wins; `with_task_defaults` reads the record on --resume and says what stayed."""
+    from icrl.config.resolve import kept_schedule
+    from icrl.run.components import with_task_defaults
+
+    first = resolve(ExperimentConfig().replace(total_env_steps=10_000))
+    grown = ExperimentConfig().replace(total_env_steps=1_000_000)
+    again = resolve(grown, recorded=first)
+    assert (again.explore.eps_anneal_steps, again.optim.warmup_updates) == (
+        first.explore.eps_anneal_steps, first.optim.warmup_updates)
+    assert resolve(grown).explore.eps_anneal_steps != first.explore.eps_anneal_steps  # derived again without it
+    assert resolve(grown.replace(eps_anneal_steps=7), recorded=first).explore.eps_anneal_steps == 7  # a flag wins
+    assert "eps_anneal_steps" not in kept_schedule(grown.replace(eps_anneal_steps=7), first)
+
+    (tmp_path / "config.json").write_text(first.replace(run_dir=str(tmp_path)).to_json())
+    resumed = with_task_defaults(grown.replace(resume=True, run_dir=str(tmp_path)))
+    assert resumed.explore.eps_anneal_steps == first.explore.eps_anneal_steps
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--resume: 10,000 -> 1,000,000 env steps" in out and "not derived again" in out
+    with_task_defaults(ExperimentConfig().replace(total_env_steps=300))
+    assert "--total-env-steps 300 is below --steps-per-epoch" in " ".join(capsys.readouterr().out.split())
