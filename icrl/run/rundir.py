@@ -14,7 +14,6 @@ itself only carries the holder's pid and command for the refusal message. Asynch
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
