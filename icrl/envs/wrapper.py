@@ -15,6 +15,7 @@ import numpy as np
 
 # RolloutClock (the timestep state machine) and the action conversions (beside ActionSpec, icrl.types) are
 # importable from here as before.
+from icrl.config.errors import first_line
 from icrl.envs.clock import RolloutClock
 from icrl.types import ActionSpec, action_to_vector, agent_action_space, agent_to_env_action
 
@@ -219,7 +220,8 @@ class TimestepWrapper(gym.Wrapper):
         try:
             return fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any exception of the user's code is reported the same way
-            raise self._env_error(what, f"raised {type(e).__name__}: {_first_line(e)}", e) from e
+            said = f": {first_line(e)}" if str(e).strip() else " (no message)"
+            raise self._env_error(what, f"raised {type(e).__name__}{said}", e) from e
 
     def _env_error(self, what: str, problem: str, cause: BaseException | None = None) -> EnvError:
         import traceback
@@ -322,7 +324,3 @@ def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else "(no message)"
