@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +22,61 @@ CLI_ENV = {
     "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
     "COLUMNS": "200",
 }
+
+
+# `icrl train` flags for a tiny run: 2 epochs of 32 env steps, one update each, an evaluation after each epoch.
+TINY = ["--total-env-steps", "64", "--steps-per-epoch", "32", "--parallel-envs", "2", "--updates-per-epoch", "1",
+        "--batch-size", "2", "--eval-rollouts", "2", "--eval-every", "1", "--d-model", "16", "--layers", "1",
+        "--heads", "2", "--head-hidden", "16", "--max-seq-len", "64"]
+
+
+def tiny(run_dir=None, env="tmaze", env_kwargs='{"length": 3}', **fields):
+    """An ExperimentConfig of two epochs of 32 env steps, one update each, an evaluation of 2 rollouts at the end
+    (about a second); `fields` are set on top (`ExperimentConfig.replace`)."""
+    from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
+
+    cfg = ExperimentConfig(
+        env=EnvConfig(env=env, env_kwargs=env_kwargs, parallel_envs=2),
+        model=ModelConfig(d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=32),
+    ).replace(run_dir=None if run_dir is None else str(run_dir), total_env_steps=64, steps_per_epoch=32,
+              updates_per_epoch=1, batch_size=2, eval_every=2, eval_rollouts=2, device="cpu", threads=1)
+    return cfg.replace(**fields)
+
+
+def cli(*args: str) -> int:
+    """`icrl ARGS` in this process; its exit code (0 when it returns). Errors are in Python words again after."""
+    from icrl.cli import main as cli_main
+    from icrl.config.errors import speak_cli
+
+    try:
+        cli_main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        speak_cli(False)
+    return 0
+
+
+class Combo(gym.Env):
+    """A user's env: Tuple observations, MultiDiscrete actions; reward 1 when the action's entries sum to the
+    observed id."""
+
+    observation_space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(0.0, 1.0, (2,), np.float32)))
+    action_space = gym.spaces.MultiDiscrete([2, 3], start=[0, 1])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.actions = 0, []
+        return self._obs(), {}
+
+    def _obs(self):
+        return int(self.np_random.integers(3)), np.zeros(2, np.float32)
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action)), action
+        self.actions.append(np.asarray(action).tolist())
+        self.t += 1
+        return self._obs(), float(sum(action) % 3 == 0), False, self.t >= 4, {}
 
 
 def run_icrl(*args: object, cwd: str | Path | None = None, timeout: float = 120,

@@ -2,6 +2,17 @@
 
 import pytest
 
+from icrl.config.errors import speak_cli
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """The working directory is a fresh folder (default run dirs go to ./runs); errors in Python words."""
+    monkeypatch.chdir(tmp_path)
+    speak_cli(False)
+    yield tmp_path
+    speak_cli(False)
+
 
 @pytest.fixture
 def minari_home(tmp_path, monkeypatch):

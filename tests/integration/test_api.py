@@ -1,9 +1,10 @@
-"""The Python API (issue 12): `icrl.train` on any env form, `icrl.load` + `predict`, spaces.json, and the
-acting path agreeing with the collector's (and so with `icrl eval`) on the same weights."""
+"""The Python API: its public names and version, `icrl.train` on any env form, `icrl.load` + `predict`,
+spaces.json, and the acting path agreeing with the collector's (and so with `icrl eval`) on the same weights."""
 
 import dataclasses
 import functools
 import json
+import re
 import shutil
 from collections import OrderedDict
 from pathlib import Path
@@ -274,3 +275,11 @@ def test_episode_start_schedule_follows_the_run(runs):
     assert s.time.tolist() == [1] and s.episode.tolist() == [0]  # K=2 episodes done: a new task
     _, s = meta.predict(obs_m, s, reward=0.0, new_task=True)
     assert s.time.tolist() == [1]
+
+
+def test_dir_and_version():
+    names = dir(icrl)
+    assert {"train", "load", "evaluate", "InContextPolicy", "__version__"} <= set(names)
+    assert set(icrl.__all__) <= set(names) and all(callable(getattr(icrl, n)) for n in icrl.__all__ if n[0] != "_")
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert icrl.__version__ == version

@@ -5,8 +5,9 @@ import sys
 import time
 
 import pytest
-from helpers import run_icrl
+from helpers import cli, run_icrl, tiny
 
+import icrl
 from icrl.cli import _preset_arg
 from icrl.config import ExperimentConfig
 from icrl.config.presets import PRESETS
@@ -249,3 +250,41 @@ def test_icrl_warnings_print_as_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "icrl: --dtype bf16 on a CPU without bf16 instructions\n" in err
     assert "RuntimeWarning" not in err and err.count("icrl:") == 1  # the other one goes to the usual display
+
+
+def test_cli_version(capsys):
+    assert cli("--version") == 0
+    assert capsys.readouterr().out.strip() == f"icrl {icrl.__version__}"
+
+
+def test_envs_lists_popgym_as_a_family(capsys):
+    pytest.importorskip("popgym")
+    assert cli("envs", "popgym") == 0
+    out = capsys.readouterr().out.split()
+    assert "popgym/RepeatPreviousEasy" in out and all(n.startswith("popgym/") for n in out)
+
+
+def test_envs_shows_popgym_without_the_extra(monkeypatch, capsys):
+    from icrl.envs import registry
+
+    monkeypatch.setattr(registry, "TASKS", {k: v for k, v in registry.TASKS.items() if "popgym" not in k})
+    assert cli("envs") == 0
+    out = capsys.readouterr().out
+    assert "popgym/<name>" in out and "pip install 'icrl[popgym]'" in out
+    assert cli("envs", "popgym") == 2
+    assert "pip install 'icrl[popgym]'" in capsys.readouterr().err
+
+
+def test_train_from_another_runs_config_with_flags_on_top(in_tmp, capsys):
+    icrl.train(tiny("runs/theirs"))
+    assert cli("train", "--config", "runs/theirs/config.json", "--seed", "5") == 0
+    theirs = json.loads((in_tmp / "runs/theirs/config.json").read_text())
+    (mine,) = [p for p in (in_tmp / "runs").iterdir() if p.name.startswith("tmaze-5-")]  # a folder of its own
+    cfg = json.loads((mine / "config.json").read_text())
+    assert cfg["run"]["seed"] == 5 and cfg["run"]["run_dir"] == str(mine.relative_to(in_tmp))
+    for group in ("env", "model", "schedule"):
+        assert cfg[group] == theirs[group]
+    capsys.readouterr()
+    assert cli("train", "--config", "nowhere/config.json") == 2
+    assert "nowhere/config.json does not exist" in capsys.readouterr().err
+    assert cli("train", "--config", "runs/theirs", "--preset", "tmaze") == 2

@@ -1,4 +1,5 @@
-"""`icrl eval`, `icrl plot`, `icrl.run.load.load_agent` and the logging back-ends, on tiny real runs."""
+"""`icrl eval` and `icrl.evaluate`, `icrl plot`, `icrl.run.load.load_agent` and the logging back-ends, on tiny
+real runs."""
 
 import dataclasses
 import json
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import run_icrl
+from helpers import cli, run_icrl, tiny
 
 import icrl
 import icrl.run.components
@@ -20,7 +21,7 @@ from icrl.run.reporting import BackendUnavailable, JsonlLogger, Logger, make_log
 from icrl.types import ActionSpec
 
 
-def tiny(run_dir, seed=0, episodes_per_rollout=1):
+def tmaze_config(run_dir, seed=0, episodes_per_rollout=1):
     c = tmaze(length=3)
     return dataclasses.replace(
         c,
@@ -47,7 +48,7 @@ def runs(tmp_path_factory):
     try:
         out = {}
         for name, seed, k in (("s0", 0, 1), ("s1", 1, 1), ("meta", 0, 3)):
-            icrl.train(tiny(root / name, seed=seed, episodes_per_rollout=k))
+            icrl.train(tmaze_config(root / name, seed=seed, episodes_per_rollout=k))
             out[name] = root / name
     finally:
         mp.undo()
@@ -213,3 +214,53 @@ def test_plot_leaves_out_rows_whose_numbers_are_not_numbers(tmp_path):
             {"kind": "eval", "epoch": 3, "env_steps": 300, "wall_time": 3.0, "return_mean": 0.9}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
     assert plot_learning_curves([run], tmp_path / "out.png").is_file()
+
+
+def test_evaluate_a_loaded_policy_agrees_with_icrl_eval(in_tmp, capsys):
+    icrl.train(tiny("runs/t"))
+    policy = icrl.load("runs/t")
+    result = icrl.evaluate(policy, n_episodes=4, seed=3)  # the run's own env
+    assert result["rollouts"] == 4 and len(result["returns"]) == 4 and len(result["successes"]) == 4
+    assert result["return_mean"] == pytest.approx(sum(result["returns"]) / 4)
+    assert result["success_rate"] is not None and result["return_std"] >= 0
+    assert cli("eval", "runs/t", "--rollouts", "4", "--seed", "3") == 0
+    on_cli = json.loads((in_tmp / "runs/t/eval.json").read_text())
+    assert on_cli["returns"] == result["returns"] and on_cli["return_mean"] == result["return_mean"]
+    other = icrl.evaluate("runs/t", env="tmaze", env_kwargs={"length": 3}, n_episodes=3, deterministic=False)
+    assert other["rollouts"] == 3 and len(other["returns"]) == 3  # exactly n_episodes, with 2 env copies
+    with pytest.raises(ValueError, match="does not fit"):
+        icrl.evaluate(policy, env="CartPole-v1", n_episodes=2)
+
+
+def test_plot_of_several_runs_keeps_each_runs_own_plot(in_tmp, monkeypatch):
+    from icrl.run import artifacts
+
+    icrl.train(tiny("runs/a"))
+    icrl.train(tiny("runs/a", total_env_steps=128, resume=True, device="cpu"))  # resumed: only run-only fields differ
+    icrl.train(tiny("runs/b", seed=1, d_model=32, total_env_steps=128))
+    own = (in_tmp / "runs/a/learning_curve.png").read_bytes()
+    assert cli("plot", "runs/a", "runs/b") == 0
+    assert (in_tmp / "runs/a/learning_curve.png").read_bytes() == own and (in_tmp / "learning_curves.png").is_file()
+    labels = [label for label, _ in artifacts.group_runs(["runs/a", "runs/b"])]
+    assert labels == ["d_model=16", "d_model=32"]  # not resume=True
+    figs = []
+    monkeypatch.setattr(artifacts, "_save", lambda fig, out: figs.append(fig) or Path(out))
+    artifacts.plot_learning_curves(["runs/a"], "x.png")
+    assert any(t.endswith("(train)") for t in figs[0].axes[0].get_legend_handles_labels()[1])
+
+
+def test_plot_labels_seeds_only_when_they_are_and_redraws_a_runs_own_plot_with_its_title(in_tmp, monkeypatch):
+    import shutil
+
+    from icrl.run import artifacts
+
+    icrl.train(tiny("runs/s0"))
+    for copy in ("runs/s0b", "runs/s0c"):  # the same config and seed three times: three runs, not three seeds
+        shutil.copytree(in_tmp / "runs/s0", in_tmp / copy)
+    assert [label for label, _ in artifacts.group_runs(["runs/s0", "runs/s0b", "runs/s0c"])] == ["s0 +2 (3 runs)"]
+    icrl.train(tiny("runs/s1", seed=1))
+    assert artifacts.group_runs(["runs/s0", "runs/s1"])[0][0].endswith("(2 seeds)")
+    titles = []
+    monkeypatch.setattr(artifacts, "_save", lambda fig, out: titles.append(fig._suptitle.get_text()) or Path(out))
+    assert cli("plot", "runs/s0") == 0  # the run's own learning_curve.png, drawn again: with the run's title
+    assert titles == ["tmaze {\"length\": 3}"]

@@ -1,9 +1,14 @@
+"""Frames and `icrl eval --video`: a GIF of the rollouts, or one line (exit 2) for an env without frames or
+without pygame."""
+
 import subprocess
 import sys
 
 import numpy as np
+from helpers import cli, tiny
 from PIL import Image
 
+import icrl
 from icrl import train
 from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs.tasks.tmaze import TMaze
@@ -48,3 +53,12 @@ def test_video_of_an_env_without_frames_fails_in_one_line(tmp_path):
     )
     assert out.returncode == 2 and "cue_recall" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "run" / "eval_video.gif").exists()
+
+
+def test_video_without_pygame_is_one_line_exit_2(in_tmp, monkeypatch, capsys):
+    icrl.train(tiny("runs/pole", env="CartPole-v1", env_kwargs='{"max_episode_steps": 8}'))
+    monkeypatch.setitem(sys.modules, "pygame", None)  # `import pygame` raises ImportError: as if not installed
+    capsys.readouterr()
+    code = cli("eval", "runs/pole", "--rollouts", "2", "--video", "1")
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "pygame" in err and "CartPole-v1" in err

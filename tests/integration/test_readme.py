@@ -1,0 +1,49 @@
+"""The README's "Daily use" commands, run one after another in a fresh folder as a user types them."""
+
+import sys
+
+import pytest
+from helpers import ROOT, TINY, cli
+
+MY_PACKAGE = '''
+import gymnasium as gym
+
+
+def make_env(difficulty: int = 1):
+    return gym.make("CartPole-v1", max_episode_steps=5 * difficulty)
+'''
+
+
+def readme_daily_use() -> list[list[str]]:
+    """The commands of the README's "Daily use" block, comments dropped."""
+    import shlex
+
+    block = (ROOT / "README.md").read_text().split("## Daily use", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_readme_daily_use_runs_one_after_another_in_a_fresh_folder(in_tmp, capsys):
+    (in_tmp / "my_package").mkdir()
+    (in_tmp / "my_package/__init__.py").write_text("")
+    (in_tmp / "my_package/envs.py").write_text(MY_PACKAGE)
+    commands = readme_daily_use()
+    assert len(commands) >= 12 and all(c[0] == "icrl" for c in commands)
+    sys.path.insert(0, str(in_tmp))
+    try:
+        for command in commands:
+            args = command[1:]
+            if args[:1] == ["train"] and "--help" not in args:  # tiny budgets on top of every flag
+                args = [*args, *TINY] + (["--total-env-steps", "96"] if "--resume" in args else [])
+            code = cli(*args)
+            out = capsys.readouterr()
+            assert code == 0, (command, out.err[-2000:])
+            assert "already holds" not in out.err, command
+    finally:
+        sys.path.remove(str(in_tmp))
+        sys.modules.pop("my_package.envs", None)
+        sys.modules.pop("my_package", None)
+    runs = sorted(p.name for p in (in_tmp / "runs").iterdir())
+    assert {"demo", "tmaze20", "tmaze50"} <= set(runs)  # presets name their own folders
+    assert any(r.startswith("CartPole-v1-0-") for r in runs) and any(r.startswith("tmaze-2-") for r in runs)
+    assert (in_tmp / "demo.zip").is_file() and (in_tmp / "runs/demo/eval_video.gif").is_file()
