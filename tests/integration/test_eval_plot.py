@@ -244,7 +244,7 @@ def test_plot_of_several_runs_keeps_each_runs_own_plot(in_tmp, monkeypatch):
     labels = [label for label, _ in artifacts.group_runs(["runs/a", "runs/b"])]
     assert labels == ["d_model=16", "d_model=32"]  # not resume=True
     figs = []
-    monkeypatch.setattr(artifacts, "_save", lambda fig, out: figs.append(fig) or Path(out))
+    monkeypatch.setattr(artifacts, "save_figure", lambda fig, out: figs.append(fig) or Path(out))
     artifacts.plot_learning_curves(["runs/a"], "x.png")
     assert any(t.endswith("(train)") for t in figs[0].axes[0].get_legend_handles_labels()[1])
 
@@ -261,6 +261,6 @@ def test_plot_labels_seeds_only_when_they_are_and_redraws_a_runs_own_plot_with_i
     icrl.train(tiny("runs/s1", seed=1))
     assert artifacts.group_runs(["runs/s0", "runs/s1"])[0][0].endswith("(2 seeds)")
     titles = []
-    monkeypatch.setattr(artifacts, "_save", lambda fig, out: titles.append(fig._suptitle.get_text()) or Path(out))
+    monkeypatch.setattr(artifacts, "save_figure", lambda fig, out: titles.append(fig._suptitle.get_text()) or Path(out))
     assert cli("plot", "runs/s0") == 0  # the run's own learning_curve.png, drawn again: with the run's title
     assert titles == ["tmaze {\"length\": 3}"]
