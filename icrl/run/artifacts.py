@@ -255,7 +255,7 @@ def save_figure(fig: Any, out: str | Path, dpi: int = 120) -> Path:
             buffer = io.BytesIO()
             fig.savefig(buffer, format="png", dpi=dpi)
             image = Image.open(buffer).convert("RGB")
-            image.quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(tmp, "PNG", optimize=True)
+            image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(tmp, "PNG", optimize=True)
         else:
             fig.savefig(tmp, dpi=dpi)
     plt.close(fig)
