@@ -20,6 +20,7 @@ from typing import Any
 
 from icrl.config import ExperimentConfig
 from icrl.config.presets import PRESETS
+from icrl.config.resolve import resolve
 
 COMMON = ("env", "env_kwargs", "total_env_steps", "seed", "device", "run_dir", "resume", "parallel_envs",
           "max_seq_len", "d_model", "eval_every", "threads")
@@ -83,11 +84,14 @@ def short_help(command: str, description: str, cfg: ExperimentConfig, skip: tupl
               ("--config FILE", "a config.json (or a run directory's); the flags apply on top of it"),
               ("--trust-run-env", "with --config: build an env the file names as code (module:factory)")]
     common = []
+    resolved = _fields(resolve(cfg))  # what an unset field becomes where the task recommends nothing
     for name in COMMON:
         if name in fields:
             group, cls, value = fields[name]
             text = first_sentence(field_docs(cls).get(name, ""))
-            common.append((f"{flag(name, value)} {metavar(cls, name)}".rstrip(), f"{text} (default: {value})"))
+            default = value if value is not None else (
+                "unset" if resolved[name][2] is None else f"the task's, else {resolved[name][2]}")
+            common.append((f"{flag(name, value)} {metavar(cls, name)}".rstrip(), f"{text} (default: {default})"))
     pad = max(len(f) for f, _ in starts + common) + 2
     for title, rows in (("", starts), ("common flags:", common)):
         if title:

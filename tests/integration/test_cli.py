@@ -231,6 +231,7 @@ def test_help_shows_the_common_flags_first_and_names_every_flag(command):
     for f in ("--env ", "--seed ", "--total-env-steps ", "--device "):
         assert common < short.index(f) < short.index("every other flag")
     assert "(default: 50000)" in short  # the preset's budget
+    assert "(default: None)" not in short and "(default: the task's, else 256)" in short  # what unset becomes
     assert all(name in short for name in PRESETS)
     assert ("  --run-dir STR" in short) == (command == "train")  # learn: RUN_DIR is its first argument
 
