@@ -8,12 +8,12 @@ class ConfigError(ValueError):
     """A config value or combination that cannot work; the message names the fields and the fix."""
 
 
-def first_line(error: BaseException, limit: int = 300) -> str:
-    """The first line of an exception's message (its type when it has none), at most `limit` characters: what a
-    one-line error quotes (a user's env may raise with a whole array in its message)."""
+def first_line(error: BaseException, limit: int | None = None) -> str:
+    """The first line of an exception's message (its type when it has none): what a one-line error quotes. `limit`
+    caps it (in characters) where the message is someone else's: a user's env may raise with a whole array in it."""
     text = str(error).strip()
     line = text.splitlines()[0] if text else type(error).__name__
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return line if limit is None or len(line) <= limit else line[: limit - 3] + "..."
 
 
 # Who is reading the error: the command line speaks in flags (`--resume`), Python in arguments

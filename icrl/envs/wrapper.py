@@ -220,7 +220,7 @@ class TimestepWrapper(gym.Wrapper):
         try:
             return fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any exception of the user's code is reported the same way
-            said = f": {first_line(e)}" if str(e).strip() else " (no message)"
+            said = f": {first_line(e, limit=300)}" if str(e).strip() else " (no message)"
             raise self._env_error(what, f"raised {type(e).__name__}{said}", e) from e
 
     def _env_error(self, what: str, problem: str, cause: BaseException | None = None) -> EnvError:

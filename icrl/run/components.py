@@ -108,12 +108,13 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     when those stay the run's under a new budget, and when a budget below one epoch makes the run a single epoch."""
     recorded = recorded_config(cfg)
     out = resolve(cfg, task_defaults(cfg.env.env, cfg.env.kwargs, factory), recorded)
-    kept = {} if recorded is None else kept_schedule(cfg, recorded)
     s = out.schedule
-    if kept and recorded is not None and recorded.schedule.total_env_steps not in (None, s.total_env_steps):
-        say(f"icrl: --resume: {recorded.schedule.total_env_steps:,} -> {s.env_steps:,} env steps; the exploration "
-            f"schedule and the warm-up stay the run's (eps_anneal_steps {kept.get('eps_anneal_steps', 'as set')}, "
-            f"warmup_updates {kept.get('warmup_updates', 'as set')}), not derived again from the new budget")
+    if recorded is not None and recorded.schedule.total_env_steps not in (None, s.total_env_steps):
+        kept = kept_schedule(cfg, recorded)  # what stays the run's under the new budget
+        if kept:
+            say(f"icrl: --resume: {recorded.schedule.total_env_steps:,} -> {s.env_steps:,} env steps; the exploration "
+                f"schedule and the warm-up stay the run's (eps_anneal_steps {kept.get('eps_anneal_steps', 'as set')}, "
+                f"warmup_updates {kept.get('warmup_updates', 'as set')}), not derived again from the new budget")
     if s.steps_per_epoch != cfg.schedule.steps_per_epoch:  # a smoke run: one epoch of the whole budget
         say(f"icrl: note: --total-env-steps {s.env_steps:,} is below --steps-per-epoch {cfg.schedule.steps_per_epoch:,}: the "
             f"run is one epoch of {s.env_steps:,} env steps")

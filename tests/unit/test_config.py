@@ -65,3 +65,15 @@ def test_actor_and_position_options_default_off_validate_and_old_configs_load():
     for kw, message in bad:
         with pytest.raises(ConfigError, match=message):
             ExperimentConfig().replace(**kw).validate(check_device=False)
+
+
+def test_first_line_quotes_icrl_errors_whole_and_caps_only_where_asked():
+    """The CLI prints icrl's own errors through `first_line`: their fix comes last, so they are never cut; a user's
+    env's exception is quoted with a cap (its message may hold a whole array)."""
+    from icrl.config.errors import first_line
+
+    long = "--flag: " + "x" * 400 + "; pass --other-flag instead"
+    assert first_line(ConfigError(long + "\nsecond line")) == long
+    capped = first_line(ValueError("y" * 1_000), limit=300)
+    assert len(capped) == 300 and capped.endswith("...")
+    assert first_line(KeyError()) == "KeyError"  # no message: its type
