@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from icrl.config.errors import flag
+
 
 class OutsideRunDirError(ValueError):
     """A path icrl would write, truncate or delete leads outside its run directory (a symlink inside it)."""
@@ -32,7 +34,7 @@ def check_inside(root: str | os.PathLike, path: str | os.PathLike) -> Path:
     real = os.path.realpath(path)
     if os.path.commonpath([real_root, real]) != real_root:
         raise OutsideRunDirError(f"{path} leads outside {root} (to {real}): icrl writes only inside the run "
-                                 "directory; remove that symlink or choose another --run-dir")
+                                 f"directory; remove that symlink or choose another {flag('run_dir')}")
     return Path(path)
 
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from icrl.config.errors import flag
+
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 """Rewards and observations are stored in float32: a finite float64 beyond this (1e300) would become inf."""
 
@@ -85,7 +87,7 @@ def assert_finite_weights(module: torch.nn.Module, what: str) -> None:
     if bad:
         raise NonFiniteError(
             f"{len(bad)} weight tensor(s) of the agent are not finite (first: {bad[0]}), so {what} was not "
-            "written; the run stopped. Resume with --resume from the last checkpoint (all of them are finite)"
+            f"written; the run stopped. Resume with {flag('resume')} from the last checkpoint (all of them are finite)"
         )
 
 
@@ -131,8 +133,8 @@ class UpdateGuard:
         if longest >= self.max_consecutive:
             raise NonFiniteError(
                 f"{longest} updates in a row had a non-finite loss or gradient; the run stopped before "
-                "training on broken data. Check the env's rewards and observations, lower --lr or --reward-scale, "
-                "and resume with --resume"
+                f"training on broken data. Check the env's rewards and observations, lower {flag('lr')} or {flag('reward_scale')}, "
+                f"and resume with {flag('resume')}"
             )
         new = skipped - self._warned
         if new > 0 and (self._warned == 0 or skipped // self.warn_every > self._warned // self.warn_every):

@@ -280,7 +280,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
     bad_device = device_error(str(device)) if isinstance(device, (str, torch.device)) else (
         f"device must be a str or torch.device such as 'cpu', 'cuda' or 'auto', got {device!r}")
     if bad_device:  # the same line as `icrl eval --device` (not torch's AssertionError deep in loading)
-        raise ConfigError(bad_device.replace("--device ", "device=").replace("--device", "device"))
+        raise ConfigError(bad_device)
     path = Path(path)
     if not path.exists():
         raise RunDirError(f"{path} does not exist; pass a run directory written by `icrl train` or a checkpoint")
@@ -309,20 +309,22 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = Non
 
 def evaluate(policy: InContextPolicy | str | Path, env: Any = None, n_episodes: int = 10, deterministic: bool = True,
              *, env_kwargs: dict[str, Any] | None = None, seed: int = 0, parallel_envs: int | None = None,
-             max_steps: int | None = None) -> dict[str, Any]:
+             max_steps: int | None = None, trust_run_env: bool = False) -> dict[str, Any]:
     """Play `n_episodes` rollouts with a trained policy and summarise them, as SB3's `evaluate_policy`:
     `return_mean`, `return_std`, `success_rate` (None when the env reports no `info["success"]`), and each
     rollout's `returns`, `successes` and `lengths` (for meta-RL runs also `return_by_episode`).
 
     policy: an `icrl.load` result, or a path to load. env: any form `icrl.train` takes (an id or task name,
         a class, a zero-arg factory, an instance made by gymnasium.make, a vector env); None: the run's own env
-        when its name can be rebuilt safely (a built-in task or a registered id). It must give the spaces the
-        policy was trained on.
+        when its name can be rebuilt safely (a built-in task or a registered id), or with `trust_run_env`. It must
+        give the spaces the policy was trained on.
     n_episodes: rollouts to play; a rollout is the run's `episodes_per_rollout` episodes of one task (one
         episode for most runs), and returns sum over them.
     deterministic: greedy actions (as `icrl eval`), else sampled from the policy.
     env_kwargs: kwargs for the env (default: the run's when `env` is None or the run's env name, else none).
     seed: seeds the envs; with the run's env and seed this is exactly `icrl eval RUN --seed S`'s evaluation.
+    trust_run_env: with env None, build the run's env even when its config.json names code to import and call
+        (`package.module:factory`); a run directory is data, so icrl does not run that code unless asked.
     """
     from icrl.config.bounds import MAX_PARALLEL_ENVS, MAX_ROLLOUTS
     from icrl.run.evaluate import evaluate_agent
@@ -335,7 +337,7 @@ def evaluate(policy: InContextPolicy | str | Path, env: Any = None, n_episodes: 
     policy = policy if isinstance(policy, InContextPolicy) else load(policy)
     return evaluate_agent(policy.agent, policy.config, (policy.observation_space, policy.action_space),
                           policy.device, env, n_episodes, deterministic, env_kwargs=env_kwargs, seed=seed,
-                          parallel_envs=parallel_envs, max_steps=max_steps)
+                          parallel_envs=parallel_envs, max_steps=max_steps, trust_run_env=trust_run_env)
 
 
 def _check_count(name: str, value: Any, most: int) -> None:

@@ -19,6 +19,7 @@ import torch
 from icrl.agent.losses import Metrics, ValueBins, classification_critic_loss, critic_loss, frozen_critic
 from icrl.agent.model import Agent
 from icrl.config import LossConfig
+from icrl.config.errors import flag
 from icrl.nets.heads import Critic, logits_at_action, q_at_action
 from icrl.nets.popart import PopArt
 
@@ -48,11 +49,11 @@ class CriticReader:
         bins = value_bins(cfg, device) if cfg.critic_kind == "twohot" else None  # (a compiled loss traces no cache)
         want = None if bins is None else cfg.critic_bins
         if agent.critic.num_bins != want:
-            raise ValueError(f"--critic-kind {cfg.critic_kind} (bins {want}) but the agent's critic has bins "
+            raise ValueError(f"{flag('critic_kind')} {cfg.critic_kind} (bins {want}) but the agent's critic has bins "
                              f"{agent.critic.num_bins}: build the agent from the same LossConfig")
         per_action = agent.spec.kind == "discrete" and not cfg.discrete_action_input
         if agent.critic.discrete != per_action:
-            raise ValueError(f"--discrete-action-input {str(cfg.discrete_action_input).lower()} but the agent's critic "
+            raise ValueError(f"{flag('discrete_action_input')} {str(cfg.discrete_action_input).lower()} but the agent's critic "
                              "was built with the other form: build the agent from the same LossConfig")
         return cls(agent.popart, bins)
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from icrl.agent.critic_kind import CriticReader
 from icrl.agent.graphs import CapturedStep, graphs_available
-from icrl.agent.losses import actor_loss, align_next, redq_members, td_targets
+from icrl.agent.losses import actor_loss, align_next, conservative_term, redq_members, td_targets
 from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig, LossConfig
 from icrl.config.resolve import resolve
@@ -65,7 +65,7 @@ def compute_loss(
     if per_action:
         out_all = agent.critic(s)  # [B, L, C, G, A(, K)]
         out_sa = read.at_action(out_all, action)  # [B, L, C, G(, K)]
-        with torch.no_grad():
+        with torch.set_grad_enabled(cfg.conservative_coeff > 0):  # only the conservative term differentiates it
             q_all = read.normalized_per_action(out_all)  # [B, L, C, G, A], read detached by the actor loss
     else:
         # a_t is the same for every discount: [B, L, 1, A] runs the critic's hidden stack once for all G
@@ -74,6 +74,9 @@ def compute_loss(
             with torch.no_grad():
                 q_all = read.normalized_per_action(agent.critic.every_action(s.detach()))  # [B, L, C, G, A]
     loss_c, metrics = read.loss(out_sa, y, valid)
+    if q_all is not None and per_action and cfg.conservative_coeff:  # CQL(H) on every action's value (method.md)
+        gap = conservative_term(q_all, action, valid)
+        loss_c, metrics["conservative"] = loss_c + cfg.conservative_coeff * gap, gap.detach()
 
     dist = agent.actor(s)  # batch [B, L, G]; the actor's gradient reaches the encoder through here
     loss_a, actor_metrics = actor_loss(

@@ -28,7 +28,7 @@ from icrl.nets.squash import symexp, symlog
 
 __all__ = [  # DEFAULT_GAMMAS is re-exported: the loss functions' callers often want the default discounts too
     "DEFAULT_GAMMAS", "Metrics", "ValueBins", "actor_loss", "advantage_filter", "align_next", "bins_to_value",
-    "classification_critic_loss", "critic_loss", "frozen_critic", "hl_gauss", "redq_members", "symexp",
+    "classification_critic_loss", "conservative_term", "critic_loss", "frozen_critic", "hl_gauss", "redq_members", "symexp",
     "symlog", "td_targets", "two_hot",
 ]
 
@@ -127,6 +127,22 @@ def critic_loss(
     err = _td_error(q_sa, y_norm, m)  # [B, L, C, G]
     loss = err.square().sum() / (valid.sum().clamp_min(1) * C * G)
     return loss, {"critic_loss": loss.detach(), **_value_metrics(q_sa, y_norm, err, m)}
+
+
+def conservative_term(q_all: torch.Tensor, action: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """CQL(H)'s term, logsumexp_a Q(s_t, a) - Q(s_t, a_t), masked mean over real transitions × C × G.
+
+    q_all [B, L, C, G, A]: a discrete critic's PopArt-normalised values of every action (differentiable);
+    action [B, L, G, A]: a_t one-hot per discount; valid [B, L] bool. Its gradient lowers every action in
+    proportion to softmax_a Q and raises the stored one, so an action the replay never holds at a state is pushed
+    down until it falls below the stored ones, while a stored action's value is still fitted by the TD error. The
+    values are in PopArt's units, so the term's weight means the same whatever the rewards' scale.
+    """
+    C, G = q_all.shape[-3:-1]
+    m = valid.bool()[..., None, None]  # [B, L, 1, 1]
+    q_data = (q_all * action.unsqueeze(-3)).sum(-1)  # [B, L, C, G]
+    gap = torch.where(m, torch.logsumexp(q_all, dim=-1) - q_data, q_all.new_zeros(()))  # padding never read
+    return gap.sum() / (valid.sum().clamp_min(1) * C * G)
 
 
 # ---------------------------------------------------------------- the classification critic (critic_kind twohot)

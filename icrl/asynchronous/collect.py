@@ -21,6 +21,7 @@ from icrl.asynchronous.protocol import (
     write_counters,
 )
 from icrl.config import ConfigError, ExperimentConfig
+from icrl.config.errors import flag
 from icrl.envs import Collector
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.envs.wrapper import agent_obs_space
@@ -57,7 +58,7 @@ def collect(run_dir: str | os.PathLike, collector_id: int = 0, *, device: str = 
     held = hold_exclusive(paths.collectors / f"{collector_id}.lock")  # one live collector per id
     if held is None:
         raise ConfigError(f"icrl collect: collector id {collector_id} is in use by another icrl collect on {run_dir}: "
-                          "two would share one counter and one seed stream; pass another --collector-id")
+                          f"two would share one counter and one seed stream; pass another {flag('collector_id')}")
     try:
         return _collect(paths, cfg, collector_id, device, max_env_steps, max_lead, stop)
     finally:

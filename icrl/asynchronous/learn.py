@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from icrl.agent.exploration import Exploration
 from icrl.asynchronous.protocol import AsyncPaths, RunCounters, StopFlag, counter_limit, publish_weights
 from icrl.config import ConfigError, ExperimentConfig
+from icrl.config.errors import flag
 from icrl.fileio import write_text_atomic
 from icrl.run.callbacks import Callbacks
 from icrl.run.components import Run, build_run
@@ -37,10 +38,10 @@ def update_ratio(cfg: ExperimentConfig, utd: float | None) -> float:
     """The max updates per stored env step: `utd`, by default the synchronous run's ratio."""
     upe = cfg.epoch_updates  # --updates-per-epoch (`CollectorFiles.prepare` sets replay_ratio's count where unset)
     if upe < 1:
-        raise ConfigError("icrl learn needs --updates-per-epoch >= 1 (its epochs are counted in updates)")
+        raise ConfigError(f"icrl learn needs {flag('updates_per_epoch')} >= 1 (its epochs are counted in updates)")
     ratio = upe / cfg.schedule.steps_per_epoch if utd is None else float(utd)
     if ratio <= 0:
-        raise ConfigError(f"--utd {utd} must be positive (max updates per env step stored)")
+        raise ConfigError(f"{flag('utd')} {utd} must be positive (max updates per env step stored)")
     return ratio
 
 

@@ -32,8 +32,22 @@ def speak_again(token: Token) -> None:
     _CLI_WORDS.reset(token)
 
 
-def setting(name: str, value: str = "") -> str:
-    """How the reader sets config field `name`: `--run-dir X` on the command line, `run_dir=X` in Python."""
+def speaks_cli() -> bool:
+    """Whether errors are being worded for the command line (inside `icrl.cli.main`)."""
+    return _CLI_WORDS.get()
+
+
+def flag(name: str) -> str:
+    """How the reader names setting `name` (a config field or a function's argument): `--run-dir` on the command
+    line, `run_dir` in Python."""
+    return "--" + name.replace("_", "-") if _CLI_WORDS.get() else name
+
+
+def setting(name: str, value: object = "") -> str:
+    """How the reader sets `name` to `value`: `--run-dir X` on the command line, `run_dir=X` in Python (a string
+    value quoted there, as it is typed; no value: a switch, `--resume` / `resume=True`)."""
     if _CLI_WORDS.get():
-        return "--" + name.replace("_", "-") + (f" {value}" if value else "")
-    return f"{name}={value or 'True'}"
+        return flag(name) + (f" {value}" if value != "" else "")
+    if value == "":
+        return f"{name}=True"
+    return f"{name}={value!r}" if isinstance(value, str) and not value.isupper() else f"{name}={value}"

@@ -93,7 +93,7 @@ def apply_overrides(cfg: ExperimentConfig, sets: list[str]) -> ExperimentConfig:
         key, _, text = item.partition("=")
         group, _, name = key.rpartition(".")
         if name not in owners or group not in ("", owners[name]):
-            raise ConfigError(f"--set {item!r}: expected field=value naming a field of ExperimentConfig")
+            raise ConfigError(f"{item!r}: expected field=value naming a field of ExperimentConfig")
         try:
             value = json.loads(text)
         except json.JSONDecodeError:

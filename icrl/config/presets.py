@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, ModelConfig
-from icrl.config.errors import ConfigError
+from icrl.config.errors import ConfigError, flag
 
 
 def _small_run(cfg: ExperimentConfig, run_dir: str, total_env_steps: int, eval_every: int, eval_rollouts: int) -> ExperimentConfig:
@@ -148,7 +148,7 @@ def preset_config(name: str, env_kwargs: dict[str, Any] | None = None) -> Experi
     try:
         cfg = fn(**{k: v for k, v in kwargs.items() if k in params})
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"--preset {name} cannot take --env-kwargs {json.dumps(kwargs)}: {e}") from e
+        raise ConfigError(f"{flag('preset')} {name} cannot take {flag('env_kwargs')} {json.dumps(kwargs)}: {e}") from e
     if not kwargs:
         return cfg
     return cfg.replace(env_kwargs=json.dumps({**cfg.env.kwargs, **kwargs}))

@@ -20,14 +20,10 @@ import typing
 from typing import Any, Literal
 
 from icrl.config.bounds import field_range
+from icrl.config.errors import flag, setting
 from icrl.config.groups import ConfigGroups
 from icrl.config.loss import TWOHOT_FIELDS, LossConfig
 from icrl.config.model import ModelConfig
-
-
-def flag(name: str) -> str:
-    """The command-line flag of a config field (`icrl train` omits the group prefixes)."""
-    return "--" + name.replace("_", "-")
 
 
 def _type_name(hint: Any) -> str:
@@ -105,9 +101,9 @@ def field_errors(cfg: ConfigGroups, only: set[str] | None = None) -> list[str]:
             if span is not None and value is not None and not span.holds(value):
                 errors.append(f"{flag(f.name)} must be {span}, got {value!r}")
     if not isinstance(cfg.env.env, str) or not cfg.env.env.strip():
-        errors.append("--env must name a task (see `icrl envs`), got an empty string")
+        errors.append(f"{flag('env')} must name a task (see `icrl envs`), got an empty string")
     if isinstance(cfg.run.run_dir, str) and not cfg.run.run_dir.strip():
-        errors.append("--run-dir must name a folder, got an empty string")
+        errors.append(f"{flag('run_dir')} must name a folder, got an empty string")
     return errors
 
 
@@ -119,7 +115,7 @@ def _env_checks(cfg: ConfigGroups) -> list[Check]:
     return [
         (
             not (e.episodes_per_rollout > 1 and e.rollout_horizon is not None),
-            "--episodes-per-rollout and --rollout-horizon both set: choose one way to end a rollout",
+            f"{flag('episodes_per_rollout')} and {flag('rollout_horizon')} both set: choose one way to end a rollout",
         ),
     ]
 
@@ -129,7 +125,7 @@ def _explore_checks(cfg: ConfigGroups) -> list[Check]:
     return [
         (
             x.eps_shape in (None, "flat") or x.shape_horizon is not None,
-            f"--eps-shape {x.eps_shape} needs --shape-horizon N (the rollout length the shape is laid over)",
+            f"{setting('eps_shape', x.eps_shape)} needs {setting('shape_horizon', 'N')} (the rollout length the shape is laid over)",
         ),
     ]
 
@@ -137,20 +133,20 @@ def _explore_checks(cfg: ConfigGroups) -> list[Check]:
 def _model_loss_checks(cfg: ConfigGroups) -> list[Check]:
     m, lo = cfg.model, cfg.loss
     return [
-        (m.d_model % m.heads == 0, f"--d-model {m.d_model} is not divisible by --heads {m.heads}"),
+        (m.d_model % m.heads == 0, f"{flag('d_model')} {m.d_model} is not divisible by {flag('heads')} {m.heads}"),
         (m.pos_emb != "rope" or m.d_model % (2 * m.heads) == 0,
-         f"--pos-emb rope rotates pairs of a head's dims: --d-model {m.d_model} / --heads {m.heads} must be even"),
+         f"{setting('pos_emb', 'rope')} rotates pairs of a head's dims: {flag('d_model')} {m.d_model} / {flag('heads')} {m.heads} must be even"),
         (m.continuous_dist == "gmm" or m.gmm_components == ModelConfig.gmm_components,
-         "--gmm-components applies to --continuous-dist gmm"),
-        (m.context >= 2, "--max-seq-len must be >= 2 (a TD transition needs two timesteps)"),
-        (len(lo.gammas) >= 1 and all(0 <= g < 1 for g in lo.gammas), "--gammas must lie in [0, 1)"),
+         f"{flag('gmm_components')} applies to {setting('continuous_dist', 'gmm')}"),
+        (m.context >= 2, f"{flag('max_seq_len')} must be >= 2 (a TD transition needs two timesteps)"),
+        (len(lo.gammas) >= 1 and all(0 <= g < 1 for g in lo.gammas), f"{flag('gammas')} must lie in [0, 1)"),
         (
             1 <= lo.redq_subset <= lo.num_critics,
-            f"--redq-subset {lo.redq_subset} must be between 1 and --num-critics {lo.num_critics}",
+            f"{flag('redq_subset')} {lo.redq_subset} must be between 1 and {flag('num_critics')} {lo.num_critics}",
         ),
         (
             m.max_seq_len is None or lo.td_steps < m.max_seq_len,  # unset: checked once the task's context is known
-            f"--n-step {lo.td_steps} must be below --max-seq-len {m.max_seq_len} (an n-step return needs n + 1 "
+            f"{flag('n_step')} {lo.td_steps} must be below {flag('max_seq_len')} {m.max_seq_len} (an n-step return needs n + 1 "
             "timesteps of the training window)",
         ),
     ]
@@ -160,9 +156,9 @@ def _critic_checks(cfg: ConfigGroups) -> list[Check]:
     lo, default = cfg.loss, LossConfig()
     stray = [flag(n) for n in TWOHOT_FIELDS if getattr(lo, n) != getattr(default, n)]
     return [
-        (lo.critic_kind == "twohot" or not stray, f"{', '.join(stray)} only apply to --critic-kind twohot"),
+        (lo.critic_kind == "twohot" or not stray, f"{', '.join(stray)} only apply to {setting('critic_kind', 'twohot')}"),
         (lo.critic_min_value < lo.critic_max_value,
-         f"--critic-min-value {lo.critic_min_value} must be below --critic-max-value {lo.critic_max_value}"),
+         f"{flag('critic_min_value')} {lo.critic_min_value} must be below {flag('critic_max_value')} {lo.critic_max_value}"),
     ]
 
 
@@ -171,13 +167,13 @@ def _schedule_checks(cfg: ConfigGroups) -> list[Check]:
     return [
         (
             sc.steps_per_epoch >= e.parallel_envs,
-            f"--steps-per-epoch {sc.steps_per_epoch} is below --parallel-envs {e.parallel_envs}: "
+            f"{flag('steps_per_epoch')} {sc.steps_per_epoch} is below {flag('parallel_envs')} {e.parallel_envs}: "
             "each epoch steps every env at least once",
         ),
         (
             sc.env_steps >= e.parallel_envs or (sc.env_steps == 0 and r.offline_updates > 0),
-            f"--total-env-steps {sc.env_steps} is below --parallel-envs {e.parallel_envs}: a run steps every env at "
-            "least once (or 0 with --offline-updates: offline training)",
+            f"{flag('total_env_steps')} {sc.env_steps} is below {flag('parallel_envs')} {e.parallel_envs}: a run steps every env at "
+            f"least once (or 0 with {flag('offline_updates')}: offline training)",
         ),
     ]
 
@@ -187,17 +183,17 @@ def _replay_checks(cfg: ConfigGroups) -> list[Check]:
     return [
         (
             r.offline_data is not None or (r.offline_updates == 0 and r.offline_fraction is None),
-            "--offline-updates and --offline-fraction need --offline-data PATH_OR_MINARI_ID",
+            f"{flag('offline_updates')} and {flag('offline_fraction')} need {flag('offline_data')} PATH_OR_MINARI_ID",
         ),
         (
             r.offline_updates == 0 or (cfg.epoch_updates >= 1 and sc.start_updates_after == 0),
-            "--offline-updates trains before any env step: it needs --updates-per-epoch >= 1 and "
-            "--start-updates-after 0",
+            f"{flag('offline_updates')} trains before any env step: it needs {flag('updates_per_epoch')} >= 1 and "
+            f"{setting('start_updates_after', 0)}",
         ),
         (
             r.relabel == "none" or (e.chunk_len is None and e.episodes_per_rollout == 1 and e.rollout_horizon is None),
-            f"--relabel {r.relabel} needs whole single-episode rollouts: unset --chunk-len, "
-            "--episodes-per-rollout and --rollout-horizon",
+            f"{flag('relabel')} {r.relabel} needs whole single-episode rollouts: unset {flag('chunk_len')}, "
+            f"{flag('episodes_per_rollout')} and {flag('rollout_horizon')}",
         ),
     ]
 
@@ -279,10 +275,10 @@ def memory_estimate(cfg: ConfigGroups, update: bool = True, obs_numbers: tuple[i
 
 
 _ADVICE = {
-    "parameters": "lower --d-model, --d-ff, --layers, --head-hidden, --head-layers, --num-critics or --max-time "
-                  "(or --tstep-hidden, or the observation's size, e.g. gymnasium.wrappers.ResizeObservation)",
-    "acting": "lower --parallel-envs, --max-seq-len, --layers or --d-model",
-    "activations": "lower --batch-size or --max-seq-len (or the widths: --d-model, --d-ff, --head-hidden)",
+    "parameters": f"lower {flag('d_model')}, {flag('d_ff')}, {flag('layers')}, {flag('head_hidden')}, {flag('head_layers')}, {flag('num_critics')} or {flag('max_time')} "
+                  f"(or {flag('tstep_hidden')}, or the observation's size, e.g. gymnasium.wrappers.ResizeObservation)",
+    "acting": f"lower {flag('parallel_envs')}, {flag('max_seq_len')}, {flag('layers')} or {flag('d_model')}",
+    "activations": f"lower {flag('batch_size')} or {flag('max_seq_len')} (or the widths: {flag('d_model')}, {flag('d_ff')}, {flag('head_hidden')})",
 }
 
 
@@ -316,16 +312,16 @@ def device_error(name: str) -> str | None:
     try:
         dev = torch.device(name)
     except (RuntimeError, TypeError, ValueError):
-        return f"--device {name!r} is not a torch device; use auto, cpu, cuda or cuda:N"
+        return f"{flag('device')} {name!r} is not a torch device; use auto, cpu, cuda or cuda:N"
     if dev.type == "cpu":
         return None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            return f"--device {name}: this machine (or torch build) has no usable CUDA device; use --device cpu or auto"
+            return f"{flag('device')} {name}: this machine (or torch build) has no usable CUDA device; use {setting('device', 'cpu')} or auto"
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            return f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here (cuda:0 ..); pick one of them"
+            return f"{flag('device')} {name}: only {torch.cuda.device_count()} CUDA device(s) here (cuda:0 ..); pick one of them"
         return None
     if dev.type == "mps":
         ok = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-        return None if ok else f"--device {name}: MPS is not available here; use --device cpu or auto"
-    return f"--device {name!r}: icrl runs on cpu, cuda or mps devices; use --device auto"
+        return None if ok else f"{flag('device')} {name}: MPS is not available here; use {setting('device', 'cpu')} or auto"
+    return f"{flag('device')} {name!r}: icrl runs on cpu, cuda or mps devices; use {setting('device', 'auto')}"

@@ -37,6 +37,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from icrl.config.errors import flag
 from icrl.envs.wrapper import _flatten_obs_space, action_to_vector, agent_action_space
 from icrl.types import ActionSpec, Rollout
 
@@ -95,7 +96,7 @@ def check_spaces(
     if problems:
         raise SpaceMismatchError(
             f"offline data {source} does not fit the env: it has " + "; ".join(problems) + ". Train with the "
-            "--env (and --env-kwargs) the data was recorded in."
+            f"{flag('env')} (and {flag('env_kwargs')}) the data was recorded in."
         )
 
 
@@ -352,7 +353,7 @@ def write_minari(
     if target.exists() and not overwrite:
         raise FileExistsError(
             f"the Minari dataset {dataset_id!r} already exists at {target}; choose another id (e.g. bump its -vN "
-            "version) or pass --overwrite to replace it"
+            f"version) or pass {flag('overwrite')} to replace it"
         )
     root = get_dataset_path()
     tmp = root / f".icrl-export-{uuid.uuid4().hex[:8]}"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from icrl.config import ConfigError, ExperimentConfig
+from icrl.config.errors import flag
 from icrl.data.minari_io import (
     OfflineDataNotFoundError,
     SpaceMismatchError,
@@ -58,7 +59,7 @@ def resolve_source(source: str) -> tuple[SourceKind, list[Path] | str]:
     """
     path = Path(source).expanduser()
     if path.is_file():
-        raise ValueError(f"--offline-data {source}: a file; pass a folder of rollout files or a Minari dataset")
+        raise ValueError(f"{flag('offline_data')} {source}: a file; pass a folder of rollout files or a Minari dataset")
     if not path.is_dir():
         return "minari", source
     if (path / "data" / "metadata.json").is_file() or (path / "metadata.json").is_file():
@@ -99,7 +100,7 @@ def read_rollout_folders(folders: list[Path], env_obs_space, action_spec: Action
             problems.append(f"prev_action width {rollout.prev_action.shape[1]} (the env's: {action_spec.dim})")
         if problems:
             raise SpaceMismatchError(f"rollout file {f.path} does not fit the env: " + "; ".join(problems)
-                                     + ". Train with the --env (and --env-kwargs) the rollouts were collected in.")
+                                     + f". Train with the {flag('env')} (and {flag('env_kwargs')}) the rollouts were collected in.")
         yield rollout
 
 
@@ -141,7 +142,7 @@ def _read_manifest(manifest: Path) -> dict:
     if problem is not None:
         raise ConfigError(f"{manifest} is damaged: {problem}. It records this run's offline import; to import "
                           f"again, remove it and the rollouts that import put in {manifest.parent / 'protected'} "
-                          "(or train in another --run-dir)")
+                          f"(or train in another {flag('run_dir')})")
     return record
 
 
@@ -168,7 +169,7 @@ def import_offline_data(cfg: ExperimentConfig, replay_root: str | os.PathLike, s
     """
     source = cfg.replay.offline_data if source is None else source
     if source is None:
-        raise ConfigError("no offline data given: pass --offline-data PATH_OR_MINARI_ID")
+        raise ConfigError(f"no offline data given: pass {flag('offline_data')} PATH_OR_MINARI_ID")
     root = Path(replay_root)
     (root / "protected").mkdir(parents=True, exist_ok=True)
     _undo_interrupted(root)
@@ -177,12 +178,12 @@ def import_offline_data(cfg: ExperimentConfig, replay_root: str | os.PathLike, s
         record = _read_manifest(manifest)
         if record["source"] != str(source):
             raise ConfigError(f"{root} already holds offline data from {record['source']!r}, not {source!r}; "
-                              "train in another --run-dir")
+                              f"train in another {flag('run_dir')}")
         return record
     kind, where = resolve_source(str(source))
     own = {p.resolve() for p in (root, root / "fifo", root / "protected")}
     if kind == "rollouts" and any(Path(f).resolve() in own for f in where):
-        raise ConfigError(f"--offline-data {source} is this run's own replay; pass another run's folder")
+        raise ConfigError(f"{flag('offline_data')} {source} is this run's own replay; pass another run's folder")
     staging = root / f"{_STAGING}{uuid.uuid4().hex[:8]}"
     staging.mkdir()
     names, timesteps = [], 0
@@ -193,7 +194,7 @@ def import_offline_data(cfg: ExperimentConfig, replay_root: str | os.PathLike, s
             names.append(name)
             timesteps += rollout.num_timesteps
         if not names:
-            raise ValueError(f"--offline-data {source} holds no episodes")
+            raise ValueError(f"{flag('offline_data')} {source} holds no episodes")
         if hasattr(os, "sync"):
             os.sync()  # one flush for all staged files instead of an fsync per file
         record = {"source": str(source), "kind": kind, "rollouts": len(names), "timesteps": timesteps}

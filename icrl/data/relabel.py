@@ -24,6 +24,7 @@ from typing import Literal
 
 import numpy as np
 
+from icrl.config.errors import flag, setting
 from icrl.envs.tasks.instruction import InstructionProgress
 from icrl.types import Rollout
 
@@ -95,12 +96,12 @@ class HindsightRelabeler:
         if GOAL_KEY not in rollout.obs or rollout.achieved is None:
             raise GoalContractError(
                 "hindsight relabeling needs goal-conditioned rollouts (obs['goal'] and Rollout.achieved); "
-                "this env does not follow docs/CONTRACTS.md. Train with --relabel none."
+                f"this env does not follow docs/CONTRACTS.md. Train with {setting('relabel', 'none')}."
             )
         if rollout.time[0] != 0 or rollout.reset[1:].any():
             raise GoalContractError(
-                "hindsight relabeling needs whole single-episode rollouts: unset --chunk-len, "
-                "--episodes-per-rollout and --rollout-horizon, or train with --relabel none"
+                f"hindsight relabeling needs whole single-episode rollouts: unset {flag('chunk_len')}, "
+                f"{flag('episodes_per_rollout')} and {flag('rollout_horizon')}, or train with {setting('relabel', 'none')}"
             )
         instruction = np.asarray(rollout.obs[GOAL_KEY][0], dtype=np.int64)  # [k]
         achieved = np.asarray(rollout.achieved, dtype=np.int64)  # [T+1, K]
@@ -144,12 +145,12 @@ class HindsightRelabeler:
             raise GoalContractError(
                 f"stored reward {stored[t]} at step {t} differs from the {reward[t]} that the instruction and "
                 "the achievement record imply (docs/CONTRACTS.md: 1 per sub-goal completed in order, no other "
-                "reward); fix the env or train with --relabel none"
+                f"reward); fix the env or train with {setting('relabel', 'none')}"
             )
         if not np.array_equal(np.asarray(rollout.obs[GOAL_KEY]), goal_obs):
             raise GoalContractError(
                 "stored obs['goal'] differs from the instruction with its completed slots zeroed "
-                "(docs/CONTRACTS.md); fix the env or train with --relabel none"
+                f"(docs/CONTRACTS.md); fix the env or train with {setting('relabel', 'none')}"
             )
 
 

@@ -13,6 +13,8 @@ import inspect
 import json
 from typing import Any, Callable
 
+from icrl.config.errors import flag
+
 
 def _kind(value: Any) -> str:
     if value is None:
@@ -42,13 +44,13 @@ def check_kwarg_types(factory: Callable[..., Any], name: str, kwargs: dict[str, 
         want, got = _kind(param.default), _kind(value)
         if want in ("number", "string", "list", "object") and want != got:
             raise ValueError(
-                f"env {name!r}: --env-kwargs {key!r} must be a {want} (its default is "
+                f"env {name!r}: {flag('env_kwargs')} {key!r} must be a {want} (its default is "
                 f"{json.dumps(param.default, default=str)}), got {json.dumps(value, default=str)}; fix that value"
             )
         exact = _exact_kind_error(param.default, value)
         if exact is not None:
             raise ValueError(
-                f"env {name!r}: --env-kwargs {key!r} must be {exact} (its default is "
+                f"env {name!r}: {flag('env_kwargs')} {key!r} must be {exact} (its default is "
                 f"{json.dumps(param.default, default=str)}), got {json.dumps(value, default=str)}; fix that value"
             )
 

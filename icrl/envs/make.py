@@ -125,7 +125,7 @@ def _resolve_factory(name: str) -> Callable[..., gym.Env] | None:
         raise ValueError(
             f"env {name!r} names {attr!r} in the running script (__main__), which has no such name: an env class "
             "defined in a script is passed as a Python object, icrl.train(cfg, env=MyEnv); on the command line "
-            "name it package.module:factory (a run trained on one: icrl eval RUN --env package.module:factory, "
+            f"name it package.module:factory (a run trained on one: icrl eval RUN --env package.module:factory, "
             "or icrl.load(RUN) for the policy alone)"
         )
     if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name):  # '../x', 'a/b', '.x': not a module path

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
+from icrl.config.errors import flag, setting, speaks_cli
 from icrl.envs.make import make_env
 from icrl.envs.registry import ENV_FAMILIES, TASKS
 from icrl.envs.wrapper import TimestepWrapper
@@ -219,6 +220,14 @@ class EnvOverride:
     """--trust-run-env: build the run's env even when config.json names code to import and call."""
 
 
+def _pass_env(name: str) -> str:
+    """The way to hand icrl an env by hand, worded for the reader: `--env NAME` on the command line; in Python
+    `env=` the env itself (its class or factory) or its name."""
+    if speaks_cli():
+        return f"pass {setting('env', name)}"
+    return f"pass {setting('env', name)} (or the env's class or factory itself)"
+
+
 def run_env_config(cfg: Any, run_dir: Any, override: EnvOverride = EnvOverride()) -> Any:
     """The run's config with the env the user chose; RunEnvError (one line) when it names code and the user
     neither named an env nor opted in. Call it before anything builds an env from a run's config."""
@@ -231,12 +240,12 @@ def run_env_config(cfg: Any, run_dir: Any, override: EnvOverride = EnvOverride()
     if rebuild_kind(e.env) == "none":
         raise RunEnvError(
             f"{run_dir} was trained on {e.env!r}, an env given to icrl.train as a Python object that cannot be "
-            "rebuilt from its name: pass the env with --env package.module:factory (and --env-kwargs)"
+            f"rebuilt from its name: {_pass_env('package.module:factory')} (and {flag('env_kwargs')})"
         )
     if not override.trust_run_env and not is_safe_env_name(e.env):
         raise RunEnvError(
             f"{run_dir}/config.json names the env {e.env!r}, code that icrl would import and call; a run directory "
-            f"is data, so icrl does not run it: pass --env {e.env} to build it anyway (or --trust-run-env), or "
-            "--env NAME for an env with the same spaces"
+            f"is data, so icrl does not run it: {_pass_env(e.env)} to build it anyway (or {setting('trust_run_env')}), "
+            "or another env with the same spaces"
         )
     return dataclasses.replace(cfg, env=e)

@@ -28,7 +28,7 @@ from safetensors.torch import save_model
 
 from icrl.agent.model import Agent
 from icrl.config import ExperimentConfig
-from icrl.config.errors import first_line
+from icrl.config.errors import first_line, flag
 from icrl.dicts import flatten
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import atomic_path
@@ -49,7 +49,7 @@ def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = Non
             save_model(agent, str(tmp), metadata=metadata)
     except (SafetensorError, OSError) as e:  # a full disk: one line (exit 2 on the command line), the old file kept
         raise OSError(f"could not write the weights {path} ({first_line(e)}); the previous file and the checkpoints "
-                      "are kept: free some disk space and resume with --resume") from e
+                      f"are kept: free some disk space and resume with {flag('resume')}") from e
     return path
 
 
@@ -315,7 +315,7 @@ def record_video(
     from icrl.run.load import load_agent
 
     if num_rollouts < 1:
-        raise ValueError(f"--video needs at least 1 rollout, got {num_rollouts}")
+        raise ValueError(f"{flag('video')} needs at least 1 rollout, got {num_rollouts}")
     override = override or EnvOverride()
     agent, cfg = load_agent(run_dir, checkpoint, override=override)
     e = run_env_config(cfg, run_dir, override).env

@@ -37,7 +37,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
-from icrl.config.errors import first_line
+from icrl.config.errors import first_line, flag
 from icrl.fileio import atomic_path, check_inside, fsync_file, write_text_atomic
 from icrl.guards import assert_finite_weights
 from icrl.nets.transformer import refresh_acting_weights
@@ -135,7 +135,7 @@ def save_checkpoint(
     except (SafetensorError, OSError, RuntimeError) as e:  # a full disk, a quota: torch says RuntimeError
         raise CheckpointError(
             f"could not write checkpoint {final} ({first_line(e)}); the previous checkpoints are kept: free "
-            "some disk space and resume with --resume"
+            f"some disk space and resume with {flag('resume')}"
         ) from e
     prune_checkpoints(run_dir, keep)
     return final

@@ -28,6 +28,7 @@ from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
+from icrl.config.errors import flag, setting
 from icrl.config.resolve import kept_schedule, resolve
 from icrl.config.validation import field_errors, memory_error
 from icrl.data import DiskReplay, ReplayLoader, make_loader
@@ -128,8 +129,8 @@ def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRela
     space = venv.single_observation_space
     if not isinstance(space, gym.spaces.Dict) or "achieved" not in space.spaces:
         raise ConfigError(
-            f"--relabel {r.relabel}: this env does not report the goals it achieved (docs/CONTRACTS.md, "
-            "goal-conditioned tasks such as mazerunner or package_delivery); use --relabel none"
+            f"{flag('relabel')} {r.relabel}: this env does not report the goals it achieved (docs/CONTRACTS.md, "
+            f"goal-conditioned tasks such as mazerunner or package_delivery); use {setting('relabel', 'none')}"
         )
     return HindsightRelabeler(r.relabel, rare_goals=r.relabel_rare_goals)
 

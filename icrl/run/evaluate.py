@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from icrl.config import ExperimentConfig
+from icrl.config.errors import flag, setting
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import write_text_atomic
 from icrl.parallel import Replicas
@@ -108,7 +109,8 @@ def check_env_fits(venv, spaces: tuple | None, env_name: str) -> None:
 
 def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: torch.device, env: Any = None,
                    n_episodes: int = 10, deterministic: bool = True, *, env_kwargs: dict[str, Any] | None = None,
-                   seed: int = 0, parallel_envs: int | None = None, max_steps: int | None = None) -> dict[str, Any]:
+                   seed: int = 0, parallel_envs: int | None = None, max_steps: int | None = None,
+                   trust_run_env: bool = False) -> dict[str, Any]:
     """`icrl.evaluate` (icrl.policy.evaluate, which documents the arguments) for an agent of a run with config
     `cfg` trained on the env's `spaces` (observation, action); callbacks evaluate a training agent with it."""
     import dataclasses
@@ -119,7 +121,7 @@ def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: tor
     if n_episodes < 1:
         raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
     if env is None:
-        cfg = run_env_config(cfg, "the policy's run")  # refuses a run env that names code
+        cfg = run_env_config(cfg, "the policy's run", EnvOverride(trust_run_env=trust_run_env))  # refuses code
     src = resolve_env(cfg.env.env if env is None else env)
     if env_kwargs is None:
         env_kwargs = src.env_kwargs or (cfg.env.kwargs if src.name == cfg.env.env else {})
@@ -140,9 +142,9 @@ def eval_device(device: str) -> torch.device:
     try:
         dev = resolve_device(device)
     except RuntimeError as e:
-        raise RunDirError(f"--device {device!r} is not a torch device ({e})") from e
+        raise RunDirError(f"{flag('device')} {device!r} is not a torch device ({e})") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RunDirError(f"--device {device}: this torch build has no usable CUDA device; use --device cpu")
+        raise RunDirError(f"{flag('device')} {device}: this torch build has no usable CUDA device; use {setting('device', 'cpu')}")
     return dev
 
 
@@ -168,9 +170,9 @@ def evaluate_run(
     from icrl.spaces_json import read_spaces
 
     if rollouts is not None and rollouts < 1:
-        raise RunDirError(f"--rollouts must be >= 1, got {rollouts}")
+        raise RunDirError(f"{flag('rollouts')} must be >= 1, got {rollouts}")
     if parallel_envs is not None and parallel_envs < 1:
-        raise RunDirError(f"--parallel-envs must be >= 1, got {parallel_envs}")
+        raise RunDirError(f"{flag('parallel_envs')} must be >= 1, got {parallel_envs}")
     dev = eval_device(device)
     agent, cfg = load_agent(run_dir, checkpoint, dev, override)
     cfg = run_env_config(cfg, run_dir, override)

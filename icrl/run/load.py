@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from icrl.config import ExperimentConfig
+from icrl.config.errors import flag
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import OutsideRunDirError, atomic_path, check_inside
 
@@ -123,7 +124,7 @@ def load_weights(agent: Agent, path: Path, device: str | torch.device = "cpu") -
         raise RunDirError(f"cannot read weights {path}: {e}") from e
     except RuntimeError as e:  # shape mismatch
         first = str(e).strip().splitlines()[-1].strip()
-        raise RunDirError(f"weights {path} do not fit the run's config: {first}; pick others with --checkpoint") from e
+        raise RunDirError(f"weights {path} do not fit the run's config: {first}; pick others with {flag('checkpoint')}") from e
     if missing or unexpected:
         names = ", ".join(sorted([*missing, *unexpected])[:3])
         raise RunDirError(f"weights {path} do not fit the run's config (missing or unexpected: {names}...)")
@@ -132,7 +133,7 @@ def load_weights(agent: Agent, path: Path, device: str | torch.device = "cpu") -
     bad = nonfinite_tensors(agent)  # a policy acting on NaN weights would return action 0, silently
     if bad:
         raise RunDirError(f"weights {path} hold NaN or inf in {len(bad)} tensor(s) (first: {bad[0]}); pick a "
-                          "finite checkpoint with --checkpoint (icrl.load: a checkpoint folder)")
+                          f"finite checkpoint with {flag('checkpoint')} (icrl.load: a checkpoint folder)")
     agent.refresh_acting_weights()  # acting multiplies by σReparam snapshots: of these weights, not earlier ones
     agent.eval()
 
@@ -245,7 +246,7 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | Path | None =
     if out.suffix.lower() != ".zip":
         raise RunDirError(f"{out}: the export is a .zip file; name it e.g. {out.with_suffix('.zip').name}")
     if out.exists() and not overwrite:
-        raise RunDirError(f"{out} exists; choose another name or pass --overwrite")
+        raise RunDirError(f"{out} exists; choose another name or pass {flag('overwrite')}")
     for name in REQUIRED[:2]:
         if not (run_dir / name).is_file():
             raise RunDirError(f"{run_dir} has no {name}; pass a run directory written by `icrl train`")
@@ -257,7 +258,7 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | Path | None =
                 check_inside(run_dir, path)
             except OutsideRunDirError as e:
                 raise RunDirError(f"{path} leads outside {run_dir}: icrl exports only the run directory's own files; "
-                                  "replace that symlink by the file, or pass the weights with --checkpoint") from e
+                                  f"replace that symlink by the file, or pass the weights with {flag('checkpoint')}") from e
     from icrl import __version__
 
     manifest = {"format": "icrl-export/1", "icrl_version": __version__, "run_dir": str(run_dir),

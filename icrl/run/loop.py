@@ -22,6 +22,7 @@ import torch
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent
 from icrl.config import ConfigError, ExperimentConfig
+from icrl.config.errors import flag
 from icrl.envs import Collector
 from icrl.parallel import Replicas
 from icrl.run.artifacts import finish_run, hint_critic_reach
@@ -318,8 +319,8 @@ class Collecting:
     def prepare(cfg: ExperimentConfig, world_size: int) -> ExperimentConfig:
         if cfg.schedule.steps_per_epoch // world_size < cfg.env.parallel_envs:
             raise ConfigError(
-                f"--steps-per-epoch {cfg.schedule.steps_per_epoch} split over {world_size} processes is below "
-                f"--parallel-envs {cfg.env.parallel_envs}: raise --steps-per-epoch to at least "
+                f"{flag('steps_per_epoch')} {cfg.schedule.steps_per_epoch} split over {world_size} processes is below "
+                f"{flag('parallel_envs')} {cfg.env.parallel_envs}: raise {flag('steps_per_epoch')} to at least "
                 f"{world_size * cfg.env.parallel_envs}"
             )
         return cfg

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from rich.console import Console
 
 from icrl.config import ExperimentConfig
+from icrl.config.errors import flag
 from icrl.fileio import check_inside, open_regular
 
 
@@ -47,7 +48,7 @@ class MetricsLog:
             fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except OSError as e:
             raise OSError(f"{self.path} is not a regular file ({e.strerror or e}): icrl appends metrics only to "
-                          "its own file; remove it, or choose another --run-dir") from e
+                          f"its own file; remove it, or choose another {flag('run_dir')}") from e
         self._file = open(fd, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
 
     def write(self, row: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent
 from icrl.config import ConfigError, ExperimentConfig
-from icrl.config.errors import setting
+from icrl.config.errors import flag, setting
 from icrl.dicts import flatten
 from icrl.fileio import open_regular, write_text_atomic
 from icrl.parallel import Replicas
@@ -94,8 +94,8 @@ def check_resume_target(cfg: ExperimentConfig) -> None:
     one line, so a mistyped path never silently trains from scratch beside the run it meant."""
     run_dir = run_path(cfg)
     if cfg.run.resume and not run_dir.exists():
-        raise ConfigError(f"--resume: --run-dir {run_dir} does not exist (a typo?); pass the run's folder, or drop "
-                          "--resume to start a new run there")
+        raise ConfigError(f"{setting('resume')}: {setting('run_dir', str(run_dir))} does not exist (a typo?); pass the "
+                          f"run's folder, or drop {setting('resume')} to start a new run there")
 
 
 def check_run_dir(cfg: ExperimentConfig) -> None:
@@ -114,7 +114,7 @@ def check_run_dir(cfg: ExperimentConfig) -> None:
     try:
         old = json.loads(ExperimentConfig.from_json(path.read_text(encoding="utf-8")).to_json())
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{setting('resume')}: cannot read the run's config {path} ({e}); choose another --run-dir") from e
+        raise ConfigError(f"{setting('resume')}: cannot read the run's config {path} ({e}); choose another {flag('run_dir')}") from e
     new = json.loads(cfg.to_json())
     a, b = flatten(old), flatten(new)
     if "loss.popart_max_ratio" in a and a["loss.popart_max_ratio"] is None:
@@ -265,18 +265,18 @@ def check_run_dir_usable(run_dir: str | os.PathLike) -> None:
     is not writable. Writes nothing."""
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"--run-dir {path} is a file, not a folder: remove it or choose another --run-dir")
+        raise ConfigError(f"{flag('run_dir')} {path} is a file, not a folder: remove it or choose another {flag('run_dir')}")
     probe = path
     while not probe.exists():
         if probe.parent == probe:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise ConfigError(f"--run-dir {path}: {probe} is a file, so the folder cannot be created; choose another --run-dir")
+        raise ConfigError(f"{flag('run_dir')} {path}: {probe} is a file, so the folder cannot be created; choose another {flag('run_dir')}")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         what = "folder" if probe == path else f"parent folder {probe}"
-        raise ConfigError(f"--run-dir {path}: the {what} is not writable by this user; fix its permissions or "
-                          "choose another --run-dir")
+        raise ConfigError(f"{flag('run_dir')} {path}: the {what} is not writable by this user; fix its permissions or "
+                          f"choose another {flag('run_dir')}")
 
 
 def _holder(lock_path: Path) -> str:

@@ -33,7 +33,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 
 def test_deeply_nested_json_is_a_config_error_not_a_recursion_error(tmp_path):
-    with pytest.raises(ConfigError, match="--env-kwargs is nested too deeply"):
+    with pytest.raises(ConfigError, match="env_kwargs is nested too deeply"):
         ExperimentConfig().replace(env_kwargs='{"a": ' + DEEP + "}").validate()
     with pytest.raises(ConfigError, match="nested too deeply"):
         ExperimentConfig.from_json(DEEP)
@@ -51,7 +51,7 @@ def test_train_refuses_what_is_not_a_config_with_a_type_error(cfg):
 
 
 def test_resume_on_a_run_dir_that_does_not_exist_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="--resume: --run-dir .*does not exist"):
+    with pytest.raises(ConfigError, match="resume=True: run_dir=.*does not exist"):
         icrl.train(tiny_cfg(tmp_path / "typo").replace(resume=True))
     assert not (tmp_path / "typo").exists()
 
@@ -197,11 +197,11 @@ def test_the_python_api_says_what_the_cli_says(policy, tmp_path):
     positional `deterministic` at `predict`, which would otherwise be read as the reward."""
     from icrl.config import ConfigError, ExperimentConfig
 
-    with pytest.raises(ConfigError, match="--total-env-steps must be an integer"):
+    with pytest.raises(ConfigError, match="total_env_steps must be an integer"):
         ExperimentConfig().replace(total_env_steps="lots")
     cfg = ExperimentConfig()
     object.__setattr__(cfg.schedule, "total_env_steps", "lots")  # past `replace`: icrl.train checks it first
-    with pytest.raises(ConfigError, match="--total-env-steps must be an integer"):
+    with pytest.raises(ConfigError, match="total_env_steps must be an integer"):
         icrl.train(cfg)
     for device, words in (("tpu", "not a torch device"), (5, "must be a str or torch.device")) + (
             () if torch.cuda.is_available() else (("cuda", "no usable CUDA device"),)):

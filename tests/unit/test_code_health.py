@@ -1,6 +1,6 @@
-"""Static checks that keep the code base readable: short functions, small modules, the training loop as a
-leaf that nothing else imports, layers that import only downwards, and a layout (docs/layout.md) that names
-every module that exists."""
+"""Static checks that keep the code base's shape: the training loop as a leaf that nothing else imports, layers that
+import only downwards, no import circle, and a layout (docs/layout.md) that names every module that exists. Sizes are
+not checked: a module holds one concept as long as the concept needs (docs/layout.md)."""
 
 import ast
 import re
@@ -11,30 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "icrl"
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
-MAX_FUNCTION_LINES = 60
-MAX_MODULE_LINES = 450
 
 
 def _name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-
-
-@pytest.mark.parametrize("path", MODULES, ids=_name)
-def test_functions_fit_on_a_screen(path):
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    long = [
-        f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
-    ]
-    assert not long, f"{_name(path)}: split these into named steps: {', '.join(long)}"
-
-
-@pytest.mark.parametrize("path", MODULES, ids=_name)
-def test_modules_do_one_thing(path):
-    lines = len(path.read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{_name(path)} has {lines} lines: split it by what its parts do"
 
 
 def _imports(path: Path) -> set[str]:

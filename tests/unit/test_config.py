@@ -56,11 +56,11 @@ def test_actor_and_position_options_default_off_validate_and_old_configs_load():
     ok.validate(check_device=False)
     ExperimentConfig().replace(continuous_dist="beta").validate(check_device=False)
     bad = [
-        (dict(pos_emb="rope", d_model=12, heads=4), "--pos-emb rope"),  # head width 3
-        (dict(gmm_components=3), "--gmm-components applies to --continuous-dist gmm"),
-        (dict(continuous_dist="gmm", gmm_components=0), "--gmm-components must be in"),
-        (dict(continuous_dist="gaussian"), "--continuous-dist must be one of"),
-        (dict(actor_head="resnet"), "--actor-head must be one of"),
+        (dict(pos_emb="rope", d_model=12, heads=4), "pos_emb='rope' rotates"),  # head width 3
+        (dict(gmm_components=3), "gmm_components applies to continuous_dist='gmm'"),
+        (dict(continuous_dist="gmm", gmm_components=0), "gmm_components must be in"),
+        (dict(continuous_dist="gaussian"), "continuous_dist must be one of"),
+        (dict(actor_head="resnet"), "actor_head must be one of"),
     ]
     for kw, message in bad:
         with pytest.raises(ConfigError, match=message):

@@ -41,10 +41,10 @@ def test_cli_flags_have_no_group_prefix():
 @pytest.mark.parametrize(
     "change, words",
     [
-        (dict(model=ModelConfig(d_model=65, heads=4)), ["--d-model", "--heads"]),
-        (dict(env=dataclasses.replace(ExperimentConfig().env, env_kwargs="{length: 3}")), ["--env-kwargs", "JSON"]),
-        (dict(env=dataclasses.replace(ExperimentConfig().env, env_kwargs="[1]")), ["--env-kwargs", "object"]),
-        (dict(schedule=ScheduleConfig(steps_per_epoch=4)), ["--steps-per-epoch", "--parallel-envs"]),
+        (dict(model=ModelConfig(d_model=65, heads=4)), ["d_model", "heads"]),
+        (dict(env=dataclasses.replace(ExperimentConfig().env, env_kwargs="{length: 3}")), ["env_kwargs", "JSON"]),
+        (dict(env=dataclasses.replace(ExperimentConfig().env, env_kwargs="[1]")), ["env_kwargs", "object"]),
+        (dict(schedule=ScheduleConfig(steps_per_epoch=4)), ["steps_per_epoch", "parallel_envs"]),
     ],
 )
 def test_validation_names_the_fields(change, words):
@@ -131,7 +131,7 @@ def test_unset_fields_take_the_task_recommendation_then_the_defaults():
     resolved = with_task_defaults(off).explore
     assert all(getattr(resolved, k) == v for k, v in EXPLORE_DEFAULTS.items() if k != "eps_anneal_steps")
     assert with_task_defaults(cfg) == cfg  # idempotent: resuming resolves to the same config
-    with pytest.raises(ConfigError, match="shape-horizon"):
+    with pytest.raises(ConfigError, match="shape_horizon=N"):
         ExperimentConfig(explore=ExploreConfig(eps_shape="window")).validate()
 
 

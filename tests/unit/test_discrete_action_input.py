@@ -198,7 +198,7 @@ def test_target_value_is_the_policy_weighted_sum_over_one_hot_actions_or_one_sam
 
 def test_an_agent_built_for_the_other_critic_form_is_refused():
     agent, _, cfg = _agent_and_batch(3, 4, {})
-    with pytest.raises(ValueError, match="--discrete-action-input false but the agent's critic"):
+    with pytest.raises(ValueError, match="discrete_action_input false but the agent's critic"):
         CriticReader.of(agent, LossConfig(gammas=cfg.gammas, num_critics=3), torch.device("cpu"))
 
 

@@ -44,7 +44,7 @@ def test_every_range_names_its_flag():
         if name == "seed":
             bad = -1
         errors = field_errors(_with(group, **{name: bad}))
-        assert errors and errors[0].startswith("--" + name.replace("_", "-")), (group, name, errors)
+        assert errors and errors[0].startswith(name), (group, name, errors)
 
 
 @pytest.mark.parametrize(("group", "kw", "word"), [
@@ -52,7 +52,7 @@ def test_every_range_names_its_flag():
     ("loss", {"gammas": (0.9, float("inf"))}, "finite"),
     ("model", {"traj_encoder": "banana"}, "one of"),
     ("optim", {"grad_clip": 0.0}, "> 0"),
-    ("run", {"run_dir": " "}, "--run-dir"),
+    ("run", {"run_dir": " "}, "run_dir"),
 ])
 def test_types_and_finiteness_are_checked(group, kw, word):
     with pytest.raises(ConfigError, match=word):
@@ -61,7 +61,7 @@ def test_types_and_finiteness_are_checked(group, kw, word):
 
 def test_device_checked_unless_asked_not_to():
     cfg = _with("run", device="cuda:99")
-    with pytest.raises(ConfigError, match="--device"):
+    with pytest.raises(ConfigError, match="device"):
         cfg.validate()
     cfg.validate(check_device=False)
 

@@ -73,7 +73,7 @@ def test_presets_follow_the_env_kwargs_they_are_given():
     kept = preset_config("tmaze", {"length": 30, "horizon": 40})  # a kwarg the preset does not take passes through
     assert kept.env.kwargs == {"length": 30, "horizon": 40}
     assert preset_config("tmaze") == preset_config("tmaze", {})
-    with pytest.raises(ConfigError, match="--preset tmaze cannot take"):
+    with pytest.raises(ConfigError, match="preset tmaze cannot take"):
         preset_config("tmaze", {"length": "long"})
     with pytest.raises(ConfigError, match="unknown preset"):
         preset_config("nope")
@@ -170,7 +170,7 @@ def test_long_contexts_get_the_popart_floor_and_n_step_returns_where_exploration
     assert (kept.n_step, kept.popart_floor) == (3, None)
     unresolved = ExperimentConfig().loss  # the Python API without a run: the short-context loss
     assert (unresolved.td_steps, unresolved.popart_floor) == (1, None)
-    with pytest.raises(ConfigError, match="--n-step 64 must be below --max-seq-len 64"):
+    with pytest.raises(ConfigError, match="n_step 64 must be below max_seq_len 64"):
         ExperimentConfig().replace(n_step=64, max_seq_len=64).validate()
 
 

@@ -201,14 +201,14 @@ def test_defaults_are_the_regression_critic():
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"critic_bins": 64}, "--critic-bins only apply to --critic-kind twohot"),
+    ({"critic_bins": 64}, "critic_bins only apply to critic_kind='twohot'"),
     ({"critic_min_value": -1.0, "critic_hl_gauss_sigma": 0.75},
-     "--critic-min-value, --critic-hl-gauss-sigma only apply to --critic-kind twohot"),
+     "critic_min_value, critic_hl_gauss_sigma only apply to critic_kind='twohot'"),
     ({"critic_kind": "twohot", "critic_min_value": 5.0, "critic_max_value": 5.0},
-     "--critic-min-value 5.0 must be below --critic-max-value 5.0"),
-    ({"critic_kind": "twohot", "critic_bins": 1}, "--critic-bins must be in [2, 65536]"),
-    ({"critic_kind": "twohot", "critic_hl_gauss_sigma": -0.5}, "--critic-hl-gauss-sigma must be >= 0.0"),
-    ({"critic_kind": "classification"}, "--critic-kind must be one of 'regression', 'twohot'"),
+     "critic_min_value 5.0 must be below critic_max_value 5.0"),
+    ({"critic_kind": "twohot", "critic_bins": 1}, "critic_bins must be in [2, 65536]"),
+    ({"critic_kind": "twohot", "critic_hl_gauss_sigma": -0.5}, "critic_hl_gauss_sigma must be >= 0.0"),
+    ({"critic_kind": "classification"}, "critic_kind must be one of 'regression', 'twohot'"),
 ])
 def test_bad_critic_combinations_are_refused_in_one_line(fields, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
