@@ -116,18 +116,74 @@ def check_run_dir(cfg: ExperimentConfig) -> None:
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{setting('resume')}: cannot read the run's config {path} ({e}); choose another {flag('run_dir')}") from e
     new = json.loads(cfg.to_json())
+    diffs = config_differences(old, new, "in the run")
+    if diffs:
+        raise ConfigError(
+            f"{setting('resume')}: the config differs from {path} in {', '.join(diffs)}; resume with the run's values "
+            f"(only {setting('total_env_steps', 'N')} may change), or start a new run in another run dir"
+        )
+    check_record_agrees(run_dir, new)
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], where: str) -> list[str]:
+    """The learning fields (all but RESUMABLE_CHANGES) in which two configs' JSON forms differ, each as
+    "field (old where, new now)"."""
     a, b = flatten(old), flatten(new)
     if "loss.popart_max_ratio" in a and a["loss.popart_max_ratio"] is None:
         # config.json records resolved values; before the long-context rule (icrl.config.resolve) null meant
         # no floor, which is 0 now, so runs saved then still resume
         a["loss.popart_max_ratio"] = 0.0
-    diffs = [k for k in sorted(set(a) | set(b)) if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
-    if diffs:
-        listed = ", ".join(f"{k} ({a.get(k)!r} in the run, {b.get(k)!r} now)" for k in diffs)
+    return [f"{k} ({a.get(k)!r} {where}, {b.get(k)!r} now)" for k in sorted(set(a) | set(b))
+            if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
+
+
+def check_record_agrees(run_dir: Path, config: dict[str, Any]) -> None:
+    """Refuse to resume a run whose config.json (`config`, its JSON form) disagrees with what the run recorded as
+    it ran: the config its newest checkpoint was saved with, and the env its replay was collected in
+    (spaces.json). An edited config.json would otherwise find no checkpoint that fits and start the run over,
+    replacing its history; refused here, before anything is written, nothing in the run dir changes."""
+    fix = (f"put the recorded values back in {run_dir / 'config.json'}, or start a fresh run in another run dir "
+           "(nothing was changed)")
+    recorded = checkpoint_config(run_dir)
+    if recorded is not None:
+        ckpt, saved = recorded
+        diffs = config_differences(saved, config, f"in {ckpt.name}")
+        if diffs:
+            raise ConfigError(f"{setting('resume')}: {run_dir / 'config.json'} disagrees with the run's checkpoint "
+                              f"in {', '.join(diffs)}: {fix}")
+    env = _recorded_env(run_dir)
+    if env is not None and (env.get("name"), env.get("kwargs")) != (config["env"]["env"], _kwargs(config)):
         raise ConfigError(
-            f"{setting('resume')}: the config differs from {path} in {listed}; resume with the run's values "
-            f"(only {setting('total_env_steps', 'N')} may change), or start a new run in another run dir"
-        )
+            f"{setting('resume')}: {run_dir / 'config.json'} names the env {config['env']['env']!r} with kwargs "
+            f"{_kwargs(config)}, but the run's replay was collected in {env.get('name')!r} with kwargs "
+            f"{env.get('kwargs')} ({run_dir / 'spaces.json'}): {fix}")
+
+
+def checkpoint_config(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """(checkpoint, the config it was saved with, in its JSON form) of the newest checkpoint that records one."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            extra = json.loads((path / "state.json").read_text(encoding="utf-8")).get("extra")
+            return path, json.loads(ExperimentConfig.from_json(json.dumps(extra["config"])).to_json())
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            continue  # unreadable, or from before checkpoints recorded their config: the loader checks it
+    return None
+
+
+def _recorded_env(run_dir: Path) -> dict[str, Any] | None:
+    """spaces.json's env record ({"name", "kwargs", ...}), or None when there is none to read."""
+    try:
+        env = json.loads((run_dir / "spaces.json").read_text(encoding="utf-8")).get("env")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return env if isinstance(env, dict) else None
+
+
+def _kwargs(config: dict[str, Any]) -> Any:
+    try:
+        return json.loads(config["env"]["env_kwargs"] or "{}")
+    except (ValueError, TypeError):
+        return config["env"]["env_kwargs"]
 
 
 def check_run_dir_free(cfg: ExperimentConfig) -> None:
@@ -235,6 +291,11 @@ def resume_training(cfg: ExperimentConfig, replicas: Replicas, *, agent: Agent, 
         if main:
             say(f"icrl: resuming from {ckpt} (epoch {start_epoch}, {world * collector.total_env_steps:,} env steps, "
                 f"{learner.updates:,} updates)")
+    elif main and list_checkpoints(run_dir):
+        raise ConfigError(
+            f"{setting('resume')}: none of the checkpoints in {run_dir / 'checkpoints'} fits this run (see the "
+            "warnings above), and nothing was changed: move that folder aside to start the run over with its "
+            "replay, or start a fresh run in another run dir")
     elif main and holds_run(run_dir):
         say(f"icrl: no readable checkpoint in {run_dir}; starting the run over (the replay is reused)")
     replicas.barrier()  # every rank has read the checkpoint before rank 0 prunes newer, unreadable ones

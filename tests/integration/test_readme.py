@@ -47,3 +47,24 @@ def test_readme_daily_use_runs_one_after_another_in_a_fresh_folder(in_tmp, capsy
     assert {"demo", "tmaze20", "tmaze50"} <= set(runs)  # presets name their own folders
     assert any(r.startswith("CartPole-v1-0-") for r in runs) and any(r.startswith("tmaze-2-") for r in runs)
     assert (in_tmp / "demo.zip").is_file() and (in_tmp / "runs/demo/eval_video.gif").is_file()
+
+
+def test_the_gpu_section_names_the_flags_the_machine_and_the_defaults_rule():
+    """A GPU user finds what to do from the README: a section linking docs/gpu.md, which names the flags that matter,
+    the machine its figures come from, and why the default dtype is what it is; every flag it names exists."""
+    import dataclasses
+    import re
+
+    from icrl.config import ExperimentConfig
+
+    cfg = ExperimentConfig()
+    flags = {"--" + f.name.replace("_", "-") for g in dataclasses.fields(cfg)
+             for f in dataclasses.fields(getattr(cfg, g.name))}
+    section = (ROOT / "README.md").read_text().split("## On a GPU", 1)[1].split("\n## ", 1)[0]
+    assert "docs/gpu.md" in section
+    gpu = (ROOT / "docs/gpu.md").read_text()
+    for what in ("--device", "--cuda-graphs", "--dtype bf16", "--compile", "--parallel-envs", "H200",
+                 "Why the default stays fp32"):
+        assert what in gpu, what
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", gpu + section))
+    assert named <= flags, named - flags

@@ -52,3 +52,53 @@ def test_checkpoints_come_by_wall_time_too_and_a_stop_says_what_it_left(in_tmp, 
         with pytest.raises(SystemExit) as e:
             run_stoppable(interrupted, log_dir=run_dir)
         assert e.value.code == 130 and said in capsys.readouterr().err
+
+
+def _snapshot(folder):
+    """Every file under `folder` with its bytes: what "nothing changed" compares."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda c: c["model"].update(d_model=32), "model.d_model"),  # the checkpoints no longer fit the agent
+    (lambda c: c["env"].update(env_kwargs='{"length": 4}'), "env.env_kwargs"),  # they fit, but it is another task
+    (lambda c: c["loss"].update(tau=0.01), "loss.tau"),  # they fit, the learning rule changed under them
+])
+def test_a_resumed_run_whose_config_json_was_edited_is_refused_and_left_as_it_was(in_tmp, capsys, edit, field):
+    """config.json edited after the run (another width, env or learning rule), then `--resume`: before, the
+    checkpoints that no longer fitted were set aside as inconsistent and the run started over, replacing the
+    metrics and the final weights, exit 0. Now one line names the field, and the run dir is byte-identical."""
+    icrl.train(tiny("runs/r", total_env_steps=64))
+    path = in_tmp / "runs/r/config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+    before = _snapshot(in_tmp / "runs/r")
+    capsys.readouterr()
+    assert cli("train", "--run-dir", "runs/r", "--resume") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err and "another run dir" in err, err
+    with pytest.raises(icrl.config.ConfigError, match=field.replace(".", r"\.")):
+        icrl.train(icrl.config.ExperimentConfig.from_json(path.read_text()).replace(run_dir="runs/r", resume=True))
+    assert _snapshot(in_tmp / "runs/r") == before
+
+
+def test_a_resume_where_no_checkpoint_fits_is_refused_not_started_over(in_tmp, capsys):
+    """Checkpoints that record no config (an older icrl) and no longer fit the agent: refused, nothing set aside."""
+    icrl.train(tiny("runs/r", total_env_steps=64))
+    run = in_tmp / "runs/r"
+    for state in run.glob("checkpoints/*/state.json"):
+        record = json.loads(state.read_text())
+        record["extra"].pop("config")
+        state.write_text(json.dumps(record))
+    (run / "spaces.json").unlink()
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["d_model"] = 32
+    (run / "config.json").write_text(json.dumps(config))
+    before = _snapshot(run)
+    capsys.readouterr()
+    assert cli("train", "--run-dir", "runs/r", "--resume") == 2
+    err = capsys.readouterr().err
+    assert "none of the checkpoints" in err and "nothing was changed" in err, err
+    assert not list(run.glob("checkpoints/rejected-*"))
+    assert {k: v for k, v in _snapshot(run).items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
