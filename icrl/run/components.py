@@ -106,7 +106,7 @@ def open_replay(cfg: ExperimentConfig, run_dir: Path) -> DiskReplay:
 def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> ExperimentConfig:
     """`cfg` resolved (`icrl.config.resolve`) with what its task recommends (asked of `factory`, the user's env
     class or factory, when given) and, on --resume, the exploration schedule and warm-up the run recorded; says
-    when those stay the run's under a new budget, and when a budget below one epoch makes the run a single epoch."""
+    when those stay the run's under a new budget (the run's plan is said by its data source: icrl.run.loop.Plan)."""
     recorded = recorded_config(cfg)
     out = resolve(cfg, task_defaults(cfg.env.env, cfg.env.kwargs, factory), recorded)
     s = out.schedule
@@ -116,9 +116,6 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
             say(f"icrl: --resume: {recorded.schedule.total_env_steps:,} -> {s.env_steps:,} env steps; the exploration "
                 f"schedule and the warm-up stay the run's (eps_anneal_steps {kept.get('eps_anneal_steps', 'as set')}, "
                 f"warmup_updates {kept.get('warmup_updates', 'as set')}), not derived again from the new budget")
-    if s.steps_per_epoch != cfg.schedule.steps_per_epoch:  # a smoke run: one epoch of the whole budget
-        say(f"icrl: note: --total-env-steps {s.env_steps:,} is below --steps-per-epoch {cfg.schedule.steps_per_epoch:,}: the "
-            f"run is one epoch of {s.env_steps:,} env steps")
     return out
 
 

@@ -28,7 +28,7 @@ from icrl.parallel import Replicas
 from icrl.run.artifacts import finish_run, hint_critic_reach
 from icrl.run.callbacks import Callbacks, TrainingRun
 from icrl.run.checkpoint import save_checkpoint
-from icrl.run.components import DataSource, LazyLoader, Run, UpdateBudget, build_run, train_policy
+from icrl.run.components import DataSource, LazyLoader, Run, UpdateBudget, build_run, train_policy, training_window
 from icrl.run.evaluate import TASK_METRIC_PREFIXES, eval_row, evaluate, train_stats
 from icrl.run.reporting import (
     Logger,
@@ -295,6 +295,54 @@ def finish(last_eval: dict | None, hooks: Callbacks, *, cfg: ExperimentConfig, s
 
 
 # ------------------------------------------------------------------------------ the in-process data source
+@dataclass(frozen=True)
+class Plan:
+    """What an `icrl train` run will do, computed once from its resolved config and said once (`line`), in the
+    numbers its metrics show: every process steps each of its envs `steps_per_env` times an epoch (whole vector
+    steps of its share of `--steps-per-epoch`), for `epochs` epochs (the budget's whole epochs, at least one)."""
+
+    asked: int  # --total-env-steps
+    epochs: int
+    processes: int
+    envs: int  # per process
+    steps_per_env: int  # per epoch
+    updates_per_epoch: int | None  # --updates-per-epoch; None: the replay ratio's count
+    replay_ratio: float
+    window: int  # timesteps of a full training window
+    updates: int  # planned: fixed, or the replay ratio's count for full windows
+    warmup: int
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig, world_size: int = 1) -> Plan:
+        s, n = cfg.schedule, cfg.env.parallel_envs
+        epochs = max(1, s.env_steps // s.steps_per_epoch)
+        return cls(asked=s.env_steps, epochs=epochs, processes=world_size, envs=n,
+                   steps_per_env=-(-(s.steps_per_epoch // world_size) // n), updates_per_epoch=s.updates_per_epoch,
+                   replay_ratio=s.replay_ratio, window=training_window(cfg), updates=epochs * cfg.epoch_updates,
+                   warmup=int(cfg.optim.warmup_updates or 0))
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.processes * self.envs * self.steps_per_env
+
+    @property
+    def env_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def line(self) -> str:
+        procs = f"{self.processes} processes x " if self.processes > 1 else ""
+        epochs = f"{self.epochs:,} epoch{'s' if self.epochs > 1 else ''}"
+        taken = f"{epochs} x {procs}{self.envs} envs x {self.steps_per_env:,} steps = {self.env_steps:,} env steps"
+        if self.env_steps != self.asked:
+            taken += f" (asked {self.asked:,}: whole epochs of whole steps of every env)"
+        if self.updates_per_epoch is not None:
+            updates = f"{self.updates_per_epoch:,} updates per epoch = {self.updates:,}"
+        else:
+            updates = (f"replay ratio {self.replay_ratio:g}: ~{self.updates:,} updates for full windows of "
+                       f"{self.window:,} timesteps, more where rollouts are shorter")
+        return f"icrl: plan: {taken}; {updates}; learning-rate warm-up {self.warmup:,} update{'s' if self.warmup != 1 else ''}"
+
+
 class Collecting:
     """The data source of `icrl train` and of each data-parallel rank: this process's own envs, explored by the
     learner's agent; each epoch's finished rollouts are written into the shared replay, the updates follow the
@@ -311,12 +359,18 @@ class Collecting:
         self.counter = Collector(run.venv, run.spec, chunk_len=cfg.env.chunk_len, seed=derive_seed(run.seed, "train-envs"))
         self.exploration, self.policy = train_policy(cfg, run.agent, self.counter, run.spec, run.seed, replicas.device)
         self.budget = UpdateBudget(cfg, replicas.world_size)
+        self.plan = Plan.of(cfg, replicas.world_size)
         self.episodes: list[EpisodeStats] = []
         self.said: frozenset[str] = frozenset()  # the hints said so far (`hint_once`)
         self.steps0, self.policy_s0 = 0, 0.0  # at the epoch's start
 
     @staticmethod
     def prepare(cfg: ExperimentConfig, world_size: int) -> ExperimentConfig:
+        if cfg.schedule.steps_per_epoch % world_size:
+            raise ConfigError(
+                f"{flag('steps_per_epoch')} {cfg.schedule.steps_per_epoch} does not split evenly over {world_size} "
+                f"processes: pass a multiple of {world_size}, e.g. {cfg.schedule.steps_per_epoch // world_size * world_size or world_size}"
+            )
         if cfg.schedule.steps_per_epoch // world_size < cfg.env.parallel_envs:
             raise ConfigError(
                 f"{flag('steps_per_epoch')} {cfg.schedule.steps_per_epoch} split over {world_size} processes is below "
@@ -380,18 +434,9 @@ class Collecting:
         self.counter.seed = derive_seed(self.seed, "train-envs", "resume", epoch)
 
     def start(self) -> None:
-        """Say once where the run does not take exactly the env steps asked for: a budget that is not whole epochs,
-        an epoch that is not whole vector steps of every process's envs (each takes ceil(its share / envs))."""
-        s, world, n = self.cfg.schedule, self.replicas.world_size, self.cfg.env.parallel_envs
-        epochs = s.env_steps // s.steps_per_epoch
-        per_epoch = world * -(-self.steps_per_rank // n) * n
-        if epochs * per_epoch != s.env_steps:
-            how = (f"whole epochs of --steps-per-epoch {per_epoch:,}" if per_epoch == s.steps_per_epoch else
-                   f"epochs of {per_epoch:,}, not --steps-per-epoch {s.steps_per_epoch:,}: " + (
-                       f"{world} processes x {per_epoch // world:,} env steps, whole steps of their {n} envs"
-                       if world > 1 else f"whole steps of the {n} envs"))
-            say(f"icrl: note: the run takes {epochs * per_epoch:,} env steps, not --total-env-steps {s.env_steps:,}: "
-                f"{epochs:,} {how}")
+        """Say the plan, once (`Plan.line`)."""
+        if self.replicas.is_main:
+            say(self.plan.line())
 
     def finish(self, done: bool) -> None:
         """Nothing to hand over: the envs close with the run."""
@@ -413,7 +458,7 @@ def hint_nothing_stored(c: Collecting, epoch: int, rollouts: list[Rollout], last
     if not c.replicas.is_main or rollouts or epoch <= c.offline_epochs or c.replay.num_rollouts() > 0:
         return False
     n = c.cfg.env.parallel_envs  # e.g. MountainCar: no episode ends within one epoch, nothing to learn from
-    per_env = (epoch - c.offline_epochs) * (c.steps_per_rank // n)
+    per_env = (epoch - c.offline_epochs) * c.plan.steps_per_env
     if per_env <= c.cfg.model.context and not last:
         return False
     say(f"icrl: epoch {epoch} finished no rollout: no episode ended within the {per_env} steps each of the {n} "

@@ -87,12 +87,12 @@ def test_config_validates_the_offline_fields():
 
     cfg(offline_data="x", total_env_steps=0, offline_updates=10)  # purely offline is valid
     for kwargs, match in [
-        (dict(offline_data="x", offline_fraction=1.5), "--offline-fraction must be in \\[0.0, 1.0\\], got 1.5"),
-        (dict(offline_updates=10), "need --offline-data"),
-        (dict(offline_fraction=0.5), "need --offline-data"),
-        (dict(offline_data="x", total_env_steps=0), "--total-env-steps 0 is below --parallel-envs"),
-        (dict(offline_data="x", offline_updates=10, start_updates_after=100), "--start-updates-after 0"),
-        (dict(offline_data="x", offline_updates=-1), "--offline-updates must be >= 0"),
+        (dict(offline_data="x", offline_fraction=1.5), "offline_fraction must be in \\[0.0, 1.0\\], got 1.5"),
+        (dict(offline_updates=10), "need offline_data"),
+        (dict(offline_fraction=0.5), "need offline_data"),
+        (dict(offline_data="x", total_env_steps=0), "total_env_steps 0 is below parallel_envs"),
+        (dict(offline_data="x", offline_updates=10, start_updates_after=100), "start_updates_after=0"),
+        (dict(offline_data="x", offline_updates=-1), "offline_updates must be >= 0"),
     ]:
         with pytest.raises(ConfigError, match=match):
             cfg(**kwargs)

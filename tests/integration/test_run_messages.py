@@ -1,7 +1,9 @@
 """What a run prints as it goes: the progress lines (an evaluation shown only when it is new, the live line within
 80 columns), what it rounded of the schedule it was asked for, and why a callback stopped it."""
 
-from helpers import Combo, tiny
+import json
+
+from helpers import Combo, cli, tiny
 
 import icrl
 
@@ -38,7 +40,7 @@ def test_a_run_says_what_it_rounded_and_why_a_callback_stopped_it(in_tmp, capsys
     icrl.train(tiny("runs/n", env_kwargs="{}", total_env_steps=70, eval_rollouts=3), env=lambda: Combo(),
                callbacks=[Enough()])  # a user's env: evaluated on the run's 2 copies
     out = capsys.readouterr().out
-    assert "the run takes 64 env steps, not --total-env-steps 70: 2 whole epochs of --steps-per-epoch 32" in out
+    assert "plan: 2 epochs x 2 envs x 16 steps = 64 env steps (asked 70: whole epochs" in out
     assert "evaluations run 4 rollouts, not --eval-rollouts 3" in out
     assert "stopping: the callback Enough.on_epoch_end returned True" in out
 
@@ -47,5 +49,20 @@ def test_an_epoch_that_is_not_whole_steps_of_the_envs_is_said(in_tmp, capsys):
     """Each process takes whole vector steps of its envs: 33 env steps per epoch of 2 envs are 34, said once."""
     result = icrl.train(tiny("runs/n", total_env_steps=66, steps_per_epoch=33))
     out = capsys.readouterr().out
-    assert "the run takes 68 env steps, not --total-env-steps 66: 2 epochs of 34, not --steps-per-epoch 33" in out
+    assert "plan: 2 epochs x 2 envs x 17 steps = 68 env steps (asked 66" in out
     assert result["env_steps"] == 68
+
+
+def test_a_tiny_run_says_one_plan_that_agrees_with_what_it_does(in_tmp, capsys):
+    """`icrl train --total-env-steps 10`: one plan line (no separate notes for the single epoch and the rounding),
+    whose env steps, envs and steps per env are what the run then takes and what its messages say."""
+    import re
+
+    assert cli("train", "--total-env-steps", "10", "--run-dir", "runs/t") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    plans = re.findall(r"plan: (\d+) epochs? x (\d+) envs x (\d+) steps = ([\d,]+) env steps", out)
+    assert len(plans) == 1 and "note:" not in out, out
+    epochs, envs, per_env, total = (int(x.replace(",", "")) for x in plans[0])
+    rows = [json.loads(line) for line in (in_tmp / "runs/t/metrics.jsonl").read_text().splitlines()]
+    assert (epochs, envs * per_env, total) == (1, 16, 16) and rows[-1]["env_steps"] == total
+    assert f"within the {per_env} steps each of the {envs} envs" in out
