@@ -24,6 +24,11 @@ ActionKind = Literal["discrete", "continuous", "multibinary"]
 ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
 
 
+MAX_ACTION_DIM = 1 << 16
+"""The widest action vector icrl takes: a Discrete(n) is a one-hot of n numbers in every timestep's input and
+every head's output, so a space typed with a few zeros too many would otherwise end in an allocator error."""
+
+
 @dataclass(frozen=True)
 class ActionSpec:
     """The agent-side action space: Discrete(n), Box(-1, 1, (D,)) or MultiBinary(D), and every conversion of
@@ -40,12 +45,20 @@ class ActionSpec:
 
     @classmethod
     def from_space(cls, space: gym.Space) -> ActionSpec:
+        spec = None
         if isinstance(space, gym.spaces.Discrete):
-            return cls("discrete", int(space.n))
-        if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
-            return cls("continuous", int(space.shape[0]))
-        if isinstance(space, gym.spaces.MultiBinary) and isinstance(space.n, int):  # n: int or shape tuple
-            return cls("multibinary", space.n)
+            spec = cls("discrete", int(space.n))
+        elif isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+            spec = cls("continuous", int(space.shape[0]))
+        elif isinstance(space, gym.spaces.MultiBinary) and isinstance(space.n, int):  # n: int or shape tuple
+            spec = cls("multibinary", space.n)
+        if spec is not None and spec.dim > MAX_ACTION_DIM:  # refused before any array of that width exists
+            raise ValueError(
+                f"the action space {space} makes action vectors of {spec.dim:,} numbers (the previous action is an "
+                f"input at every timestep, one-hot for Discrete, and the heads output as many), more than icrl's "
+                f"limit of {MAX_ACTION_DIM:,}: give the env fewer actions (e.g. factor them into a MultiBinary code)")
+        if spec is not None:
+            return spec
         raise ValueError(
             f"Unsupported agent action space {space!r}: the agent acts in Discrete(n), a 1-D Box or a 1-D "
             "MultiBinary (agent_action_space maps an env's action space onto one of them)"

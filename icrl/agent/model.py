@@ -62,6 +62,7 @@ class Agent(nn.Module):
         self.actor = Actor(
             s_dim, spec, num_gammas, hidden=model.head_hidden, layers=model.head_layers,
             continuous_dist=model.continuous_dist, gmm_components=model.gmm_components, trunk=model.actor_head,
+            prob_clip=None if tuple(model.discrete_prob_clip) == (0.0, 1.0) else model.discrete_prob_clip,
         )
         self.critic = Critic(
             s_dim, spec, num_gammas, num_critics=loss.num_critics, hidden=model.head_hidden, layers=model.head_layers,

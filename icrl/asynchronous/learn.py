@@ -20,10 +20,12 @@ from icrl.config import ConfigError, ExperimentConfig
 from icrl.config.errors import flag
 from icrl.fileio import write_text_atomic
 from icrl.run.callbacks import Callbacks
+from icrl.run.checkpoint import list_checkpoints
 from icrl.run.components import Run, build_run
 from icrl.run.evaluate import add_task_sums, metrics_from_task_sums
 from icrl.run.loop import fit
 from icrl.run.reporting import Timer, say
+from icrl.run.rundir import run_path
 
 
 def learn(cfg: ExperimentConfig, *, stop: StopFlag | None = None) -> dict:
@@ -83,6 +85,11 @@ class CollectorFiles:
         """Epochs counted in updates: replay_ratio's count for full windows where none is fixed; one process."""
         if world_size > 1:
             raise ConfigError("icrl learn runs in one process: start more `icrl collect` processes instead")
+        run_dir = run_path(cfg) if cfg.run.run_dir is not None else None
+        if cfg.run.resume and run_dir is not None and list_checkpoints(run_dir) and not AsyncPaths(run_dir).root.is_dir():
+            raise ConfigError(f"{run_dir} is a run of `icrl train` (icrl.train): its checkpoints count the env steps of "
+                              "its own envs, not collectors', so `icrl learn` cannot continue it; resume it as it was "
+                              f"started, `icrl train --run-dir {run_dir} --resume`")
         cfg = cfg.replace(updates_per_epoch=cfg.epoch_updates).validate()
         update_ratio(cfg, cfg.asynchronous.utd)  # a bad --utd is refused before anything is written
         return cfg

@@ -168,13 +168,17 @@ class Eval:
             fail_input(e, self.run_dir)
         for table in eval_table(result):
             console.print(table)
-        print(write_eval(self.run_dir, result))
+        try:
+            print(write_eval(self.run_dir, result))
+        except OSError as e:  # a read-only run dir (a shared or mounted one): the table above is the result
+            fail(f"the evaluation above could not be written to {Path(self.run_dir) / 'eval.json'} "
+                 f"({e.strerror or first_line(e)}); the run dir is not writable here: copy it somewhere writable")
         if self.video:
             from icrl.run.artifacts import record_video
 
             try:
                 print(record_video(self.run_dir, self.video, checkpoint=self.checkpoint, override=override))
-            except (ValueError, ImportError) as e:
+            except (ValueError, ImportError, OSError) as e:  # OSError: a read-only run dir
                 fail(first_line(e))
 
 
@@ -266,8 +270,11 @@ class Plot:
                 title = f"{e.env} {e.env_kwargs}"
             except (RunDirError, ValueError):  # no readable config: the plot has no title, as before
                 title = None
-        print(plot_learning_curves(list(self.run_dirs), out, x=self.x, title=title))
-        adaptation = plot_adaptation(list(self.run_dirs), adaptation_path(out))
+        try:
+            print(plot_learning_curves(list(self.run_dirs), out, x=self.x, title=title))
+            adaptation = plot_adaptation(list(self.run_dirs), adaptation_path(out))
+        except OSError as e:  # a read-only run dir: the plot can go elsewhere
+            fail(f"cannot write the plot {out} ({e.strerror or first_line(e)}): pass --out PATH.png somewhere writable")
         if adaptation is not None:
             print(adaptation)
 

@@ -56,6 +56,11 @@ class ModelConfig:
     continuous_dist: Literal["tanh_gaussian", "gmm", "beta"] = "tanh_gaussian"
     """The policy of continuous actions: a tanh-squashed Gaussian, a tanh-squashed Gaussian mixture (`gmm`,
     --gmm-components), or a Beta rescaled to [-1, 1]. Discrete and multi-binary actions ignore it."""
+    discrete_prob_clip: tuple[float, float] = (0.0, 1.0)
+    """A discrete policy's probabilities are clamped to [low, high] and renormalised by a detached sum, as the
+    official AMAGO's `Discrete` policy does (its default: 0.001 0.99). A probability at a bound then gets no
+    gradient from either actor term, so the policy stops sharpening there and keeps sampling the other actions.
+    0 1: the plain softmax (docs/method.md)."""
     gmm_components: int = bounded(5, ge=1, le=1024)
     """Components of the `gmm` policy (--continuous-dist gmm)."""
     cnn: Literal["impala", "nature"] = "impala"

@@ -139,6 +139,8 @@ def _model_loss_checks(cfg: ConfigGroups) -> list[Check]:
         (m.continuous_dist == "gmm" or m.gmm_components == ModelConfig.gmm_components,
          f"{flag('gmm_components')} applies to {setting('continuous_dist', 'gmm')}"),
         (m.context >= 2, f"{flag('max_seq_len')} must be >= 2 (a TD transition needs two timesteps)"),
+        (len(m.discrete_prob_clip) == 2 and 0 <= m.discrete_prob_clip[0] < m.discrete_prob_clip[1] <= 1,
+         f"{flag('discrete_prob_clip')} must be two probabilities LOW HIGH with 0 <= LOW < HIGH <= 1"),
         (len(lo.gammas) >= 1 and all(0 <= g < 1 for g in lo.gammas), f"{flag('gammas')} must lie in [0, 1)"),
         (
             1 <= lo.redq_subset <= lo.num_critics,
@@ -274,12 +276,17 @@ def memory_estimate(cfg: ConfigGroups, update: bool = True, obs_numbers: tuple[i
     return out
 
 
-_ADVICE = {
-    "parameters": f"lower {flag('d_model')}, {flag('d_ff')}, {flag('layers')}, {flag('head_hidden')}, {flag('head_layers')}, {flag('num_critics')} or {flag('max_time')} "
-                  f"(or {flag('tstep_hidden')}, or the observation's size, e.g. gymnasium.wrappers.ResizeObservation)",
-    "acting": f"lower {flag('parallel_envs')}, {flag('max_seq_len')}, {flag('layers')} or {flag('d_model')}",
-    "activations": f"lower {flag('batch_size')} or {flag('max_seq_len')} (or the widths: {flag('d_model')}, {flag('d_ff')}, {flag('head_hidden')})",
-}
+def _advice(part: str) -> str:
+    """What to lower when `part` of the memory estimate is the largest, worded for the reader (at call time)."""
+    fields = {"parameters": ("d_model", "d_ff", "layers", "head_hidden", "head_layers", "num_critics", "max_time"),
+              "acting": ("parallel_envs", "max_seq_len", "layers", "d_model"),
+              "activations": ("batch_size", "max_seq_len")}[part]
+    names = [flag(f) for f in fields]
+    extra = {"parameters": f" (or {flag('tstep_hidden')}, or the observation's size, e.g. "
+                           "gymnasium.wrappers.ResizeObservation)",
+             "acting": "",
+             "activations": f" (or the widths: {flag('d_model')}, {flag('d_ff')}, {flag('head_hidden')})"}[part]
+    return f"lower {', '.join(names[:-1])} or {names[-1]}{extra}"
 
 
 def memory_error(cfg: ConfigGroups, update: bool = True, available: int | None = None,
@@ -296,7 +303,7 @@ def memory_error(cfg: ConfigGroups, update: bool = True, available: int | None =
     worst = max(parts, key=parts.__getitem__)
     detail = ", ".join(f"{k} {v / GIB:.3g}" for k, v in parts.items())
     return (f"this config needs at least {total / GIB:.3g} GiB of memory ({detail} GiB), more than this machine's "
-            f"{available / GIB:.3g} GiB: {_ADVICE[worst]}")
+            f"{available / GIB:.3g} GiB: {_advice(worst)}")
 
 
 def device_error(name: str) -> str | None:

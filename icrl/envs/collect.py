@@ -16,6 +16,7 @@ times what per-env lists would; `chunk_len` bounds it for very long rollouts.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -63,9 +64,25 @@ def _at(tree: Any, path: tuple[str, ...]) -> Any:
 
 def _info_at(info: dict, key: str, i: int) -> Any:
     """Env i's value of a vector-env info key, or None when env i did not report it."""
-    if key in info and info.get(f"_{key}", np.ones(len(info[key]), bool))[i]:
-        return info[key][i]
-    return None
+    if key not in info or not info.get(f"_{key}", np.ones(len(info[key]), bool))[i]:
+        return None
+    values = info[key]
+    if isinstance(values, dict):  # the env gave a dict: a vector env's info holds it as arrays per key
+        return {k: v[i] for k, v in values.items() if not k.startswith("_")}
+    return values[i]
+
+
+def _success(value: Any, key: str, env: Callable[[], str]) -> float | None:
+    """An episode's `info[key]` as 0.0 / 1.0 (None when not reported): a bool or a 0/1 number, anything else is
+    refused in one line naming the env, as a success rate of 7.00 or NaN would mislead every evaluation."""
+    if value is None:
+        return None
+    arr = np.asarray(value) if isinstance(value, (bool, int, float, np.generic, np.ndarray)) else None
+    if arr is not None and arr.shape == () and arr.dtype.kind in "biuf" and float(arr) in (0.0, 1.0):
+        return float(arr)
+    text = repr(value)
+    raise ValueError(f"env {env()} reported info[{key!r}] = {text if len(text) <= 80 else text[:77] + '...'} when an "
+                     "episode ended; icrl reads it as the episode's success: give a bool or 0 / 1 (or leave the key out)")
 
 
 class _StepRing:
@@ -287,12 +304,11 @@ class Collector:
 
     def _end_episode(self, i: int, step_info: dict, stats: list[EpisodeStats]) -> None:
         """Env i's episode ended with this step: its EpisodeStats, and the next episode starts counting."""
-        success = _info_at(step_info, "success", i)
-        if success is None:  # Gymnasium's and Stable-Baselines3's key for the same thing
-            success = _info_at(step_info, "is_success", i)
+        key = "success" if _info_at(step_info, "success", i) is not None else "is_success"  # SB3's key too
+        success = _success(_info_at(step_info, key, i), key, lambda: self._env_label(i))
         stats.append(EpisodeStats(env_index=i, rollout_id=int(self._rollout_id[i]),
                                   episode_index=int(self._episode_index[i]), ret=float(self._ret[i]),
-                                  length=int(self._len[i]), success=None if success is None else float(success),
+                                  length=int(self._len[i]), success=success,
                                   task=task_key(_info_at(step_info, "task", i))))  # multi-task envs name it
         self._episode_index[i] += 1
         self._ret[i], self._len[i] = 0.0, 0

@@ -75,10 +75,10 @@ def explain_constructor_error(name: str, kwargs: dict[str, Any], error: Exceptio
     named = [k for k, v in kwargs.items() if k in msg or (isinstance(v, str) and repr(v) in msg)]
     if named:
         shown = ", ".join(f"{k}={json.dumps(kwargs[k], default=str)}" for k in named)
-        return ValueError(f"env {name!r} rejected --env-kwargs {shown}: {msg}; fix that value")
+        return ValueError(f"env {name!r} rejected {flag('env_kwargs')} {shown}: {msg}; fix that value")
     if kwargs:
         return ValueError(
-            f"env {name!r} could not be built with --env-kwargs {json.dumps(kwargs, default=str)} "
+            f"env {name!r} could not be built with {flag('env_kwargs')} {json.dumps(kwargs, default=str)} "
             f"({type(error).__name__}: {msg}); check these values against the env's parameters"
         )
     return ValueError(f"env {name!r} could not be built ({type(error).__name__}: {msg})")

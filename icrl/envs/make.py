@@ -18,10 +18,11 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
+from icrl.config.errors import first_line
 from icrl.config.resolve import TaskDefaults
 from icrl.envs.kwarg_errors import check_kwarg_types, explain_constructor_error
 from icrl.envs.registry import ENV_FAMILIES, TASKS, batched_env, has_batched_form
-from icrl.envs.wrapper import TimestepWrapper
+from icrl.envs.wrapper import EnvError, TimestepWrapper
 
 
 def _forms_help() -> str:
@@ -86,6 +87,12 @@ def _call(factory: Callable[..., gym.Env], name: str, kwargs: dict) -> gym.Env:
         raise
     except (ValueError, KeyError, IndexError, AttributeError, AssertionError, ArithmeticError, MemoryError) as e:
         raise explain_constructor_error(name, kwargs, e) from e
+    except Exception as e:  # noqa: BLE001 - whatever else the user's constructor raised: one line, their traceback kept
+        import traceback
+
+        said = f": {first_line(e, limit=300)}" if str(e).strip() else ""
+        raise EnvError(f"env {name!r} could not be built: its constructor raised {type(e).__name__}{said}; fix the env",
+                       "".join(traceback.format_exception(e))) from e
 
 
 def _import_module(module_name: str):

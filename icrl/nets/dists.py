@@ -108,8 +108,11 @@ Distribution = ActionDistribution
 class Categorical(ActionDistribution):
     """Softmax policy over A actions; samples and modes are one-hot float vectors [..., G, A]."""
 
-    def __init__(self, logits: torch.Tensor) -> None:
+    def __init__(self, logits: torch.Tensor, prob_clip: tuple[float, float] | None = None) -> None:
         self.logits = torch.log_softmax(logits, dim=-1)  # [..., G, A], normalised log-probabilities
+        if prob_clip is not None:  # the official AMAGO's `Discrete`: clamp, renormalise by a detached sum
+            clipped = self.logits.exp().clamp(*prob_clip)
+            self.logits = (clipped / clipped.sum(-1, keepdim=True).detach()).log()
         super().__init__(self.logits.shape[:-1], self.logits.dtype)
 
     @property

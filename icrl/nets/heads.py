@@ -42,7 +42,8 @@ class Actor(nn.Module):
     vectors [..., G, A]. The policy that acts is the last discount's (index -1).
     `trunk`: "mlp" (`mlp`, `layers` hidden layers) or "residual" (`ResidualTrunk`, `layers` residual blocks);
     `continuous_dist` / `gmm_components`: the policy of continuous actions (`ContinuousOutput`), which sets
-    the output width. Discrete and multi-binary actions ignore them.
+    the output width. Discrete and multi-binary actions ignore them. `prob_clip` (low, high): a discrete policy's
+    probabilities clamped to it and renormalised (`Categorical`); None: the plain softmax.
     """
 
     def __init__(
@@ -57,9 +58,10 @@ class Actor(nn.Module):
         continuous_dist: ContinuousDist = "tanh_gaussian",
         gmm_components: int = 5,
         trunk: ActorTrunk = "mlp",
+        prob_clip: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
-        self.spec, self.num_gammas = spec, num_gammas
+        self.spec, self.num_gammas, self.prob_clip = spec, num_gammas, prob_clip
         self.min_log_std, self.max_log_std = min_log_std, max_log_std
         self.continuous = ContinuousOutput(continuous_dist, gmm_components, min_log_std, max_log_std)
         per_gamma = self.continuous.width(spec.dim) if spec.kind == "continuous" else spec.dim
@@ -112,7 +114,7 @@ class Actor(nn.Module):
         """Distribution from the output layer's values [..., width] (float32 even under autocast)."""
         out = _upcast(out)
         if self.spec.kind == "discrete":
-            return Categorical(out)
+            return Categorical(out, self.prob_clip)
         if self.spec.kind == "multibinary":
             return Bernoulli(out)
         return self.continuous(out)

@@ -66,7 +66,7 @@ def build_agent(cfg: ExperimentConfig, obs_space: gym.spaces.Dict, spec: ActionS
     parts = obs_space.spaces.values() if isinstance(obs_space, gym.spaces.Dict) else [obs_space]
     sizes = [(int(np.prod(p.shape)), is_image_space(p)) for p in parts if p.shape is not None]
     numbers = (sum(n for n, image in sizes if not image), sum(n for n, _ in sizes))
-    if numbers[1] > 1 << 20 and (problem := memory_error(cfg, obs_numbers=numbers)):
+    if problem := memory_error(cfg, obs_numbers=numbers):
         raise ConfigError(f"observations of {numbers[1]:,} numbers: {problem}")
     return Agent(obs_space, spec, cfg.model, cfg.loss).to(device)
 

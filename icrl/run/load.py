@@ -252,13 +252,13 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | Path | None =
             raise RunDirError(f"{run_dir} has no {name}; pass a run directory written by `icrl train`")
     files = {WEIGHTS: resolve_weights(run_dir, checkpoint), **{n: run_dir / n for n in REQUIRED[:2]},
              **{n: run_dir / n for n in OPTIONAL if (run_dir / n).is_file()}}
-    for name, path in files.items():  # a symlink in the run dir must not pack a file from elsewhere into a zip to share
-        if name != WEIGHTS or checkpoint is None:  # (a checkpoint the user names is theirs, wherever it lies)
-            try:
-                check_inside(run_dir, path)
-            except OutsideRunDirError as e:
-                raise RunDirError(f"{path} leads outside {run_dir}: icrl exports only the run directory's own files; "
-                                  f"replace that symlink by the file, or pass the weights with {flag('checkpoint')}") from e
+    for name, path in files.items():  # nothing from elsewhere goes into a zip to share: a symlink, or a named checkpoint
+        try:
+            check_inside(run_dir, path)
+        except OutsideRunDirError as e:
+            fix = (f"name one of its own checkpoints ({flag('checkpoint')} ckpt-NNNNNN)" if name == WEIGHTS and checkpoint
+                   is not None else f"replace that symlink by the file, or name another checkpoint with {flag('checkpoint')}")
+            raise RunDirError(f"{path} leads outside {run_dir}: icrl exports only the run directory's own files; {fix}") from e
     from icrl import __version__
 
     manifest = {"format": "icrl-export/1", "icrl_version": __version__, "run_dir": str(run_dir),

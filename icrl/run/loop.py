@@ -338,7 +338,7 @@ class Plan:
         if self.updates_per_epoch is not None:
             updates = f"{self.updates_per_epoch:,} updates per epoch = {self.updates:,}"
         else:
-            updates = (f"replay ratio {self.replay_ratio:g}: ~{self.updates:,} updates for full windows of "
+            updates = (f"replay ratio {self.replay_ratio:g}: ~{self.updates:,} update{'s' if self.updates != 1 else ''} for full windows of "
                        f"{self.window:,} timesteps, more where rollouts are shorter")
         return f"icrl: plan: {taken}; {updates}; learning-rate warm-up {self.warmup:,} update{'s' if self.warmup != 1 else ''}"
 
@@ -366,6 +366,10 @@ class Collecting:
 
     @staticmethod
     def prepare(cfg: ExperimentConfig, world_size: int) -> ExperimentConfig:
+        if cfg.run.resume and cfg.run.run_dir is not None and (run_path(cfg) / "async").is_dir():
+            raise ConfigError(f"{run_path(cfg)} is a run of `icrl learn` and its collectors: its checkpoints count the "
+                              "collectors' env steps, so `icrl train` cannot continue it; resume it as it was started, "
+                              f"`icrl learn {run_path(cfg)} --resume` (and its `icrl collect` processes)")
         if cfg.schedule.steps_per_epoch % world_size:
             raise ConfigError(
                 f"{flag('steps_per_epoch')} {cfg.schedule.steps_per_epoch} does not split evenly over {world_size} "

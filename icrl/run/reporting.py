@@ -208,12 +208,16 @@ def make_loggers(
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl: each line's JSON object. A line that is not one (a torn last line from a killed
+    process, a hand-edited row, one nested too deeply to parse) is skipped: a plot or a resume never fails on it."""
     rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line from a killed process
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 

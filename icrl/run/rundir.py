@@ -350,8 +350,8 @@ def _holder(lock_path: Path) -> str:
 
 def _refusal(run_dir: Path, lock_path: Path) -> RunDirLockedError:
     return RunDirLockedError(
-        f"--run-dir {run_dir} is in use by {_holder(lock_path)}; wait for it to finish (or stop it), then "
-        "--resume, or choose another --run-dir"
+        f"{setting('run_dir', str(run_dir))} is in use by {_holder(lock_path)}; wait for it to finish (or stop it), "
+        f"then {setting('resume')}, or choose another {flag('run_dir')}"
     )
 
 

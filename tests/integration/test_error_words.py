@@ -21,12 +21,21 @@ FLAG = re.compile(r"(?<![\w`-])--[a-z][a-z0-9-]*")
 COMMAND = re.compile(r"`?icrl [a-z-]+[^`;)]*`?")  # "icrl eval RUN --env X": an example of a command, a CLI's words
 
 
+def _is_error(node: ast.AST) -> bool:
+    """A `raise` statement, or the construction of an exception (`ValueError(...)`, `ConfigError(...)`)."""
+    if isinstance(node, ast.Raise):
+        return node.exc is not None
+    func = node.func if isinstance(node, ast.Call) else None
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    return name.endswith("Error")
+
+
 def literal_flags(path: Path) -> list[tuple[int, str]]:
-    """(line, flag) of every flag written literally in a string that a `raise` statement of `path` builds."""
+    """(line, flag) of every flag written literally in a string of an exception `path` raises or builds."""
     hits = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Raise) and node.exc is not None:
-            for sub in ast.walk(node.exc):
+        if _is_error(node):
+            for sub in ast.walk(node):
                 if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
                     hits += [(sub.lineno, f) for f in FLAG.findall(COMMAND.sub("", sub.value))]
     return hits

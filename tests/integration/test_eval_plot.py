@@ -264,3 +264,32 @@ def test_plot_labels_seeds_only_when_they_are_and_redraws_a_runs_own_plot_with_i
     monkeypatch.setattr(artifacts, "save_figure", lambda fig, out: titles.append(fig._suptitle.get_text()) or Path(out))
     assert cli("plot", "runs/s0") == 0  # the run's own learning_curve.png, drawn again: with the run's title
     assert titles == ["tmaze {\"length\": 3}"]
+
+
+def test_eval_and_plot_on_a_run_dir_they_cannot_write_say_so_in_one_line(runs, tmp_path, capsys):
+    """A read-only run dir (a shared or mounted one; here the output paths are folders, which even root cannot
+    overwrite): `icrl eval` prints its table, then one line naming eval.json; `icrl plot` one line and the way out
+    (--out); neither a traceback."""
+    run = tmp_path / "ro"
+    shutil.copytree(runs["s0"], run)
+    (run / "eval.json").unlink(missing_ok=True)
+    (run / "eval.json").mkdir()
+    (run / "learning_curve.png").unlink()
+    (run / "learning_curve.png").mkdir()
+    capsys.readouterr()
+    assert cli("eval", str(run), "--rollouts", "2") == 2
+    out, err = capsys.readouterr()
+    assert "return" in out and "eval.json" in err and len(err.strip().splitlines()) == 1, err
+    assert cli("plot", str(run)) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and len(err.strip().splitlines()) == 1, err
+    assert cli("plot", str(run), "--out", str(tmp_path / "elsewhere.png")) == 0
+
+
+def test_plot_skips_metrics_rows_nested_too_deeply_to_parse(runs, tmp_path):
+    """A hand-edited or hostile metrics.jsonl row nested 100,000 deep was a RecursionError; now it is skipped."""
+    run = tmp_path / "deep"
+    shutil.copytree(runs["s0"], run)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n" + '["a list, not a row"]\n')
+    assert cli("plot", str(run), "--out", str(tmp_path / "deep.png")) == 0

@@ -157,3 +157,20 @@ def test_a_zip_whose_members_cannot_be_read_is_refused_in_one_line(in_tmp, damag
     with pytest.raises(RunDirError, match=r"bad\.zip") as e:
         icrl.load("bad.zip")
     assert "\n" not in str(e.value)
+
+
+def test_export_packs_no_checkpoint_named_from_outside_the_run_dir(in_tmp, capsys):
+    """`--checkpoint PATH` outside the run dir (another run's weights, any file) is refused as a symlink is: the zip
+    shares this run only. A checkpoint of the run's own, by name or path, is packed."""
+    icrl.train(tiny("runs/x", checkpoint_every=1))
+    icrl.train(tiny("runs/other", checkpoint_every=1))
+    theirs = sorted((in_tmp / "runs/other/checkpoints").glob("ckpt-*"))[-1]
+    capsys.readouterr()
+    for outside in (theirs, theirs / "agent.safetensors"):
+        assert cli("export", "runs/x", "x.zip", "--checkpoint", str(outside)) == 2
+        err = capsys.readouterr().err
+        assert "leads outside" in err and "--checkpoint ckpt-" in err and len(err.strip().splitlines()) == 1, err
+        assert not (in_tmp / "x.zip").exists()
+    own = sorted((in_tmp / "runs/x/checkpoints").glob("ckpt-*"))[-1]
+    assert cli("export", "runs/x", "x.zip", "--checkpoint", own.name) == 0
+    assert cli("export", "runs/x", "y.zip", "--checkpoint", str(own)) == 0

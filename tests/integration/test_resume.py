@@ -102,3 +102,35 @@ def test_a_resume_where_no_checkpoint_fits_is_refused_not_started_over(in_tmp, c
     assert "none of the checkpoints" in err and "nothing was changed" in err, err
     assert not list(run.glob("checkpoints/rejected-*"))
     assert {k: v for k, v in _snapshot(run).items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
+
+
+def test_a_run_resumes_only_with_the_command_that_started_it(in_tmp, capsys):
+    """`icrl learn --resume` on a finished `icrl train` run was accepted, reported 0 env steps and wrote async files
+    into it; `icrl train --resume` on a run of `icrl learn` would count the collectors' steps as its own. Each is
+    refused in one line naming the right command, and the run dir is left as it was."""
+    icrl.train(tiny("runs/sync", total_env_steps=64))
+    run = in_tmp / "runs/sync"
+    before = _snapshot(run)
+    capsys.readouterr()
+    assert cli("learn", "runs/sync", "--resume") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "icrl train --run-dir" in err and "--resume" in err, err
+    assert not (run / "async").exists() and _snapshot(run) == before
+    (run / "async").mkdir()  # what a run of `icrl learn` holds beside its checkpoints
+    assert cli("train", "--run-dir", "runs/sync", "--resume") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "icrl learn" in err, err
+
+
+def test_a_data_parallel_epoch_is_split_exactly_or_refused():
+    """Each process takes --steps-per-epoch / processes; a remainder was announced and then dropped."""
+    from icrl.config import ConfigError, ExperimentConfig
+    from icrl.run.loop import Collecting, Plan
+
+    cfg = ExperimentConfig().replace(steps_per_epoch=1_000, total_env_steps=3_000, parallel_envs=8)
+    with pytest.raises(ConfigError, match="does not split evenly over 3 processes: pass a multiple of 3, e.g. 999"):
+        Collecting.prepare(cfg, 3)
+    assert Collecting.prepare(cfg, 2) is cfg
+    plan = Plan.of(cfg, 2)
+    assert (plan.steps_per_env, plan.steps_per_epoch, plan.env_steps) == (63, 1_008, 3_024)
+    assert "3 epochs x 2 processes x 8 envs x 63 steps = 3,024 env steps (asked 3,000" in plan.line()

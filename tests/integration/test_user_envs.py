@@ -90,3 +90,74 @@ def test_an_observation_too_large_for_memory_is_one_line_before_the_agent_is_bui
     cfg = ExperimentConfig().replace(tstep_hidden=1 << 16)  # 2M x 65,536 weights: far beyond any machine
     with pytest.raises(ConfigError, match="observations of 2,097,152 numbers.*ResizeObservation"):
         build_agent(cfg, obs, ActionSpec.from_space(gym.spaces.Discrete(2)), "cpu")
+
+
+class Reports(gym.Env):
+    """One-step episodes that report `info["is_success"] = value` (Stable-Baselines3's key) when they end."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, value=True):
+        self.value = value
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, True, False, {"is_success": self.value}
+
+
+@pytest.mark.parametrize("value", [np.array([1, 0]), {"a": 1}, 7.0, float("nan"), float("inf"), "yes"])
+def test_a_success_that_is_not_a_bool_or_0_or_1_is_refused_naming_the_env(in_tmp, value):
+    """An array or a dict was a traceback deep in the summary; 7.0 gave "success rate 7.00", NaN printed as nan."""
+    with pytest.raises(ValueError, match=r"Reports .*reported info\['is_success'\] = .*give a bool or 0 / 1"):
+        icrl.train(tiny("runs/s", env_kwargs="{}"), env=lambda: Reports(value))
+
+
+@pytest.mark.parametrize("value", [True, 1, np.float32(1.0), np.bool_(True)])
+def test_a_success_given_as_a_bool_or_1_counts(in_tmp, value):
+    assert icrl.train(tiny("runs/s", env_kwargs="{}"), env=lambda: Reports(value))["success_rate"] == 1.0
+
+
+def test_a_factory_that_raises_is_one_line_with_its_traceback_in_a_file(in_tmp, capsys, monkeypatch):
+    """`--env module:factory` whose factory raises: one line naming the env and the error, the user's traceback in a
+    file, exit 2 (was the factory's traceback on the terminal)."""
+    from helpers import cli
+
+    (in_tmp / "broken_env.py").write_text("def make(**kwargs):\n    raise RuntimeError('no such level')\n")
+    monkeypatch.syspath_prepend(str(in_tmp))
+    capsys.readouterr()
+    assert cli("train", "--env", "broken_env:make", "--run-dir", "runs/b") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'broken_env:make' could not be built" in err, err
+    assert "RuntimeError: no such level" in err and "traceback" in err and not (in_tmp / "runs/b").exists()
+
+
+def test_an_action_space_too_wide_to_allocate_is_refused_with_its_size(in_tmp):
+    """Discrete(10^9) was an allocator error from inside the wrapper (a one-hot of 10^9 floats per timestep)."""
+
+    class Wide(Reports):
+        action_space = gym.spaces.Discrete(10**9)
+
+    with pytest.raises(ValueError, match="1,000,000,000 numbers .* limit of 65,536"):
+        icrl.train(tiny("runs/w", env_kwargs="{}"), env=lambda: Wide())
+    assert not (in_tmp / "runs/w").exists()
+
+
+def test_an_observation_of_a_million_numbers_is_refused_with_the_memory_it_needs(in_tmp):
+    """A Box of 10^6 floats slipped under the check (it began at 2^20 numbers) and failed at the first update."""
+
+    class Big(Reports):
+        observation_space = gym.spaces.Box(-1.0, 1.0, (10**6,), np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(10**6, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(10**6, np.float32), 1.0, True, False, {}
+
+    cfg = tiny("runs/big", env_kwargs="{}").replace(batch_size=24, max_seq_len=256)
+    with pytest.raises(icrl.config.ConfigError, match="observations of 1,000,000 numbers: this config needs"):
+        icrl.train(cfg, env=lambda: Big())
