@@ -76,7 +76,7 @@ def _collect(paths: AsyncPaths, cfg: ExperimentConfig, collector_id: int, device
     venv = make_run_envs(cfg.env, cfg.env.parallel_envs, asynchronous=cfg.env.async_envs)
     run = None
     try:
-        run = Collecting(cfg, paths, collector_id, venv, torch.device(device), seed, counters, starts)
+        run = CollectorProcess(cfg, paths, collector_id, venv, torch.device(device), seed, counters, starts)
         while run.wants_more(stop, max_env_steps):
             if run.ahead_of_learner(max_lead):  # wait for newer weights
                 time.sleep(0.05)
@@ -108,7 +108,7 @@ def wait_for_run(paths: AsyncPaths, wait_s: float, stop: StopFlag | None, overri
     return cfg
 
 
-class Collecting:
+class CollectorProcess:
     """One collector process's envs, agent, replay and counters (`counters`, updated in place)."""
 
     def __init__(self, cfg: ExperimentConfig, paths: AsyncPaths, collector_id: int, venv: gym.vector.VectorEnv,

@@ -205,3 +205,14 @@ def test_nets_and_agent_leave_device_probing_and_collectives_to_the_base_modules
     probes = sorted(u for u in used if u.startswith(PROBE_CALLS) or "get_capabilities" in u)
     assert not defined & DEVICE_AND_COLLECTIVE_NAMES, f"{_name(path)} defines {sorted(defined & DEVICE_AND_COLLECTIVE_NAMES)}: move them to icrl.device or icrl.parallel"
     assert not probes, f"{_name(path)} probes the device or the process group itself ({probes}): ask icrl.device / icrl.parallel"
+
+
+def test_no_class_name_is_defined_twice():
+    """A reader who meets a class name finds one definition (two `Collecting`s once meant two different things)."""
+    where: dict[str, list[str]] = {}
+    for path in MODULES:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(_name(path))
+    twice = {name: places for name, places in where.items() if len(places) > 1}
+    assert not twice, f"rename one of each: {twice}"
