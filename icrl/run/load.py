@@ -223,7 +223,7 @@ def load_agent(
 # ---------------------------------------------------------------------------------------------- exports
 MANIFEST = "icrl_export.json"
 REQUIRED = ("config.json", "spaces.json", WEIGHTS)
-OPTIONAL = ("metrics.jsonl", "eval.json", "learning_curve.png")
+OPTIONAL = ("plan.json", "metrics.jsonl", "eval.json", "learning_curve.png")
 # The most bytes a member may hold once unpacked: weights may be large, the rest is small text or a plot.
 MAX_WEIGHTS_BYTES = 4 << 30
 MAX_OTHER_BYTES = 64 << 20

@@ -11,6 +11,7 @@ the train row, evaluation, checkpoints, resuming and the finish are these, whate
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,11 +25,20 @@ from icrl.agent.model import Agent
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.config.errors import flag
 from icrl.envs import Collector
+from icrl.fileio import write_text_atomic
 from icrl.parallel import Replicas
 from icrl.run.artifacts import finish_run, hint_critic_reach
 from icrl.run.callbacks import Callbacks, TrainingRun
 from icrl.run.checkpoint import save_checkpoint
-from icrl.run.components import DataSource, LazyLoader, Run, UpdateBudget, build_run, train_policy, training_window
+from icrl.run.components import (
+    DataSource,
+    LazyLoader,
+    Run,
+    UpdateBudget,
+    build_run,
+    train_policy,
+    training_window,
+)
 from icrl.run.evaluate import TASK_METRIC_PREFIXES, eval_row, evaluate, train_stats
 from icrl.run.reporting import (
     Logger,
@@ -311,15 +321,28 @@ class Plan:
     window: int  # timesteps of a full training window
     updates: int  # planned: fixed, or the replay ratio's count for full windows
     warmup: int
+    context: int  # timesteps the policy attends to
+    compiled: bool  # the loss is torch.compile'd
+    captured: bool  # updates and acting steps replay CUDA graphs
+    device: str
 
     @classmethod
-    def of(cls, cfg: ExperimentConfig, world_size: int = 1) -> Plan:
+    def of(cls, cfg: ExperimentConfig, world_size: int = 1, learner: Learner | None = None) -> Plan:
+        """The plan of `cfg` (resolved) on `world_size` processes; `learner`: where it runs and how (else CPU, eager)."""
         s, n = cfg.schedule, cfg.env.parallel_envs
         epochs = max(1, s.env_steps // s.steps_per_epoch)
         return cls(asked=s.env_steps, epochs=epochs, processes=world_size, envs=n,
                    steps_per_env=-(-(s.steps_per_epoch // world_size) // n), updates_per_epoch=s.updates_per_epoch,
                    replay_ratio=s.replay_ratio, window=training_window(cfg), updates=epochs * cfg.epoch_updates,
-                   warmup=int(cfg.optim.warmup_updates or 0))
+                   warmup=int(cfg.optim.warmup_updates or 0), context=cfg.model.context,
+                   compiled=bool(cfg.optim.compile), captured=learner is not None and learner.graphed,
+                   device=str(learner.device) if learner is not None else "cpu")
+
+    def record(self) -> dict[str, Any]:
+        """What RUN_DIR/plan.json holds: every number of the plan, none unset (config.json keeps what was asked)."""
+        return {**dataclasses.asdict(self), "steps_per_epoch": self.steps_per_epoch, "env_steps": self.env_steps,
+                "updates_per_epoch": self.updates // self.epochs,
+                "updates_counted_by": "replay_ratio" if self.updates_per_epoch is None else "updates_per_epoch"}
 
     @property
     def steps_per_epoch(self) -> int:
@@ -359,7 +382,7 @@ class Collecting:
         self.counter = Collector(run.venv, run.spec, chunk_len=cfg.env.chunk_len, seed=derive_seed(run.seed, "train-envs"))
         self.exploration, self.policy = train_policy(cfg, run.agent, self.counter, run.spec, run.seed, replicas.device)
         self.budget = UpdateBudget(cfg, replicas.world_size)
-        self.plan = Plan.of(cfg, replicas.world_size)
+        self.plan = Plan.of(cfg, replicas.world_size, run.learner)
         self.episodes: list[EpisodeStats] = []
         self.said: frozenset[str] = frozenset()  # the hints said so far (`hint_once`)
         self.steps0, self.policy_s0 = 0, 0.0  # at the epoch's start
@@ -438,9 +461,10 @@ class Collecting:
         self.counter.seed = derive_seed(self.seed, "train-envs", "resume", epoch)
 
     def start(self) -> None:
-        """Say the plan, once (`Plan.line`)."""
+        """Say the plan, once (`Plan.line`), and record it beside the config (RUN_DIR/plan.json)."""
         if self.replicas.is_main:
             say(self.plan.line())
+            write_text_atomic(run_path(self.cfg) / "plan.json", json.dumps(self.plan.record(), indent=1) + "\n")
 
     def finish(self, done: bool) -> None:
         """Nothing to hand over: the envs close with the run."""
