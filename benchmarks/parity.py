@@ -319,6 +319,31 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+README_TASKS = ("tmaze20", "tmaze100", "RepeatPreviousEasy", "RepeatFirstEasy")
+
+
+def readme_table(rows: list[dict], tasks: tuple[str, ...] = README_TASKS) -> str:
+    """The README's results table, made from parity.json's rows (a test holds the README to it): for each task and
+    library the seeds solved, the mean env steps to the threshold over the solved seeds in bold where it is the
+    lower of the two, each seed's, the wall time to it and the final returns' mean and range."""
+    def f(x, d=0):
+        return "—" if x is None else f"{x:,.{d}f}"
+
+    out = ["| task | library | solved | threshold | env steps to it (per seed) | wall s to it | final return: mean (min–max) |",
+           "|---|---|---|---|---|---|---|"]
+    for task in tasks:
+        pair = [r for r in rows if r["task"] == task]
+        best = min((r["env_steps_to_threshold"] for r in pair if r["env_steps_to_threshold"] is not None), default=None)
+        for r in pair:
+            steps = f(r["env_steps_to_threshold"])
+            steps = f"**{steps}**" if len(pair) > 1 and r["env_steps_to_threshold"] == best else steps
+            per_seed = " / ".join(f(x) for x in r["env_steps_per_seed"])
+            lo, hi = r["final_return_range"]
+            out.append(f"| {task} | {r['lib']} | {r['solved']} | {r['threshold']} | {steps} ({per_seed}) | "
+                       f"{f(r['wall_s_to_threshold'])} | {f(r['final_return'], 3)} ({f(lo, 3)}–{f(hi, 3)}) |")
+    return "\n".join(out)
+
+
 def plot(runs: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -407,6 +432,7 @@ def report() -> list[dict]:
     if any(r.get("curve") for r in runs):  # runs recorded before curves were kept have none to draw
         plot([r for r in runs if r.get("curve")], OUT / "parity.png")
     print(markdown(rows) + "\n" + meta_markdown(runs))
+    print("README's table (tests/integration/test_readme.py holds the README to it):\n" + readme_table(rows))
     return rows
 
 

@@ -68,3 +68,14 @@ def test_the_gpu_section_names_the_flags_the_machine_and_the_defaults_rule():
         assert what in gpu, what
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", gpu + section))
     assert named <= flags, named - flags
+
+
+def test_the_readme_results_table_is_the_committed_parity_record():
+    """The README's table is made from benchmarks/results/parity/parity.json (`parity.readme_table`), never copied
+    by hand: a cell that disagrees with the record fails here."""
+    import json
+
+    from benchmarks import parity
+
+    rows = json.loads((ROOT / "benchmarks/results/parity/parity.json").read_text())["rows"]
+    assert parity.readme_table(rows) in (ROOT / "README.md").read_text()
