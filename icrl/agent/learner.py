@@ -93,6 +93,7 @@ def compute_loss(
         exp_clip=cfg.exp_clip,
         num_value_samples=cfg.num_value_samples,
         entropy_coeff=cfg.entropy_coeff,
+        online_reduce=cfg.online_reduce,
     )
     metrics.update(actor_metrics)
     with torch.no_grad():

@@ -272,12 +272,17 @@ def _per_discount(dist: Distribution, action: torch.Tensor) -> torch.Tensor:
     return action.to(dist.dtype)
 
 
-def _discrete_terms(dist: Categorical, action: torch.Tensor, q_all: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    """(online, v, q_data) [B, L, G] of a discrete actor: exact sums over the actions of the ensemble-mean Q."""
+def _discrete_terms(dist: Categorical, action: torch.Tensor, q_all: torch.Tensor | None,
+                    online_reduce: Literal["mean", "min"] = "mean") -> tuple[torch.Tensor, ...]:
+    """(online, v, q_data) [B, L, G] of a discrete actor: exact sums over the actions of the ensemble-mean Q (the
+    online term: of each member's Q, then their minimum, with `online_reduce` "min")."""
     if q_all is None:
         raise ValueError("discrete actor_loss needs q_all [B, L, C, G, A]")
     q = q_all.detach().mean(-3)  # [B, L, G, A], ensemble mean
     q_pi = (dist.probs * q).sum(-1)  # [B, L, G]: exact E_{a~π} Q(s, a), differentiable in π
+    if online_reduce == "min":  # min_c E_{a~π} Q_c(s, a), the official AMAGO's online term
+        online = -(dist.probs.unsqueeze(-3) * q_all.detach()).sum(-1).amin(-2)  # [B, L, G]
+        return online, q_pi.detach(), (q * action).sum(-1)
     return -q_pi, q_pi.detach(), (q * action).sum(-1)
 
 
@@ -290,6 +295,7 @@ def _sampled_terms(
     need_bc: bool,
     q_data_all: torch.Tensor | None = None,
     q_all: torch.Tensor | None = None,
+    online_reduce: Literal["mean", "min"] = "mean",
 ) -> tuple[torch.Tensor, ...]:
     """(online, v, q_data) [B, L, G] of an actor whose critic takes the action as input. As in AMAGO: K actions
     a_k ~ π give both the online term -mean_k Q(s, a_k) (differentiated through a_k) and, detached, the value V(s)
@@ -308,10 +314,13 @@ def _sampled_terms(
         else:
             a_pi = dist.rsample((num_value_samples,))  # [K, B, L, G, A]
         if need_online:
-            q_pi = q_fn(a_pi).mean(-2)  # [K, B, L, G], ensemble mean
+            members = q_fn(a_pi)  # [K, B, L, C, G]
+            q_pi = members.mean(-2)  # [K, B, L, G], ensemble mean
+            online = -(members.amin(-2) if online_reduce == "min" else q_pi).mean(0)
         else:
             with torch.no_grad():
                 q_pi = q_fn(a_pi.detach()).mean(-2)
+            online = -q_pi.mean(0)
     with torch.no_grad():  # the advantage is a fixed weight: no graph, no activations kept
         if isinstance(dist, Categorical) and q_all is not None:  # exact: Σ_a π(a|s) Q(s, a), ensemble mean
             v = (dist.probs.detach() * q_all.mean(-3)).sum(-1)
@@ -323,7 +332,7 @@ def _sampled_terms(
             q_data = q_data_all.detach().mean(-2)  # [B, L, G]
         else:
             q_data = q_fn(action).mean(-2)  # [B, L, G]
-    return (-q_pi.mean(0) if sampled else -v), v, q_data
+    return online if sampled else -v, v, q_data
 
 
 def _masked_mean(valid: torch.Tensor, G: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -352,6 +361,7 @@ def actor_loss(
     exp_clip: float = 20.0,
     num_value_samples: int = 1,
     entropy_coeff: float = 0.0,
+    online_reduce: Literal["mean", "min"] = "mean",
 ) -> tuple[torch.Tensor, Metrics]:
     """online · (−Q(s, a~π_g)) + offline · (−f(A) · log π_g(a_t|s_t)), per discount g, masked mean.
 
@@ -375,10 +385,11 @@ def actor_loss(
     action = _per_discount(dist, action)  # [B, L, G, A]
     need_bc = offline_coeff != 0
     if isinstance(dist, Categorical) and q_fn is None:  # the critic outputs Q for every action
-        online, v, q_data = _discrete_terms(dist, action, q_all)
+        online, v, q_data = _discrete_terms(dist, action, q_all, online_reduce)
     else:
         online, v, q_data = _sampled_terms(
-            dist, action, q_fn, num_value_samples, online_coeff != 0, need_bc, q_data_all=q_data, q_all=q_all
+            dist, action, q_fn, num_value_samples, online_coeff != 0, need_bc, q_data_all=q_data, q_all=q_all,
+            online_reduce=online_reduce,
         )
     adv = q_data - v  # [B, L, G]
     weight = advantage_filter(adv, bc_filter, exp_beta, exp_clip)

@@ -38,6 +38,9 @@ class LossConfig:
     critics' targets are normalised anyway; the scale sets how far above PopArt's σ floor small returns lie."""
     online_coeff: float = bounded(1.0, ge=0.0)
     """Weight of the -Q(s, a~pi) actor term."""
+    online_reduce: Literal["mean", "min"] = "mean"
+    """How the online term -Q(s, a~pi) reduces the critic ensemble: its `mean`, or its `min` (the official AMAGO's:
+    pessimistic where the members disagree, as they do about actions the replay seldom holds)."""
     offline_coeff: float = bounded(0.1, ge=0.0)
     """Weight of the filtered behaviour-cloning actor term."""
     bc_filter: Literal["binary", "exp"] = "binary"
