@@ -925,3 +925,34 @@ def test_single_process_update_is_the_hand_run_step_bit_for_bit(kind, dtype, tmp
     assert sorted(got_opt) == sorted(want_opt) and all(
         torch.equal(got_opt[i][k], want_opt[i][k]) for i in want_opt for k in want_opt[i])
     assert learner.scheduler.last_epoch == sched.last_epoch == 3 and learner.updates == 3
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+def test_the_conservative_term_enters_only_the_critic_loss_and_only_where_asked(kind, tmp_path):
+    """--conservative-coeff 0 (the default) computes AMAGO's loss; > 0 adds critic_weight x α x the term (CQL(H)) to
+    a discrete critic's loss, reaching the critic and the encoders, never the actor; continuous critics ignore it."""
+    batch, obs_space, spec = real_batch(kind, tmp_path / "replay")
+    agent = build_agent(obs_space, spec)
+    members = torch.tensor([0, 1])
+
+    def loss_and_grads(cfg: LossConfig) -> tuple[torch.Tensor, dict, dict[str, list[torch.Tensor]]]:
+        agent.zero_grad(set_to_none=True)
+        torch.manual_seed(0)  # the same target-action samples in both calls
+        loss, metrics, _, _ = compute_loss(agent, batch, cfg, members=members)
+        loss.backward()
+        grads = {k: [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in ps]
+                 for k, ps in groups(agent).items()}
+        return loss.detach(), metrics, grads
+
+    base, m0, g0 = loss_and_grads(loss_cfg())
+    with_term, m1, g1 = loss_and_grads(loss_cfg(conservative_coeff=0.5))
+    assert "conservative" not in m0
+    if kind == "continuous":
+        assert "conservative" not in m1 and torch.equal(base, with_term)
+        return
+    assert m1["conservative"] > 0
+    torch.testing.assert_close(with_term - base, loss_cfg().critic_weight * 0.5 * m1["conservative"])
+    for a, b in zip(g0["actor"], g1["actor"]):  # the actor's gradient is unchanged (to the backward's float noise)
+        torch.testing.assert_close(a, b)
+    assert not all(torch.allclose(a, b) for a, b in zip(g0["critic"], g1["critic"]))
+    assert not all(torch.allclose(a, b) for a, b in zip(g0["traj_encoder"], g1["traj_encoder"]))
