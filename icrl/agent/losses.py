@@ -140,8 +140,9 @@ def conservative_term(q_all: torch.Tensor, action: torch.Tensor, valid: torch.Te
     """
     C, G = q_all.shape[-3:-1]
     m = valid.bool()[..., None, None]  # [B, L, 1, 1]
+    q_all = torch.where(m.unsqueeze(-1), q_all, q_all.new_zeros(()))  # padding (even NaN) never reaches a gradient
     q_data = (q_all * action.unsqueeze(-3)).sum(-1)  # [B, L, C, G]
-    gap = torch.where(m, torch.logsumexp(q_all, dim=-1) - q_data, q_all.new_zeros(()))  # padding never read
+    gap = torch.where(m, torch.logsumexp(q_all, dim=-1) - q_data, q_all.new_zeros(()))
     return gap.sum() / (valid.sum().clamp_min(1) * C * G)
 
 
