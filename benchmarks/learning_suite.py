@@ -180,13 +180,28 @@ def official(task: str | None) -> str:
     return " / ".join(per) if per else "—"
 
 
+def _falls(case: Case, run: dict) -> str:
+    n = falls_after_solving(case, run)
+    return "—" if n is None else str(n)
+
+
 def _num(x: float | None, digits: int = 2) -> str:
     return "—" if x is None else (f"{x:,.0f}" if abs(x) >= 100 else f"{x:.{digits}f}")
 
 
+def falls_after_solving(case: Case, run: dict) -> int | None:
+    """How many evaluations after the run solved its case fell below threshold - FALL (None: never solved)."""
+    if not run.get("solved_env_steps"):
+        return None
+    key = "success" if case.metric == "success" else "return"
+    bar = case.threshold - FALL * max(abs(case.threshold), 1.0)
+    return sum(1 for c in run.get("curve", []) if c["env_steps"] > run["solved_env_steps"]
+               and c.get(key) is not None and c[key] < bar)
+
+
 def markdown(runs: list[dict]) -> str:
     lines = ["| case | settings | threshold | seed | solved at (env steps) | updates | wall s | best | last | "
-             "min after | target | official AMAGO (parity, per seed) |", "|" + "---|" * 12]
+             "min after | falls after solving | target | official AMAGO (parity, per seed) |", "|" + "---|" * 13]
     for r in runs:
         case = CASES.get(r["case"])
         if case is None:
@@ -196,7 +211,7 @@ def markdown(runs: list[dict]) -> str:
         target = f"{case.target:,}" if case.target else "—"
         lines.append(f"| {case.name} | {case.settings} | {case.metric} {_num(case.threshold)} | {r['seed']} | {solved} | "
                      f"{_num(r['solved_updates'])} | {_num(r['solved_wall_s'])} | {_num(r['best'])} | {_num(r['last'])} | "
-                     f"{_num(r['min_after'])}{fell} | {target} | {official(case.parity)} |")
+                     f"{_num(r['min_after'])}{fell} | {_falls(case, r)} | {target} | {official(case.parity)} |")
     return "\n".join(lines)
 
 

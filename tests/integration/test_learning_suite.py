@@ -63,6 +63,10 @@ def test_solved_is_the_first_of_two_evaluations_in_a_row_and_a_fall_is_counted_a
     assert held["solved_env_steps"] == 1000 and held["fell"] is False
     never = suite.summarize_curve(case, curve([0.1, 0.96, 0.2]))
     assert never["solved_env_steps"] is None and never["fell"] is None and never["best"] == 0.96
+    falls = [0.5, 0.96, 0.5, 0.97, 1.0, 0.7, 0.79, 1.0, 0.3]  # solved at 4,000; 0.7, 0.79 and 0.3 fall after it
+    run = {**suite.summarize_curve(case, curve(falls)), "curve": curve(falls)}
+    assert suite.falls_after_solving(case, run) == 3
+    assert suite.falls_after_solving(case, {**never, "curve": curve([0.1, 0.96, 0.2])}) is None
 
 
 def test_negative_thresholds_and_the_success_metric():
