@@ -79,3 +79,24 @@ def test_the_readme_results_table_is_the_committed_parity_record():
 
     rows = json.loads((ROOT / "benchmarks/results/parity/parity.json").read_text())["rows"]
     assert parity.readme_table(rows) in (ROOT / "README.md").read_text()
+
+
+def _slug(heading: str) -> str:
+    """A Markdown heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to hyphens."""
+    import re
+
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_results_are_organised_by_topic_and_every_link_into_them_resolves():
+    """docs/results.md's headings name topics, not the issues that asked for them, and every `results.md#anchor`
+    link in the repository's docs leads to one of its headings."""
+    import re
+
+    text = (ROOT / "docs/results.md").read_text()
+    headings = re.findall(r"^#+ (.*)$", text, re.M)
+    assert not [h for h in headings if re.search(r"\bissue\b", h, re.I)], "name the topic, not the issue"
+    anchors = {_slug(h) for h in headings}
+    sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks/results").glob("*.md")]
+    broken = [(p.name, a) for p in sources for a in re.findall(r"results\.md#([\w-]+)", p.read_text()) if a not in anchors]
+    assert not broken, broken
