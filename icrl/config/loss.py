@@ -57,12 +57,13 @@ class LossConfig:
     entropy_coeff: float = bounded(0.0, ge=0.0)
     """Entropy bonus of the actor, on PopArt-normalised values. Not in the paper's loss (0, the default, gives
     it exactly); exploration comes from `ExploreConfig`."""
-    conservative_coeff: float = bounded(0.0, ge=0.0)
+    conservative_coeff: float = bounded(0.1, ge=0.0)
     """Discrete per-action critics: weight of a conservative term (CQL(H), Kumar et al. 2020) added to every member's
     and discount's critic loss, logsumexp_a Q(s_t, a) - Q(s_t, a_t) on PopArt-normalised values. It lowers the values
     of actions the replay does not hold at a state, which the squared TD error never fits and which are otherwise
-    extrapolated from neighbouring states' (docs/method.md, "Departures from AMAGO's learning rule"). 0 is AMAGO's
-    critic loss; continuous, multi-binary and `discrete_action_input` critics ignore it."""
+    extrapolated from neighbouring states' (a solved T-Maze fell back when they were; docs/method.md, "Departures
+    from AMAGO's learning rule"). 0 is AMAGO's critic loss; continuous, multi-binary and `discrete_action_input`
+    critics ignore it."""
     critic_weight: float = bounded(10.0, gt=0.0)
     """Weight of the critic loss against the actor loss."""
     critic_kind: Literal["regression", "twohot"] = "regression"

@@ -944,7 +944,7 @@ def test_the_conservative_term_enters_only_the_critic_loss_and_only_where_asked(
                  for k, ps in groups(agent).items()}
         return loss.detach(), metrics, grads
 
-    base, m0, g0 = loss_and_grads(loss_cfg())
+    base, m0, g0 = loss_and_grads(loss_cfg(conservative_coeff=0.0))
     with_term, m1, g1 = loss_and_grads(loss_cfg(conservative_coeff=0.5))
     assert "conservative" not in m0
     if kind == "continuous":
