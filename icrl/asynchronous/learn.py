@@ -89,7 +89,7 @@ class CollectorFiles:
         if cfg.run.resume and run_dir is not None and list_checkpoints(run_dir) and not AsyncPaths(run_dir).root.is_dir():
             raise ConfigError(f"{run_dir} is a run of `icrl train` (icrl.train): its checkpoints count the env steps of "
                               "its own envs, not collectors', so `icrl learn` cannot continue it; resume it as it was "
-                              f"started, `icrl train --run-dir {run_dir} --resume`")
+                              "started, with `icrl train` (icrl.train)")
         cfg = cfg.replace(updates_per_epoch=cfg.epoch_updates).validate()
         update_ratio(cfg, cfg.asynchronous.utd)  # a bad --utd is refused before anything is written
         return cfg

@@ -392,7 +392,7 @@ class Collecting:
         if cfg.run.resume and cfg.run.run_dir is not None and (run_path(cfg) / "async").is_dir():
             raise ConfigError(f"{run_path(cfg)} is a run of `icrl learn` and its collectors: its checkpoints count the "
                               "collectors' env steps, so `icrl train` cannot continue it; resume it as it was started, "
-                              f"`icrl learn {run_path(cfg)} --resume` (and its `icrl collect` processes)")
+                              "with `icrl learn` and its `icrl collect` processes")
         if cfg.schedule.steps_per_epoch % world_size:
             raise ConfigError(
                 f"{flag('steps_per_epoch')} {cfg.schedule.steps_per_epoch} does not split evenly over {world_size} "

@@ -117,8 +117,8 @@ def test_two_processes_train_one_agent_with_identical_replicas_and_one_writer(tm
     assert out.stdout.count("result:") == 1  # rank 0 alone reports
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # one run directory
     assert sorted(p.name for p in run.iterdir()) == [
-        ".lock", "agent.safetensors", "checkpoints", "config.json", "learning_curve.png", "metrics.jsonl", "replay",
-            "spaces.json"]
+        ".lock", "agent.safetensors", "checkpoints", "config.json", "learning_curve.png", "metrics.jsonl", "plan.json",
+        "replay", "spaces.json"]
     rows = read_metrics(run / "metrics.jsonl")
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert [r["epoch"] for r in train_rows] == [1, 2, 3, 4]  # one writer: no row twice

@@ -17,8 +17,8 @@ def test_export_and_load_a_zip(in_tmp, capsys):
     icrl.train(tiny("runs/x"))
     assert cli("export", "runs/x", "shared/x.zip") == 0
     names = set(zipfile.ZipFile(in_tmp / "shared/x.zip").namelist())
-    assert names == {"agent.safetensors", "config.json", "spaces.json", "metrics.jsonl", "learning_curve.png",
-                     "icrl_export.json"}  # no pickle: no optimiser state, no replay
+    assert names == {"agent.safetensors", "config.json", "plan.json", "spaces.json", "metrics.jsonl",
+                     "learning_curve.png", "icrl_export.json"}  # no pickle: no optimiser state, no replay
     a, b = icrl.load("runs/x"), icrl.load("shared/x.zip")
     assert all(torch.equal(p, q) for p, q in zip(a.agent.state_dict().values(), b.agent.state_dict().values()))
     assert icrl.evaluate(b, n_episodes=2)["returns"] == icrl.evaluate(a, n_episodes=2)["returns"]
