@@ -11,6 +11,7 @@ refused), and `open_regular` opens a file without following a symlink or blockin
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import stat
@@ -18,6 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from icrl.config.errors import flag
 
@@ -54,6 +56,16 @@ def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 
         os.close(fd)
         raise
     return fd
+
+
+def read_json_record(path: str | os.PathLike, limit: int = 16 << 20) -> Any:
+    """The JSON of a small regular file icrl wrote (a run's state.json, spaces.json): never blocks on a FIFO, never
+    reads more than `limit` bytes. OSError or ValueError (not JSON, too large) for anything else."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than {limit:,} bytes: not a record icrl wrote")
+    return json.loads(data.decode("utf-8"))
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:

@@ -52,12 +52,13 @@ class ActionSpec:
             spec = cls("continuous", int(space.shape[0]))
         elif isinstance(space, gym.spaces.MultiBinary) and isinstance(space.n, int):  # n: int or shape tuple
             spec = cls("multibinary", space.n)
-        if spec is not None and spec.dim > MAX_ACTION_DIM:  # refused before any array of that width exists
-            raise ValueError(
-                f"the action space {space} makes action vectors of {spec.dim:,} numbers (the previous action is an "
-                f"input at every timestep, one-hot for Discrete, and the heads output as many), more than icrl's "
-                f"limit of {MAX_ACTION_DIM:,}: give the env fewer actions (e.g. factor them into a MultiBinary code)")
         if spec is not None:
+            if spec.dim > MAX_ACTION_DIM:  # refused before any array of that width exists
+                raise ValueError(
+                    f"the action space {space} makes action vectors of {spec.dim:,} numbers (the previous action is "
+                    f"an input at every timestep, one-hot for Discrete, and the heads output as many), more than "
+                    f"icrl's limit of {MAX_ACTION_DIM:,}: give the env fewer actions (e.g. factor them into a "
+                    "MultiBinary code)")
             return spec
         raise ValueError(
             f"Unsupported agent action space {space!r}: the agent acts in Discrete(n), a 1-D Box or a 1-D "

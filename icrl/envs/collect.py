@@ -304,8 +304,10 @@ class Collector:
 
     def _end_episode(self, i: int, step_info: dict, stats: list[EpisodeStats]) -> None:
         """Env i's episode ended with this step: its EpisodeStats, and the next episode starts counting."""
-        key = "success" if _info_at(step_info, "success", i) is not None else "is_success"  # SB3's key too
-        success = _success(_info_at(step_info, key, i), key, lambda: self._env_label(i))
+        key, value = "success", _info_at(step_info, "success", i)
+        if value is None:  # Gymnasium's and Stable-Baselines3's key for the same thing
+            key, value = "is_success", _info_at(step_info, "is_success", i)
+        success = _success(value, key, lambda: self._env_label(i))
         stats.append(EpisodeStats(env_index=i, rollout_id=int(self._rollout_id[i]),
                                   episode_index=int(self._episode_index[i]), ret=float(self._ret[i]),
                                   length=int(self._len[i]), success=success,

@@ -30,7 +30,7 @@ from icrl.agent.model import Agent
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.config.errors import flag, setting
 from icrl.dicts import flatten
-from icrl.fileio import open_regular, write_text_atomic
+from icrl.fileio import open_regular, read_json_record, write_text_atomic
 from icrl.parallel import Replicas
 from icrl.run.checkpoint import list_checkpoints, load_latest_checkpoint, set_aside
 from icrl.run.reporting import say
@@ -159,24 +159,11 @@ def check_record_agrees(run_dir: Path, config: dict[str, Any]) -> None:
             f"{env.get('kwargs')} ({run_dir / 'spaces.json'}): {fix}")
 
 
-_RECORD_BYTES = 16 << 20  # a state.json or spaces.json larger than this is not a record icrl wrote
-
-
-def _read_record(path: Path) -> Any:
-    """The JSON of a small regular file of the run dir; never blocks on a FIFO or reads a size bomb (OSError or
-    ValueError: the callers treat it as no record)."""
-    with os.fdopen(open_regular(path), "rb") as f:
-        data = f.read(_RECORD_BYTES + 1)
-    if len(data) > _RECORD_BYTES:
-        raise ValueError(f"{path} is larger than a record")
-    return json.loads(data.decode("utf-8"))
-
-
 def checkpoint_config(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """(checkpoint, the config it was saved with, in its JSON form) of the newest checkpoint that records one."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            extra = _read_record(path / "state.json").get("extra")
+            extra = read_json_record(path / "state.json").get("extra")
             return path, json.loads(ExperimentConfig.from_json(json.dumps(extra["config"])).to_json())
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             continue  # unreadable, or from before checkpoints recorded their config: the loader checks it
@@ -186,7 +173,7 @@ def checkpoint_config(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
 def _recorded_env(run_dir: Path) -> dict[str, Any] | None:
     """spaces.json's env record ({"name", "kwargs", ...}), or None when there is none to read."""
     try:
-        env = _read_record(run_dir / "spaces.json").get("env")
+        env = read_json_record(run_dir / "spaces.json").get("env")
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return env if isinstance(env, dict) else None
