@@ -34,7 +34,6 @@ from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, RandomPolicy, make_vector_env
 from icrl.parallel import init_replicas
-from icrl.run.components import training_window
 from icrl.seeding import derive_seed, seed_everything
 from icrl.types import ActionSpec
 
@@ -70,7 +69,7 @@ def worker(args: argparse.Namespace) -> None:
     agent = Agent(venv.single_observation_space["obs"], spec, cfg.model, cfg.loss).to(replicas.device)
     venv.close()
     learner = Learner(agent, cfg, replicas.device, replicas)
-    loader = make_loader(args.replay, batch_size=cfg.optim.batch_size, max_seq_len=training_window(cfg),
+    loader = make_loader(args.replay, batch_size=cfg.optim.batch_size, max_seq_len=cfg.model.training_window,
                          action_spec=spec, seed=derive_seed(replicas.rank_seed(0), "loader"))
     batches = [next(loader) for _ in range(8)]  # sampling is not what is timed: cycle through these
     for i in range(args.warmup):

@@ -6,9 +6,20 @@
 # learner (benchmarks/throughput.py at the issue's four shapes, fp32 and bf16, with acting at 8 envs),
 # compiled (the same with the loss compiled, bf16, two shapes), acting (1,024 envs at d64 x 1,001, 100 vector steps),
 # tmaze1000, tmaze10000 (needs ~30 minutes).
-# Where the machine has no registry access, `bash ../shared/gpu/prepare.sh` first fills .gpucheck/whl with
-# icrl's pure-Python needs (installed into a temp dir here). Results go to $OUT (default ./gpu-results).
+# A GPU machine without registry access but with torch, numpy, rich, safetensors, matplotlib, accelerate and pytest
+# needs icrl's other, pure-Python dependencies as wheels: `bash benchmarks/gpu_check.sh prepare`, run first on a
+# machine with registry access from the same tree, downloads them into .gpucheck/whl (git-ignored), and every later
+# stage installs them into a temp dir. Results go to $OUT (default ./gpu-results).
 cd "$(dirname "$0")/.." || exit 1
+if [ "${1:-}" = prepare ]; then  # the pure-Python wheels icrl needs beyond what a CUDA image has (Python 3.12, x86-64)
+  mkdir -p .gpucheck/whl
+  grep -qx "/.gpucheck/" .git/info/exclude 2>/dev/null || echo "/.gpucheck/" >> .git/info/exclude
+  for p in "gymnasium>=1.0,<2" farama-notifications "tyro>=0.8" docstring-parser typeguard shtab; do
+    python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp --platform any \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --no-deps -q -d .gpucheck/whl "$p" || exit 1
+  done
+  ls .gpucheck/whl; exit 0
+fi
 R=$PWD; OUT=${OUT:-$R/gpu-results}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
 STAGES=${1:-tests learner acting}; has() { [[ " $STAGES " == *" $1 "* ]]; }
 MAX_WALL=${MAX_WALL:-300}

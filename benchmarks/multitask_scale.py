@@ -91,7 +91,7 @@ def icrl_run(update: str, mix: str, seed: int, args: argparse.Namespace) -> dict
 def amago_command(mix: str, seed: int, steps: int, work: Path, amago_venv: Path) -> list[str]:
     """The official MultiTaskAgent at icrl's twohot settings (read from the same config, so they cannot drift)."""
     # resolved as icrl's run resolves it: the ε anneal from the budget
-    from icrl.run.components import with_task_defaults
+    from icrl.run.build import with_task_defaults
 
     cfg = with_task_defaults(icrl_config("twohot", mix, steps, seed, Path("unused"), 1)).validate()
     m, loss, ex, sch = cfg.model, cfg.loss, cfg.explore, cfg.schedule

@@ -100,7 +100,7 @@ def meta(name: str, icrl_env: str, icrl_kwargs: dict, rollout: int, threshold: f
 
 
 def bandit_references(arms: int, horizon: int) -> dict[str, float]:
-    from icrl.envs.tasks.bandit import bayes_optimal_return, thompson_return, win_stay_lose_shift_return
+    from benchmarks.bandit_baselines import bayes_optimal_return, thompson_return, win_stay_lose_shift_return
 
     return {"Bayes-optimal": bayes_optimal_return(arms, horizon), "Thompson sampling": thompson_return(arms, horizon),
             "win-stay lose-shift": win_stay_lose_shift_return(arms, horizon), "random": horizon / 2}
@@ -175,7 +175,7 @@ def icrl_config(task: Task) -> Any:
     """The ExperimentConfig icrl's run of `task` resolves to (its CLI parse of `icrl_command`, then the task's
     and the library's defaults): what the official side must be given where the row says so."""
     from icrl.cli import parse
-    from icrl.run.components import with_task_defaults
+    from icrl.run.build import with_task_defaults
 
     cmd = icrl_command(task, 0, Path("unused"), 1)
     return with_task_defaults(parse(cmd[cmd.index("train"):]).config).validate()

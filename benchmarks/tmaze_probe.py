@@ -127,7 +127,7 @@ def gradient_split(run: Path, agent: torch.nn.Module, batches: int, seed: int = 
     grads: dict[str, list[torch.Tensor]] = {"critic_junction": [], "critic_rest": [], "actor": []}
     for _ in range(batches):
         picks = rng.integers(len(rollouts), size=cfg.optim.batch_size)
-        batch = collate_windows([(rollouts[i], 0) for i in picks], cfg.model.context + 1, agent.spec)
+        batch = collate_windows([(rollouts[i], 0) for i in picks], cfg.model.training_window, agent.spec)
         for part, out in grads.items():
             agent.zero_grad(set_to_none=True)
             s = agent(batch.inputs)  # [B, L, d]

@@ -21,7 +21,7 @@ def seed_everything(seed: int, rank: int = 0) -> None:
 def seed_process(seed: int, rank: int = 0, threads: int = 0) -> None:
     """The one place a training process is seeded: every global generator from `seed` (offset by a data-parallel
     `rank`), before its first draw, and torch's threads capped (`--threads`, 0: torch's choice). A run's
-    processes (icrl.run.components.build_run) and each asynchronous collector (icrl.asynchronous.collect) call it."""
+    processes (icrl.run.build.build_run) and each asynchronous collector (icrl.asynchronous.collect) call it."""
     seed_everything(seed, rank)
     if threads > 0:
         torch.set_num_threads(threads)

@@ -369,8 +369,8 @@ class Learner:
         is refused: the captured step has one shape."""
         src = batch.to_learner_fields()
         if self._static is None:
-            window = self.cfg.model.context + 1  # icrl.run.components.training_window
-            self._static = Batch.zeros_like_fields(src, max(window, batch.shape[1]), self.device)
+            window = max(self.cfg.model.training_window, batch.shape[1])
+            self._static = Batch.zeros_like_fields(src, window, self.device)
         dst = self._static.to_learner_fields()
         if src.keys() != dst.keys() or batch.shape[0] != self._static.shape[0] or batch.shape[1] > self._static.shape[1]:
             raise ValueError(f"a batch of shape {batch.shape} and fields {sorted(src)} does not fit the learner's "
@@ -387,7 +387,7 @@ class Learner:
 
     @torch.no_grad()
     def _update_normalization(self, batch: Batch) -> int:
-        """`TimestepEncoder.update_normalization` fed with the real timesteps of every rank's batch; returns
+        """The running obs statistics (`TimestepEncoder.obs_norm`) fed with the real timesteps of every rank's batch; returns
         the longest batch length over the ranks (for gathering PopArt's targets after the step). One summary
         row per rank (count, mean, squared deviations): fixed shapes, no host read in one process."""
         enc = self.agent.tstep_encoder

@@ -18,13 +18,14 @@ import torch
 from torch import nn
 
 from icrl.agent.graphs import CapturedStep, graphs_available
-from icrl.config import LossConfig, ModelConfig
+from icrl.config import ConfigError, ExperimentConfig, LossConfig, ModelConfig
+from icrl.config.validation import memory_error
 from icrl.nets.goals import GoalEmbedder
 from icrl.nets.heads import Actor, Critic
 from icrl.nets.popart import PopArt
 from icrl.nets.traj import FFTrajEncoder, make_traj_encoder, traj_encoder_kwargs
 from icrl.nets.transformer import SigmaReparamLinear, TransformerTrajEncoder
-from icrl.nets.tstep import GOAL_KEY, TimestepEncoder
+from icrl.nets.tstep import GOAL_KEY, TimestepEncoder, is_image_space
 from icrl.types import ActionSpec, Timesteps
 
 if TYPE_CHECKING:
@@ -109,6 +110,21 @@ class Agent(nn.Module):
         return [p for p in self.parameters() if id(p) not in skip]
 
 
+def build_agent(cfg: ExperimentConfig, obs_space: gym.spaces.Dict, spec: ActionSpec,
+                device: str | torch.device) -> Agent:
+    """A fresh agent (random weights) for observations `obs_space` (the env's "obs" entry) and actions `spec`: the one
+    place an agent is constructed (`icrl train`, the asynchronous learner and collectors, `icrl eval`, `icrl.load`),
+    so a run's weights fit whatever any of them builds. ConfigError (one line) when the weights and batches cannot
+    fit in memory for observations of this size: the config's check at parse time does not know the env's spaces (a
+    Box of 10^8 numbers, or spaces.json's)."""
+    parts = obs_space.spaces.values() if isinstance(obs_space, gym.spaces.Dict) else [obs_space]
+    sizes = [(int(np.prod(p.shape)), is_image_space(p)) for p in parts if p.shape is not None]
+    numbers = (sum(n for n, image in sizes if not image), sum(n for n, _ in sizes))
+    if problem := memory_error(cfg, obs_numbers=numbers):
+        raise ConfigError(f"observations of {numbers[1]:,} numbers: {problem}")
+    return Agent(obs_space, spec, cfg.model, cfg.loss).to(device)
+
+
 class AgentPolicy:
     """Acts in N parallel envs, one timestep at a time, keeping the encoder's KV cache / hidden state.
 
@@ -122,10 +138,12 @@ class AgentPolicy:
     switches back (`Learner.update` starts with `agent.train()`). `act` runs under
     `torch.inference_mode`. `seconds` accumulates the wall time spent inside `act`.
 
-    `static` (default: on CUDA, with a Transformer or memoryless encoder, unless `cuda_graphs` is False):
-    the step reads its inputs from static buffers (one host-to-device copy per step), keeps the KV ring's
-    books on the device (`KVCache` static) and is captured as a CUDA graph (`icrl.agent.graphs`), one per
-    choice of greedy / sampled actions. The same step runs eagerly on a CPU when asked for (the tests do).
+    One acting step, `step`, whichever way it runs. Eager (the default on a CPU): on the caller's timesteps,
+    with the KV ring's books on the host. `static` (default: on CUDA, with a Transformer or memoryless encoder,
+    unless `cuda_graphs` is False): on static input buffers (one host-to-device copy per step), with the books on
+    the device (`KVCache` static: the books are the cache's strategy, the step is the same), captured as a CUDA
+    graph (`icrl.agent.graphs`), one per choice of greedy / sampled actions; a static step also runs eagerly on a
+    CPU when asked for (the tests do).
     """
 
     def __init__(
@@ -183,17 +201,11 @@ class AgentPolicy:
         return actions
 
     def _act_eager(self, ts: Timesteps, new_rollout: np.ndarray, sampled: bool) -> np.ndarray:
-        """One step with the encoder's own books (host-side KV bookkeeping, attention over the occupied slots)."""
-        agent = self.agent
-        if new_rollout.any():
-            self.state = agent.traj_encoder.reset_state(self.state, new_rollout)
+        """`step` on the caller's timesteps, with the encoder's own books (host-side KV bookkeeping, attention over
+        the occupied slots)."""
         if ts.time.device != self.device:
             ts = ts.to(self.device)
-        x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
-        s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
-        dist = agent.actor.policy(s)  # the policy's discount (the last one): batch [N]
-        a_vec = dist.sample() if sampled else dist.mode()  # [N, A]
-        return a_vec.float().cpu().numpy()
+        return self.step(ts, new_rollout, sampled).cpu().numpy()
 
     def _act_static(self, ts: Timesteps, new_rollout: np.ndarray, sampled: bool) -> np.ndarray:
         """One step of fixed shapes from static buffers: one copy in, the (captured) step, one copy out."""
@@ -208,17 +220,21 @@ class AgentPolicy:
         return self._inputs.read(step())
 
     def _static_step(self, sampled: bool) -> torch.Tensor:
-        """The acting step on the static inputs: rows that start a new rollout forget their context, then one
-        timestep through the encoders and the policy head -> action vectors [N, A] (float32)."""
-        agent, inputs = self.agent, self._inputs
+        """`step` on the static inputs (what a CUDA graph captures and replays)."""
+        inputs = self._inputs
         assert inputs is not None
-        if self.state is not None:
-            self.state.reset(inputs.new_rollout)
-        ts = inputs.timesteps
+        return self.step(inputs.timesteps, inputs.new_rollout, sampled)
+
+    def step(self, ts: Timesteps, new_rollout: torch.Tensor | np.ndarray, sampled: bool) -> torch.Tensor:
+        """The one acting step, eager or captured: rows that start a new rollout (`new_rollout` [N]) forget their
+        context, then one timestep ([N, 1, ...]) through the encoders and the policy head -> action vectors [N, A]
+        (float32). The encoder's state changes in place (a static KV cache) or is replaced (an RNN's)."""
+        agent = self.agent
+        self.state = agent.traj_encoder.reset_state(self.state, new_rollout)
         x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
-        s, _ = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]; the static state changes in place
-        dist = agent.actor.policy(s)
-        return (dist.sample() if sampled else dist.mode()).float()
+        s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
+        dist = agent.actor.policy(s)  # the policy's discount (the last one): batch [N]
+        return (dist.sample() if sampled else dist.mode()).float()  # [N, A]
 
 
 class StagedInputs:

@@ -10,6 +10,7 @@ import time
 import gymnasium as gym
 import torch
 
+from icrl.agent.model import build_agent
 from icrl.asynchronous.protocol import (
     AsyncPaths,
     StopFlag,
@@ -23,12 +24,14 @@ from icrl.asynchronous.protocol import (
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.config.errors import flag
 from icrl.envs import Collector
+from icrl.envs.make import make_run_envs
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.envs.wrapper import agent_obs_space
-from icrl.run.components import build_agent, make_run_envs, open_replay, train_policy
+from icrl.run.build import open_replay
 from icrl.run.evaluate import add_task_sums, rollout_sums, task_sums
 from icrl.run.reporting import say
 from icrl.run.rundir import hold_exclusive
+from icrl.run.sources import train_policy
 from icrl.seeding import derive_seed, seed_process
 from icrl.types import ActionSpec, EpisodeStats
 

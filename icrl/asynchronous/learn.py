@@ -14,18 +14,24 @@ import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import gymnasium as gym
+
 from icrl.agent.exploration import Exploration
+from icrl.agent.learner import Learner
 from icrl.asynchronous.protocol import AsyncPaths, RunCounters, StopFlag, counter_limit, publish_weights
 from icrl.config import ConfigError, ExperimentConfig
 from icrl.config.errors import flag
+from icrl.data import DiskReplay
 from icrl.fileio import write_text_atomic
+from icrl.parallel import Replicas
+from icrl.run.build import build_run
 from icrl.run.callbacks import Callbacks
 from icrl.run.checkpoint import list_checkpoints
-from icrl.run.components import Run, build_run
 from icrl.run.evaluate import add_task_sums, metrics_from_task_sums
 from icrl.run.loop import fit
 from icrl.run.reporting import Timer, say
 from icrl.run.rundir import run_path
+from icrl.types import ActionSpec
 
 
 def learn(cfg: ExperimentConfig, *, stop: StopFlag | None = None) -> dict:
@@ -63,17 +69,17 @@ class CollectorFiles:
 
     acts_here: ClassVar[bool] = False
 
-    def __init__(self, run: Run) -> None:
-        cfg = run.cfg
-        self.cfg, self.agent, self.learner, self.stop = cfg, run.agent, run.learner, run.stop
-        self.paths = AsyncPaths(run.run_dir)
+    def __init__(self, *, cfg: ExperimentConfig, replicas: Replicas, seed: int, learner: Learner, replay: DiskReplay,
+                 spec: ActionSpec, venv: gym.vector.VectorEnv | None, offline_epochs: int, stop: Any = None) -> None:
+        self.cfg, self.agent, self.learner, self.stop = cfg, learner.agent, learner, stop
+        self.paths = AsyncPaths(run_path(cfg))
         self.paths.make_collectors_dir()
         self.upe = cfg.epoch_updates  # updates per epoch
         self.ratio = update_ratio(cfg, cfg.asynchronous.utd)
         self.publish_every = cfg.asynchronous.publish_every or self.upe
-        # only to log the collectors' ε: each anneals over its own steps per env copy (icrl.run.components.train_policy)
-        self.schedule = Exploration(cfg.explore, run.spec, cfg.env.parallel_envs, seed=0)
-        self.counter = self.counts = RunCounters(self.paths, counter_limit(cfg)).read()
+        # only to log the collectors' ε: each anneals over its own steps per env copy (icrl.run.sources.train_policy)
+        self.schedule = Exploration(cfg.explore, spec, cfg.env.parallel_envs, seed=0)
+        self.collector = self.counts = RunCounters(self.paths, counter_limit(cfg)).read()
         self.exploration = NoExploration()
         # --offline-updates come on top of the ratio: they may run before any env step is stored
         self.total_updates = cfg.replay.offline_updates + math.floor(self.ratio * cfg.schedule.env_steps)

@@ -179,14 +179,16 @@ def parse(argv: list[str]):
         fail("icrl learn: the run dir is the first argument; drop --run-dir")
     preset, config_file, env_kwargs, trusted = (_start_args(rest, f"icrl {command}") if command in ("train", "learn")
                                                 else (None, None, {}, False))
-    if command in ("train", "learn") and {"-h", "--help"} & set(rest) and "--help-all" not in rest:
-        from icrl.cli.help import short_help
+    if {"-h", "--help", "--help-all"} & set(rest):  # one renderer for every command's help (icrl.cli.help)
+        from icrl.cli.help import command_help, short_help
 
         cls = COMMANDS[command]
-        print(short_help(command, cls.__doc__ or "", _start_config(preset, config_file, env_kwargs, trusted),
-                         skip=("run_dir",) if command == "learn" else ()), end="")
+        if command in ("train", "learn"):
+            print(short_help(command, cls, _start_config(preset, config_file, env_kwargs, trusted),
+                             skip=("run_dir",) if command == "learn" else (), full="--help-all" in rest), end="")
+        else:
+            print(command_help(command, cls), end="")
         raise SystemExit(0)
-    argv = [("--help" if a == "--help-all" else a) for a in argv]
     union = _subcommands(preset, config_file, env_kwargs, trusted)
     with _tyro_errors(f"icrl {command}"):
         args = tyro.cli(union, args=argv, prog="icrl", config=(tyro.conf.OmitArgPrefixes,))

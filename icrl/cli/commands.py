@@ -20,6 +20,7 @@ RunDir = Annotated[str, tyro.conf.arg(metavar="RUN_DIR")]
 """A run directory (written by `icrl train` / `icrl learn`), given as the first positional argument."""
 FlatConfig = Annotated[ExperimentConfig, tyro.conf.arg(name="")]
 ConfigFile = Annotated[str | None, tyro.conf.arg(name="config", metavar="FILE")]
+PresetName = Annotated[str | None, tyro.conf.arg(metavar="NAME")]
 """`--config FILE`: a config.json to start from (read before the full parse, as `--preset`)."""
 """Every field of the config as a flag without its group prefix (`--d-model`, not `--model.d-model`)."""
 
@@ -48,8 +49,9 @@ class Train:
     """Train an agent: collect, store, sample, update, evaluate, checkpoint (RUN_DIR/config.json records every
     value). `--preset NAME` starts from a preset; the other flags apply on top of it."""
 
-    preset: str | None = None
-    """Start from this preset (icrl.config.presets: tmaze, cue_recall, goal_grid, multitask, control)."""
+    preset: PresetName = None
+    """Start from this preset (icrl.config.presets: tmaze, cue_recall, goal_grid, multitask, control); the flags
+    apply on top of it."""
     config_file: ConfigFile = None
     """Start from this config.json (or a run directory's), e.g. another run's, the flags applying on top; its
     run dir and --resume are not taken, so the new run gets its own folder."""
@@ -72,8 +74,9 @@ class Learn:
 
     run_dir: tyro.conf.Positional[RunDir]
     """The run directory shared with the collectors (created, or continued with --resume)."""
-    preset: str | None = None
-    """Start from this preset (icrl.config.presets: tmaze, cue_recall, goal_grid, multitask, control)."""
+    preset: PresetName = None
+    """Start from this preset (icrl.config.presets: tmaze, cue_recall, goal_grid, multitask, control); the flags
+    apply on top of it."""
     config_file: ConfigFile = None
     """Start from this config.json (or a run directory's), e.g. another run's, the flags applying on top; its
     run dir and --resume are not taken, so the new run gets its own folder."""

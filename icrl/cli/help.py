@@ -1,9 +1,12 @@
-"""`icrl train --help` and `icrl learn --help` on one screen: the flags a user needs first (each with the first
-sentence of its description and its default), then every other flag by group, names only. `--help-all` prints
-tyro's full help: every flag with its whole description, grouped as the config is (icrl.config).
+"""Every command's help, in one style (`--help`, `--help-all`, `icrl plot --help`...): a usage line, the command's
+description, then each flag as a row: the flag and its value's form, its whole description as one paragraph, and
+its default, worded alike everywhere ("the task's, else 256" where a run resolves an unset field).
 
-Why not tyro's help alone: it lists ~110 flags in config order, so `--seed`, `--device` and `--run-dir` come
-after 500 lines of loss and exploration knobs a first run never touches."""
+`icrl train --help` and `icrl learn --help` fit one screen: the flags a user needs first (each with the first
+sentence of its description), then every other flag by group, names only; `--help-all` describes every flag,
+grouped as the config is (icrl.config). Why not tyro's help: it lists ~110 flags in config order, so `--seed`,
+`--device` and `--run-dir` came after 500 lines of loss and exploration knobs a first run never touches, in boxes
+that broke descriptions mid-sentence."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import json
 import re
 import shutil
 import textwrap
@@ -19,7 +23,6 @@ import typing
 from typing import Any
 
 from icrl.config import ExperimentConfig
-from icrl.config.presets import PRESETS
 from icrl.config.resolve import resolve
 
 COMMON = ("env", "env_kwargs", "total_env_steps", "seed", "device", "run_dir", "resume", "parallel_envs",
@@ -72,42 +75,142 @@ def _fields(cfg: ExperimentConfig) -> dict[str, tuple[str, type, Any]]:
     return out
 
 
-def short_help(command: str, description: str, cfg: ExperimentConfig, skip: tuple[str, ...] = ()) -> str:
-    """The one-screen help of `icrl COMMAND` (train or learn) whose defaults are `cfg` (a preset's or a file's)."""
-    width = min(shutil.get_terminal_size((100, 24)).columns, 100)
-    fields = {k: v for k, v in _fields(cfg).items() if k not in skip}
-    positional = " RUN_DIR" if "run_dir" in skip else ""
-    lines = [f"usage: icrl {command}{positional} [--preset NAME | --config FILE] [FLAGS]   (every flag described: "
-             f"icrl {command} --help-all)", "", textwrap.fill(" ".join(description.split()), width), "",
-             "start from:"]
-    starts = [("--preset NAME", f"a preset: {', '.join(PRESETS)}; the flags apply on top of it"),
-              ("--config FILE", "a config.json (or a run directory's); the flags apply on top of it"),
-              ("--trust-run-env", "with --config: build an env the file names as code (module:factory)")]
-    common = []
-    resolved = _fields(resolve(cfg))  # what an unset field becomes where the task recommends nothing
-    for name in COMMON:
-        if name in fields:
-            group, cls, value = fields[name]
-            text = first_sentence(field_docs(cls).get(name, ""))
-            default = value if value is not None else (
-                "unset" if resolved[name][2] is None else f"the task's, else {resolved[name][2]}")
-            common.append((f"{flag(name, value)} {metavar(cls, name)}".rstrip(), f"{text} (default: {default})"))
-    pad = max(len(f) for f, _ in starts + common) + 2
-    for title, rows in (("", starts), ("common flags:", common)):
-        if title:
-            lines += ["", title]
-        for name, text in rows:
+Row = tuple[str, str]
+"""(flag with its value's form, description with its default): one line of a help, wrapped."""
+
+
+def _arg_meta(cls: type, name: str) -> tuple[Any, list[Any]]:
+    """The field's type without `Annotated` and its `Annotated` metadata (tyro's markers and arg configs)."""
+    hint = typing.get_type_hints(cls, include_extras=True)[name]
+    meta: list[Any] = []
+    while typing.get_origin(hint) is typing.Annotated:
+        meta += list(hint.__metadata__)
+        hint = typing.get_args(hint)[0]
+    return hint, meta
+
+
+def _positional(meta: list[Any]) -> bool:
+    return any("Positional" in repr(m) for m in meta)
+
+
+def _arg_option(meta: list[Any], key: str) -> Any:
+    """A tyro.conf.arg option (name, metavar) given on the field, else None."""
+    return next((getattr(m, key) for m in meta if getattr(m, key, None) is not None), None)
+
+
+def default_text(value: Any, resolved: Any = None) -> str:
+    """A default as every help words it: what an unset field becomes where a run resolves it (the task's
+    recommendation, else the library's), "unset" where nothing fills it, and values as they are typed."""
+    if value is None:
+        return "unset" if resolved is None else f"the task's, else {default_text(resolved)}"
+    if isinstance(value, (tuple, list)):
+        return " ".join(map(str, value)) if value else "none"
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+def field_rows(cls: type, values: Any, *, full: bool, resolved: dict[str, Any] | None = None,
+               skip: tuple[str, ...] = ()) -> tuple[list[Row], list[Row]]:
+    """(positional arguments, flags) of the dataclass `cls` whose defaults are `values` (an instance; None: the
+    fields' own), nested dataclass fields flattened (tyro's OmitArgPrefixes): each row's description is the field's
+    docstring (`full`) or its first sentence, with its default (unless a command's field words its own)."""
+    docs, positional, flags = field_docs(cls), [], []
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        hint, meta = _arg_meta(cls, f.name)
+        value = getattr(values, f.name) if values is not None else _default(f)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # flags of a nested group, unprefixed
+            inner = field_rows(hint, value, full=full, resolved=resolved, skip=skip)
+            positional += inner[0]
+            flags += ([("", doc)] if (doc := " ".join(docs.get(f.name, "").split())) else []) + inner[1]
+            continue
+        doc = " ".join(docs.get(f.name, "").split())
+        text = doc if full else first_sentence(doc)
+        form = _arg_option(meta, "metavar") or metavar(cls, f.name)
+        if _positional(meta):
+            positional.append((form, text))
+            continue
+        name = _arg_option(meta, "name") or f.name
+        if values is not None or not re.search(r"\bdefault\b", text):  # a command's field may word its own
+            text += f" (default: {default_text(value, (resolved or {}).get(f.name))})"
+        flags.append((f"{flag(name, value)} {form}".rstrip(), text.strip()))
+    return positional, flags
+
+
+def _rows_text(rows: list[Row], width: int, pad: int) -> list[str]:
+    lines = []
+    for name, text in rows:
+        if len(name) + 2 > pad:  # a long flag: its description starts on the next line
+            lines.append("  " + name)
+            lines += _wrap(text, width, " " * (pad + 2), " " * (pad + 2))
+        else:
             lines += _wrap(text, width, "  " + name.ljust(pad), " " * (pad + 2))
+    return lines
+
+
+def _width() -> int:
+    return min(shutil.get_terminal_size((100, 24)).columns, 100)
+
+
+def _usage(command: str, cls: type, positional: list[Row], config: bool) -> list[str]:
+    starts = " [--preset NAME | --config FILE]" if config else ""
+    args = "".join(f" {name}" for name, _ in positional)
+    return [f"usage: icrl {command}{args}{starts} [FLAGS]", "", textwrap.fill(" ".join((cls.__doc__ or "").split()),
+                                                                               _width())]
+
+
+PAD = 22
+"""The flag column's width: a longer flag puts its description on the next line."""
+
+def command_help(command: str, cls: type) -> str:
+    """The help of a command other than train and learn: its arguments and every flag, described."""
+    positional, flags = field_rows(cls, None, full=True)
+    lines = _usage(command, cls, positional, config=False)
+    for title, rows in (("arguments:", positional), ("flags:", flags)):
+        if rows:
+            lines += ["", title, *_rows_text(rows, _width(), PAD)]
+    return "\n".join(lines) + "\n"
+
+
+def short_help(command: str, cls: type, cfg: ExperimentConfig, skip: tuple[str, ...] = (), full: bool = False) -> str:
+    """The help of `icrl COMMAND` (train or learn) whose defaults are `cfg` (a preset's or a file's): one screen
+    (the common flags described, the others named by group), or every flag described by group (`full`)."""
+    width = _width()
+    resolved = {k: v[2] for k, v in _fields(resolve(cfg)).items()}  # what an unset field becomes, task aside
+    positional = [("RUN_DIR", "")] if "run_dir" in skip else []
+    lines = _usage(command, cls, positional, config=True)
+    if not full:
+        lines[0] += f"   (every flag described: icrl {command} --help-all)"
+    starts = field_rows(cls, None, full=full, skip=("config", "run_dir"))[1]  # --preset, --config, --trust-run-env
+    lines += ["", "start from:", *_rows_text(starts, width, PAD)]
+    groups: dict[str, list[Row]] = {}
+    for part_field in dataclasses.fields(cfg):
+        part = getattr(cfg, part_field.name)
+        groups[part_field.name] = field_rows(type(part), part, full=full, resolved=resolved, skip=skip)[1]
+    if full:
+        for name, rows in groups.items():
+            if rows:
+                lines += ["", f"{name}:", *_rows_text(rows, width, PAD)]
+        return "\n".join(lines) + "\n"
+    by_flag = {row[0].split(" ")[0].split("/")[0]: row for rows in groups.values() for row in rows}
+    common = [by_flag[f"--{name.replace('_', '-')}"] for name in COMMON if f"--{name.replace('_', '-')}" in by_flag]
+    lines += ["", "common flags:", *_rows_text(common, width, PAD)]
     lines += ["", "every other flag, by group (`--help-all` describes each):"]
-    groups: dict[str, list[str]] = {}
-    for name, (group, _, value) in fields.items():
-        if name not in COMMON:
-            groups.setdefault(group, []).append(flag(name, value))
-    for group, names in groups.items():
-        lines += _wrap(" ".join(names), width, f"  {group + ':':14s}", " " * 16)
+    for name, rows in groups.items():
+        others = [flag_text.split(" ")[0] for flag_text, _ in rows if flag_text not in {row[0] for row in common}]
+        if others:
+            lines += _wrap(" ".join(others), width, f"  {name + ':':14s}", " " * 16)
     return "\n".join(lines) + "\n"
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
     return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False,
-                         break_long_words=False)
+                         break_long_words=False) or [first.rstrip()]

@@ -30,9 +30,9 @@ class ConfigGroups:
     @property
     def epoch_updates(self) -> int:
         """Updates per epoch where a fixed number is needed (offline epochs, the asynchronous learner's default
-        ratio, plans): --updates-per-epoch, or `replay_ratio`'s count for full training windows (context + 1
-        timesteps). `icrl train` counts the replay's real windows instead (icrl.run.components.UpdateBudget)."""
+        ratio, plans): --updates-per-epoch, or `replay_ratio`'s count for full training windows
+        (`ModelConfig.training_window`). `icrl train` counts the replay's real windows instead (icrl.run.schedule.UpdateBudget)."""
         s = self.schedule
         if s.updates_per_epoch is not None:
             return s.updates_per_epoch
-        return max(1, round(s.replay_ratio * s.steps_per_epoch / (self.optim.batch_size * (self.model.context + 1))))
+        return max(1, round(s.replay_ratio * s.steps_per_epoch / (self.optim.batch_size * self.model.training_window)))

@@ -74,3 +74,15 @@ class ModelConfig:
     def context(self) -> int:
         """`max_seq_len`, or the library's default context where it is unset (a run resolves it first)."""
         return DEFAULT_CONTEXT if self.max_seq_len is None else self.max_seq_len
+
+    @property
+    def training_window(self) -> int:
+        """Timesteps per training window: the acting context plus one.
+
+        The critic learns Q(s_t) from the TD target at s_{t+1}, so the window must hold a full context *and* the
+        step after it. With windows of only `max_seq_len` timesteps, a rollout of exactly context + 1 timesteps
+        (T-Maze's corridor + junction + final observation) is cut one way or the other: either the cue at t = 0 or
+        the junction's transition to the final state falls outside every window, and the junction's value can
+        never be learned from memory. The Transformer's banded mask keeps each position's receptive field at
+        `max_seq_len`, exactly what acting sees."""
+        return self.context + 1

@@ -133,7 +133,7 @@ def _loss(lo: LossConfig, context: int, eps_shape: str | None) -> LossConfig:
 
 def _planned_updates(cfg: ExperimentConfig) -> int:
     """The updates the budget plans for (`epoch_updates` per whole epoch): what the rules that scale with a run's
-    length read; the run itself counts the replay's real windows (icrl.run.components)."""
+    length read; the run itself counts the replay's real windows (icrl.run.schedule.UpdateBudget)."""
     return (cfg.schedule.env_steps // max(cfg.schedule.steps_per_epoch, 1)) * cfg.epoch_updates
 
 
@@ -158,7 +158,7 @@ def _compiles(cfg: ExperimentConfig) -> bool:
     COMPILE_MIN_* thresholds)."""
     if cfg.optim.compile is not None:
         return cfg.optim.compile
-    tokens = cfg.optim.batch_size * (cfg.model.context + 1)
+    tokens = cfg.optim.batch_size * cfg.model.training_window
     if cfg.model.traj_encoder != "transformer" or tokens < COMPILE_MIN_TIMESTEPS:
         return False
     return _planned_updates(cfg) >= (COMPILE_MIN_CAPTURED_UPDATES if _runs_captured(cfg) else COMPILE_MIN_UPDATES)

@@ -257,7 +257,7 @@ def memory_estimate(cfg: ConfigGroups, update: bool = True, obs_numbers: tuple[i
 
     Why: a size typed with a few zeros too many (`--d-model 1000000000000`) otherwise ends in an allocator
     traceback, or in swapping for hours; the estimate refuses it at parse time, saying how much it needs.
-    `obs_numbers` (known once the env's spaces are: `icrl.run.components.build_agent`): (numbers of a vector
+    `obs_numbers` (known once the env's spaces are: `icrl.run.build.build_agent`): (numbers of a vector
     observation, which the timestep encoder's first layer reads each with `tstep_hidden` weights; numbers of an
     observation in all, images included, which every batch holds per timestep)."""
     m, lo = cfg.model, cfg.loss

@@ -118,7 +118,6 @@ class FolderIndex:
         self.names: list[str] = []  # rollout file names, oldest first
         self.steps: dict[str, int] = {}  # name -> num_timesteps
         self.total = 0  # sum of steps
-        self.last_listing_s = 0.0  # duration of the last real listing (0 when the mtime said unchanged)
         self._stamp: tuple[int, int, int] | None = None
 
     def __len__(self) -> int:
@@ -126,21 +125,19 @@ class FolderIndex:
 
     def scan(self) -> bool:
         """Bring the index up to date. Returns False if the folder was known unchanged (nothing read)."""
-        t0 = time.perf_counter()
         now_ns = time.time_ns()
         try:
             st = os.stat(self.folder)
         except FileNotFoundError:
-            self._replace([], {}, 0, None, t0)
+            self._replace([], {}, 0, None)
             return True
         stamp = (st.st_dev, st.st_ino, st.st_mtime_ns)
         if stamp == self._stamp:
-            self.last_listing_s = 0.0
             return False
         try:
             listing = _listdir(self.folder)
         except FileNotFoundError:
-            self._replace([], {}, 0, None, t0)
+            self._replace([], {}, 0, None)
             return True
         steps, total, names = self.steps, self.total, self.names
         unknown = [n for n in listing if n not in steps]  # new files (and a few temporary / foreign ones)
@@ -159,7 +156,7 @@ class FolderIndex:
             names = names + added
             names.sort()  # two sorted runs: a linear merge
         trusted = self.trust_after_ns is not None and st.st_mtime_ns < now_ns - self.trust_after_ns
-        self._replace(names, steps, total, stamp if trusted else None, t0)
+        self._replace(names, steps, total, stamp if trusted else None)
         return True
 
     def _parse(self, unknown: list[str], listing: list[str]) -> tuple[list[str], list[int]]:
@@ -194,9 +191,8 @@ class FolderIndex:
         """Note a file this process just wrote (its name states the length it holds): not re-read by `verify`."""
         self._written.add(name)
 
-    def _replace(self, names, steps, total, stamp, t0) -> None:
+    def _replace(self, names, steps, total, stamp) -> None:
         self.names, self.steps, self.total, self._stamp = names, steps, total, stamp
-        self.last_listing_s = time.perf_counter() - t0
 
     def forget_oldest(self, k: int) -> None:
         """Drop the `k` oldest names (just deleted by this process) without re-reading the folder."""

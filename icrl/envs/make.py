@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
+from icrl.config import EnvConfig
 from icrl.config.errors import first_line
 from icrl.config.resolve import TaskDefaults
 from icrl.envs.kwarg_errors import check_kwarg_types, explain_constructor_error
@@ -346,3 +347,10 @@ def task_defaults(name: str, env_kwargs: dict[str, Any] | None = None, factory: 
     data `icrl.config.resolve.resolve` takes."""
     return TaskDefaults(exploration=task_exploration(name, env_kwargs, factory),
                         context=task_context(name, env_kwargs, factory), budget=task_budget(name, env_kwargs, factory))
+
+
+def make_run_envs(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
+                  factories: Sequence[Any] | None = None) -> gym.vector.VectorEnv:
+    """`num_envs` copies of the run's env, each rollout `episodes_per_rollout` episodes (icrl.envs.make)."""
+    return make_vector_env(e.env, e.kwargs, num_envs, asynchronous=asynchronous, factories=factories,
+                           episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)

@@ -208,7 +208,7 @@ class CausalSelfAttention(nn.Module):
               p: float) -> torch.Tensor:
         """Attention of q, k, v [B, H, L, dh]: causal, or within the window where `mask` (banded) is given.
 
-        A training window is the context plus one step (icrl.run.components.training_window), so L = W + 1 is the
+        A training window is the context plus one step (`ModelConfig.training_window`), so L = W + 1 is the
         common banded case: its first W queries are plainly causal, and only the rest need the band. Split so,
         every query block runs a maskless kernel (flash on a GPU) where a mask would force a slower one, and
         the last query (L = W + 1) attends over the last W keys, all of them; the same values up to rounding.

@@ -153,7 +153,7 @@ class TimestepEncoder(nn.Module):
         hidden: MLP width, also the feature width of each image CNN.
         max_time: time scale of the time features; later times read as max_time in the linear feature.
         cnn: "impala" (any image size) or "nature" (>= 36x36).
-        normalize_obs: running mean/std normalisation of vector keys (updated by `update_normalization`).
+        normalize_obs: running mean/std normalisation of vector keys (the learner folds in each batch's real timesteps: `normalization_moments`).
         goal_embedder: optional module mapping obs["goal"] [B, L, K] long -> [B, L, goal_embedder.d_out].
             Without it, a "goal" key is ignored.
     """
@@ -243,16 +243,6 @@ class TimestepEncoder(nn.Module):
             ts.reset.float().unsqueeze(-1),
         ]
         return self.mlp(torch.cat(parts, dim=-1))
-
-    @torch.no_grad()
-    def update_normalization(self, ts: Timesteps, mask: torch.Tensor) -> None:
-        """Fold the real timesteps (`mask` [B, L] True) of a batch into the running obs statistics.
-
-        Called by the learner once per batch; padding never enters the statistics.
-        """
-        moments = self.normalization_moments(ts, mask)
-        if moments is not None and self.obs_norm is not None:
-            self.obs_norm.merge(*moments)
 
     def normalization_moments(
         self, ts: Timesteps, mask: torch.Tensor

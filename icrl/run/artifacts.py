@@ -1,6 +1,5 @@
 """What a run leaves beside its checkpoints, and the pictures of it: the final weights, the learning-curve plot and
-the result line (`finish_run`), with a hint where the critic cannot have seen far enough (`hint_critic_reach`);
-`save_weights` also publishes an asynchronous learner's weights and keeps a callback's.
+the result line (`finish_run`); `save_weights` also publishes an asynchronous learner's weights and keeps a callback's.
 
 Learning curves come from metrics.jsonl files (matplotlib, no display needed). Runs whose config.json agree
 except for the seed (and run dir) form one group, drawn as the mean over seeds with a min/max band; groups are
@@ -65,27 +64,6 @@ def finish_run(run_dir: Path, agent: Agent, cfg: ExperimentConfig, last_eval: di
         + f" over {last_eval['rollouts']} rollouts after {env_steps:,} env steps and "
         f"{updates:,} updates in {last_eval['wall_time']:.0f} s; plot: {plot}"
     )
-
-
-def critic_reach(cfg: ExperimentConfig, updates: int) -> float:
-    """About how many steps ahead the critic can have seen by now: each update moves the target networks a
-    fraction τ of the way, and each bootstrap hop spans n steps, so values propagate ~τ × updates × n steps
-    (docs/results.md, "Why Pendulum-v1 learned slowly")."""
-    return cfg.loss.tau * updates * cfg.loss.td_steps
-
-
-def hint_critic_reach(cfg: ExperimentConfig, updates: int, last_eval: dict) -> bool:
-    """At the end of a run that did not succeed, say once when its critic's reach (`critic_reach`) was far
-    shorter than its episodes: the values cannot have reached rewards further away, whatever the task. True
-    when said."""
-    length, success = last_eval.get("episode_length_mean"), last_eval.get("success_rate")
-    reach = critic_reach(cfg, updates)
-    if not length or (success is not None and success >= 0.5) or reach >= length / 4:
-        return False
-    say(f"icrl: hint: the critic can have looked only ~{reach:.0f} steps ahead (τ {cfg.loss.tau:g} x {updates:,} "
-        f"updates x {cfg.loss.td_steps}-step returns) in episodes of ~{length:.0f} steps; if rewards lie further "
-        "away, raise --tau, --n-step or the updates (--replay-ratio, --total-env-steps), as --preset control does")
-    return True
 
 
 # -------------------------------------------------------------------------------------- learning curves

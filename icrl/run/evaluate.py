@@ -24,6 +24,7 @@ import torch
 
 from icrl.config import ExperimentConfig
 from icrl.config.errors import flag, setting
+from icrl.envs.make import make_run_envs
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import write_text_atomic
 from icrl.parallel import Replicas
@@ -116,7 +117,6 @@ def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: tor
     import dataclasses
 
     from icrl.envs.user import resolve_env
-    from icrl.run.components import make_run_envs
 
     if n_episodes < 1:
         raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
@@ -165,7 +165,6 @@ def evaluate_run(
     Defaults come from the run's config: its eval_rollouts, parallel_envs and seed (the eval envs are
     seeded with derive_seed(seed, "eval-cli"), apart from the training-time evaluations).
     """
-    from icrl.run.components import make_run_envs
     from icrl.seeding import seed_everything
     from icrl.spaces_json import read_spaces
 

@@ -2,7 +2,7 @@
 one-file export `icrl.load` reads back.
 
 `load_run` is the one run loader (`icrl.load`, `icrl eval`, `icrl video`): it rebuilds the agent exactly as
-training does (`icrl.run.components.build_agent`) and loads the weights of a checkpoint (`resolve_weights`).
+training does (`icrl.agent.model.build_agent`) and loads the weights of a checkpoint (`resolve_weights`).
 
 Sharing a trained policy as one file: `icrl export RUN_DIR out.zip` writes it (`export`), `icrl.load("out.zip")`
 reads it back (`unpacked`: in a process without the env, as a run directory). The zip holds only data: the
@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from icrl.agent.model import build_agent
 from icrl.config import ExperimentConfig
 from icrl.config.errors import flag
+from icrl.envs.make import make_run_envs
 from icrl.envs.user import EnvOverride, run_env_config
 from icrl.fileio import OutsideRunDirError, atomic_path, check_inside
 
@@ -103,7 +105,6 @@ def _inside(run_dir: Path, path: Path) -> bool:
 def run_spaces(cfg: ExperimentConfig) -> tuple[Any, Any]:
     """The env's own (observation space, action space) for a run without RUN_DIR/spaces.json (older icrl): the
     env of `cfg` is built once to read them (check it with `run_env_config` first)."""
-    from icrl.run.components import make_run_envs
 
     venv = make_run_envs(cfg.env, 1)
     try:  # get_attr: the SyncVectorEnv make_run_envs builds has it; the VectorEnv base class does not
@@ -181,13 +182,12 @@ def load_run(path: str | Path, device: str | torch.device = "cpu", *, checkpoint
              spaces_of: Callable[[ExperimentConfig], tuple] | None = None) -> tuple[Agent, ExperimentConfig, tuple]:
     """The one run loader (`icrl.load`, `icrl eval`, `icrl video`): (agent with the run's weights, in eval
     mode; config; the env's (observation, action) spaces) of whatever `find_run` takes. The agent is built
-    exactly as training builds it (`icrl.run.components.build_agent`) from the recorded spaces; a run that
+    exactly as training builds it (`icrl.agent.model.build_agent`) from the recorded spaces; a run that
     recorded none (older icrl) asks `spaces_of(config)` for them. RunDirError (a ValueError, one line) for a
     missing or broken config, weights file or checkpoint, weights that do not fit, or no spaces to build with.
     """
     from icrl.device import resolve_device
     from icrl.envs.wrapper import agent_obs_space
-    from icrl.run.components import build_agent
     from icrl.spaces_json import spaces_wrapper
 
     cfg, weights, spaces = find_run(Path(path), checkpoint)

@@ -1,45 +1,36 @@
-"""The training loop (docs/design.md §8): collect -> write rollouts -> sample -> update -> evaluate -> log ->
-checkpoint, one loop for every run.
+"""The training algorithm (docs/design.md §8), one loop for every run. Each epoch:
 
-`train` is `icrl.train`: a run whose data source (icrl.run.components.DataSource) is this process's own envs
-(`Collecting`), also on each rank of a data-parallel run. The asynchronous learner (icrl.asynchronous.learn) runs
-the same loop, `fit`, on the collector processes' files: the setup (icrl.run.components.build_run), the epoch,
-the train row, evaluation, checkpoints, resuming and the finish are these, whatever the source. The run directory
-(icrl.run.rundir), the reports (icrl.run.reporting, icrl.run.evaluate) and the data-parallel decisions
-(icrl.parallel) live in the modules the evaluation paths share.
+    collect   the data source's env steps with the exploring policy, written into the replay (icrl.run.sources)
+    update    as many updates as the data allows, each on a fresh batch of windows (icrl.agent.learner)
+    report    the epoch's train row; every --eval-every epochs, a greedy evaluation (icrl.run.evaluate)
+    save      a checkpoint when due, when a callback stops the run or --checkpoint-seconds passed
+
+`epochs` is that loop; `fit` wraps it in resuming, the log and the finish; `train` (`icrl.train`) builds the run
+(icrl.run.build) with this process's own envs as its data source. The asynchronous learner (icrl.asynchronous.learn)
+runs the same `fit` on the collector processes' files.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from icrl.agent.learner import Learner
 from icrl.agent.model import Agent
-from icrl.config import ConfigError, ExperimentConfig
-from icrl.config.errors import flag
+from icrl.config import ExperimentConfig
 from icrl.envs import Collector
-from icrl.fileio import write_text_atomic
 from icrl.parallel import Replicas
-from icrl.run.artifacts import finish_run, hint_critic_reach
+from icrl.run.artifacts import finish_run
+from icrl.run.build import LazyLoader, Run, build_run
 from icrl.run.callbacks import Callbacks, TrainingRun
 from icrl.run.checkpoint import save_checkpoint
-from icrl.run.components import (
-    DataSource,
-    LazyLoader,
-    Run,
-    UpdateBudget,
-    build_run,
-    train_policy,
-    training_window,
-)
-from icrl.run.evaluate import TASK_METRIC_PREFIXES, eval_row, evaluate, train_stats
+from icrl.run.evaluate import eval_row, evaluate
+from icrl.run.hints import hint_critic_reach
 from icrl.run.reporting import (
     Logger,
     MultiLogger,
@@ -61,9 +52,9 @@ from icrl.run.rundir import (
     truncate_metrics,
     write_run_files,
 )
+from icrl.run.sources import DataSource, OwnEnvs
 from icrl.seeding import derive_seed
 from icrl.spaces_json import read_spaces_record
-from icrl.types import EpisodeStats, Rollout
 
 
 def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Sequence[Any] | Any = ()) -> dict:
@@ -82,7 +73,7 @@ def train(cfg: ExperimentConfig | None = None, env: Any = None, callbacks: Seque
     callbacks, the other ranks return {}.
     """
     hooks = Callbacks(callbacks)  # a callback without any hook is refused before anything is built
-    run = build_run(cfg, env, kind=Collecting)  # every refusal, the seeds, envs, agent, learner, replay; run dir locked
+    run = build_run(cfg, env, kind=OwnEnvs)  # every refusal, the seeds, envs, agent, learner, replay; run dir locked
     return fit(run, hooks)
 
 
@@ -266,7 +257,7 @@ class Checkpoints:
         held = holds_run(run_dir)  # a run without a readable checkpoint says so itself
         source = self.source
         start = resume_training(self.cfg, self.replicas, agent=self.learner.agent, learner=self.learner,
-                                collector=source.counter, exploration=source.exploration, resumed=source.resumed)
+                                collector=source.collector, exploration=source.exploration, resumed=source.resumed)
         if start[0] == 0 and not held and self.replicas.is_main:
             say(f"icrl: --resume: {run_dir} has no checkpoint yet; starting the run from the beginning")
         return start
@@ -278,7 +269,7 @@ class Checkpoints:
         extra = {"wall_time": time.perf_counter() - start, "config": json.loads(cfg.to_json()), "spaces": self.spaces,
                  **self.replicas.checkpoint_record(agent)}
         if self.replicas.is_main:
-            save_checkpoint(run_path(cfg), agent=agent, learner=self.learner, collector=self.source.counter,
+            save_checkpoint(run_path(cfg), agent=agent, learner=self.learner, collector=self.source.collector,
                             exploration=self.source.exploration, epoch=epoch, extra=extra,
                             keep=cfg.run.keep_checkpoints)
 
@@ -302,206 +293,3 @@ def finish(last_eval: dict | None, hooks: Callbacks, *, cfg: ExperimentConfig, s
     result = {**last_eval, "run_dir": str(run_dir)}  # where the run lives, also when icrl chose the folder
     hooks.end(result)
     return result
-
-
-# ------------------------------------------------------------------------------ the in-process data source
-@dataclass(frozen=True)
-class Plan:
-    """What an `icrl train` run will do, computed once from its resolved config and said once (`line`), in the
-    numbers its metrics show: every process steps each of its envs `steps_per_env` times an epoch (whole vector
-    steps of its share of `--steps-per-epoch`), for `epochs` epochs (the budget's whole epochs, at least one)."""
-
-    asked: int  # --total-env-steps
-    epochs: int
-    processes: int
-    envs: int  # per process
-    steps_per_env: int  # per epoch
-    updates_per_epoch: int | None  # --updates-per-epoch; None: the replay ratio's count
-    replay_ratio: float
-    window: int  # timesteps of a full training window
-    updates: int  # planned: fixed, or the replay ratio's count for full windows
-    warmup: int
-    context: int  # timesteps the policy attends to
-    compiled: bool  # the loss is torch.compile'd
-    captured: bool  # updates and acting steps replay CUDA graphs
-    device: str
-
-    @classmethod
-    def of(cls, cfg: ExperimentConfig, world_size: int = 1, learner: Learner | None = None) -> Plan:
-        """The plan of `cfg` (resolved) on `world_size` processes; `learner`: where it runs and how (else CPU, eager)."""
-        s, n = cfg.schedule, cfg.env.parallel_envs
-        epochs = max(1, s.env_steps // s.steps_per_epoch)
-        return cls(asked=s.env_steps, epochs=epochs, processes=world_size, envs=n,
-                   steps_per_env=-(-(s.steps_per_epoch // world_size) // n), updates_per_epoch=s.updates_per_epoch,
-                   replay_ratio=s.replay_ratio, window=training_window(cfg), updates=epochs * cfg.epoch_updates,
-                   warmup=int(cfg.optim.warmup_updates or 0), context=cfg.model.context,
-                   compiled=bool(cfg.optim.compile), captured=learner is not None and learner.graphed,
-                   device=str(learner.device) if learner is not None else "cpu")
-
-    def record(self) -> dict[str, Any]:
-        """What RUN_DIR/plan.json holds: every number of the plan, none unset (config.json keeps what was asked)."""
-        return {**dataclasses.asdict(self), "steps_per_epoch": self.steps_per_epoch, "env_steps": self.env_steps,
-                "updates_per_epoch": self.updates // self.epochs,
-                "updates_counted_by": "replay_ratio" if self.updates_per_epoch is None else "updates_per_epoch"}
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.processes * self.envs * self.steps_per_env
-
-    @property
-    def env_steps(self) -> int:
-        return self.epochs * self.steps_per_epoch
-
-    def line(self) -> str:
-        procs = f"{self.processes} processes x " if self.processes > 1 else ""
-        epochs = f"{self.epochs:,} epoch{'s' if self.epochs > 1 else ''}"
-        taken = f"{epochs} x {procs}{self.envs} envs x {self.steps_per_env:,} steps = {self.env_steps:,} env steps"
-        if self.env_steps != self.asked:
-            taken += f" (asked {self.asked:,}: whole epochs of whole steps of every env)"
-        if self.updates_per_epoch is not None:
-            updates = f"{self.updates_per_epoch:,} updates per epoch = {self.updates:,}"
-        else:
-            updates = (f"replay ratio {self.replay_ratio:g}: ~{self.updates:,} update{'s' if self.updates != 1 else ''} for full windows of "
-                       f"{self.window:,} timesteps, more where rollouts are shorter")
-        return f"icrl: plan: {taken}; {updates}; learning-rate warm-up {self.warmup:,} update{'s' if self.warmup != 1 else ''}"
-
-
-class Collecting:
-    """The data source of `icrl train` and of each data-parallel rank: this process's own envs, explored by the
-    learner's agent; each epoch's finished rollouts are written into the shared replay, the updates follow the
-    data collected (`UpdateBudget`)."""
-
-    acts_here: ClassVar[bool] = True
-    interrupted = False  # Ctrl-C raises instead
-
-    def __init__(self, run: Run) -> None:
-        cfg, replicas = run.cfg, run.replicas
-        assert run.venv is not None  # build_run builds the envs of a source that acts here
-        self.cfg, self.replicas, self.replay, self.agent, self.seed = cfg, replicas, run.replay, run.agent, run.seed
-        self.offline_epochs, self.steps_per_rank = run.offline_epochs, cfg.schedule.steps_per_epoch // replicas.world_size
-        self.counter = Collector(run.venv, run.spec, chunk_len=cfg.env.chunk_len, seed=derive_seed(run.seed, "train-envs"))
-        self.exploration, self.policy = train_policy(cfg, run.agent, self.counter, run.spec, run.seed, replicas.device)
-        self.budget = UpdateBudget(cfg, replicas.world_size)
-        self.plan = Plan.of(cfg, replicas.world_size, run.learner)
-        self.episodes: list[EpisodeStats] = []
-        self.said: frozenset[str] = frozenset()  # the hints said so far (`hint_once`)
-        self.steps0, self.policy_s0 = 0, 0.0  # at the epoch's start
-
-    @staticmethod
-    def prepare(cfg: ExperimentConfig, world_size: int) -> ExperimentConfig:
-        if cfg.run.resume and cfg.run.run_dir is not None and (run_path(cfg) / "async").is_dir():
-            raise ConfigError(f"{run_path(cfg)} is a run of `icrl learn` and its collectors: its checkpoints count the "
-                              "collectors' env steps, so `icrl train` cannot continue it; resume it as it was started, "
-                              "with `icrl learn` and its `icrl collect` processes")
-        if cfg.schedule.steps_per_epoch % world_size:
-            raise ConfigError(
-                f"{flag('steps_per_epoch')} {cfg.schedule.steps_per_epoch} does not split evenly over {world_size} "
-                f"processes: pass a multiple of {world_size}, e.g. {cfg.schedule.steps_per_epoch // world_size * world_size or world_size}"
-            )
-        if cfg.schedule.steps_per_epoch // world_size < cfg.env.parallel_envs:
-            raise ConfigError(
-                f"{flag('steps_per_epoch')} {cfg.schedule.steps_per_epoch} split over {world_size} processes is below "
-                f"{flag('parallel_envs')} {cfg.env.parallel_envs}: raise {flag('steps_per_epoch')} to at least "
-                f"{world_size * cfg.env.parallel_envs}"
-            )
-        return cfg
-
-    def env_steps(self) -> int:
-        """The run's env steps: every rank takes the same number."""
-        return self.replicas.world_size * self.counter.total_env_steps
-
-    def num_epochs(self) -> int:
-        return max(1, self.offline_epochs + self.cfg.schedule.env_steps // self.cfg.schedule.steps_per_epoch)
-
-    def collect(self, epoch: int, timer: Timer) -> None:
-        """This rank's env steps of the epoch (none in an --offline-updates epoch) with the exploring policy,
-        written into the replay, visible to every rank's sampler once all ranks wrote. Eval mode once for the
-        whole phase (AgentPolicy.act would switch too, once); Learner.update switches back."""
-        self.steps0, self.policy_s0 = self.env_steps(), self.policy.seconds
-        with timer("collect"):  # the acting loop: policy + env steps + collector bookkeeping
-            self.agent.eval()
-            rollouts, self.episodes = self.counter.collect(
-                self.policy, self.steps_per_rank if epoch > self.offline_epochs else 0)
-        with timer("replay_write"):
-            for rollout in rollouts:
-                self.replay.write(rollout)
-            self.replicas.barrier()  # every rank's rollouts are on disk before any rank lists the replay
-        self.said = hint_once(self, epoch, rollouts, self.said, last=epoch == self.num_epochs())
-
-    def updates(self, epoch: int, timer: Timer) -> Iterator[int]:
-        """Once the run has enough data, the epoch's updates: an offline epoch's fixed count, else the budget's."""
-        cfg = self.cfg
-        ready = self.env_steps() >= cfg.schedule.start_updates_after and self.replay.num_rollouts() > 0
-        if not self.replicas.all_ready(ready):
-            return
-        if epoch <= self.offline_epochs:
-            yield cfg.epoch_updates
-        else:
-            yield self.budget.updates(cfg.schedule.steps_per_epoch, [f.num_timesteps for f in self.replay.files()])
-
-    def row(self, timer: Timer) -> dict[str, Any]:
-        stats = train_stats(self.episodes, self.replicas)  # summed over the ranks
-        return {
-            "train/return_mean": stats["return_mean"],
-            "train/success_rate": stats["success_rate"],
-            "train/epsilon": self.exploration.level(self.counter.total_env_steps),
-            "time/collect_s": timer["collect"],  # the acting loop: policy + env steps + collector bookkeeping
-            "time/policy_s": self.policy.seconds - self.policy_s0,  # of which inside AgentPolicy.act
-            "time/replay_write_s": timer["replay_write"],
-            "time/env_steps_per_s": (self.env_steps() - self.steps0) / max(timer["collect"], 1e-9),
-            **{f"train/{k}": v for k, v in stats.items() if k.startswith(TASK_METRIC_PREFIXES)},  # multi-task envs
-        }
-
-    def resumed(self, epoch: int, state: dict[str, Any]) -> None:
-        """The env-step counter per rank, rescaled to this run's process count; the envs start from a hard reset,
-        seeded apart from the run's first reset so the tasks do not repeat (the rollouts in progress are lost)."""
-        saved_world, world = int(state["extra"].get("world_size", 1)), self.replicas.world_size
-        if saved_world != world:
-            self.counter.total_env_steps = self.counter.total_env_steps * saved_world // world
-        self.counter.seed = derive_seed(self.seed, "train-envs", "resume", epoch)
-
-    def start(self) -> None:
-        """Say the plan, once (`Plan.line`), and record it beside the config (RUN_DIR/plan.json)."""
-        if self.replicas.is_main:
-            say(self.plan.line())
-            write_text_atomic(run_path(self.cfg) / "plan.json", json.dumps(self.plan.record(), indent=1) + "\n")
-
-    def finish(self, done: bool) -> None:
-        """Nothing to hand over: the envs close with the run."""
-
-
-def hint_once(c: Collecting, epoch: int, rollouts: list[Rollout], said: frozenset[str], last: bool) -> frozenset[str]:
-    """The hints said so far (`said`), plus those that apply now and were not said before: each only once."""
-    if "stored" not in said and hint_nothing_stored(c, epoch, rollouts, last):
-        said |= {"stored"}
-    if "context" not in said and hint_short_context(c, rollouts):
-        said |= {"context"}
-    return said
-
-
-def hint_nothing_stored(c: Collecting, epoch: int, rollouts: list[Rollout], last: bool) -> bool:
-    """Say once why no update runs while online epochs store nothing; True once said. Quiet, until the last
-    epoch, while each env has taken no more steps than the context holds: a task whose rollouts fill the
-    context (T-Maze 500 in 1,000-step epochs of 8 envs) finishes its first ones only after several epochs."""
-    if not c.replicas.is_main or rollouts or epoch <= c.offline_epochs or c.replay.num_rollouts() > 0:
-        return False
-    n = c.cfg.env.parallel_envs  # e.g. MountainCar: no episode ends within one epoch, nothing to learn from
-    per_env = (epoch - c.offline_epochs) * c.plan.steps_per_env
-    if per_env <= c.cfg.model.context and not last:
-        return False
-    say(f"icrl: epoch {epoch} finished no rollout: no episode ended within the {per_env} steps each of the {n} "
-        "envs took so far, so nothing is stored and no update runs; pass --chunk-len 64 to store pieces of long "
-        "rollouts, or raise --steps-per-epoch (or lower --parallel-envs)")
-    return True
-
-
-def hint_short_context(c: Collecting, rollouts: list[Rollout]) -> bool:
-    """Say once when a rollout had more action steps than the context: its late steps cannot attend to its
-    first ones (a T-Maze cue), which no loss curve shows. True once said."""
-    steps = max((int(r.time[-1]) for r in rollouts if len(r.time)), default=0)
-    context = c.cfg.model.context
-    if not c.replicas.is_main or steps <= context:
-        return False
-    say(f"icrl: rollouts last {steps} steps but the context is {context} (--max-seq-len): late steps see only "
-        f"the last {context}; pass --max-seq-len {steps} if the task needs memory of the whole rollout")
-    return True

@@ -275,7 +275,7 @@ def resume_training(cfg: ExperimentConfig, replicas: Replicas, *, agent: Agent, 
                     exploration: Any, resumed: Callable[[int, dict[str, Any]], None]) -> tuple[int, float]:
     """Continue a run from the newest checkpoint consistent with it (checked before anything is applied); returns
     (epoch, wall-clock seconds) to continue from, (0, 0.0) without one. `collector` and `exploration` are the
-    data source's (icrl.run.components.DataSource): the env-step counter, told `resumed(epoch, state)` once loaded.
+    data source's (icrl.run.sources.DataSource): the env-step counter, told `resumed(epoch, state)` once loaded.
 
     The checkpoint holds rank 0's exploration and RNG states; the other ranks keep their own.
     """

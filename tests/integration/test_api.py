@@ -110,7 +110,7 @@ def test_resolve_env_forms():
     assert part.rebuild == "none" and part.name.endswith("(partial)")
     venv = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
     src = resolve_env(venv)
-    fields = src.env_fields(tiny("x").env.env_kwargs)  # what the run's EnvConfig takes (icrl.run.components)
+    fields = src.env_fields(tiny("x").env.env_kwargs)  # what the run's EnvConfig takes (icrl.run.build)
     assert (fields["env"], fields["parallel_envs"], fields["async_envs"], src.rebuild, len(src.factories)) == (
         "CartPole-v1", 3, False, "gymnasium", 3)
     src = resolve_env(gym.make_vec("CartPole-v1", num_envs=2))  # CartPole's own vector env

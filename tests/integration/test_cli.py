@@ -145,8 +145,10 @@ def _async_run(tmp_path, name: str, max_lead: int | None, monkeypatch, pauses: i
     import types
 
     import icrl.asynchronous.collect as collect_module
+    from icrl.agent.model import build_agent
+    from icrl.envs.make import make_run_envs
     from icrl.envs.wrapper import agent_obs_space
-    from icrl.run.components import build_agent, make_run_envs, with_task_defaults
+    from icrl.run.build import with_task_defaults
     from icrl.types import ActionSpec
 
     run = tmp_path / name
@@ -210,9 +212,45 @@ def _help(*args: str) -> str:
 
 def test_train_help_all_lists_every_flag_by_group():
     text = _help("train", "--preset", "tmaze", "--help-all")
-    for group in ("env options", "model options", "loss options", "asynchronous options"):
-        assert group in text
-    assert "--d-model INT" in text and "(default: 32)" in text  # the preset's value is the default
+    for group in ("env:", "model:", "loss:", "asynchronous:"):
+        assert f"\n{group}\n" in text
+    assert "--d-model N" in text and "(default: 32)" in text  # the preset's value is the default
+
+
+def _described(text: str) -> str:
+    """A help's text with its rows' wrapping undone: what a reader reads as one paragraph per flag."""
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("args", [("train", "--help"), ("train", "--help-all"), ("learn", "RUN", "--help-all"),
+                                  ("plot", "--help"), ("eval", "--help"), ("collect", "--help"), ("export", "--help"),
+                                  ("envs", "--help"), ("export-minari", "--help")])
+def test_every_help_has_one_style_and_whole_descriptions(args):
+    """One renderer for every command (icrl.cli.help): a usage line, the description, rows of flags; in the full
+    helps every field's docstring reads whole (no box, no sentence broken off), and a flag's default is worded
+    the same in `--help` and `--help-all`."""
+    import dataclasses
+
+    from icrl.cli.commands import COMMANDS
+    from icrl.cli.help import field_docs
+    from icrl.config import ExperimentConfig
+
+    text = _help(*args)
+    assert text.startswith(f"usage: icrl {args[0]}") and "╭" not in text and "│" not in text
+    read = _described(text)
+    classes = [COMMANDS[args[0]]]
+    if args[-1] == "--help-all":
+        classes += [type(getattr(ExperimentConfig(), g.name)) for g in dataclasses.fields(ExperimentConfig)]
+    if args[-1] == "--help-all" or args[0] not in ("train", "learn"):
+        for cls in classes:
+            for name, doc in field_docs(cls).items():
+                own = cls is COMMANDS[args[0]]
+                if not (own and name == "config") and not (name == "run_dir" and (own or args[0] == "learn")):
+                    assert _described(doc) in read, (cls.__name__, name)
+    if args == ("train", "--help"):
+        full = _described(_help("train", "--help-all"))
+        for default in ("(default: the task's, else 256)", "(default: tmaze)", "(default: 8)"):
+            assert default in read and default in full
 
 
 @pytest.mark.parametrize("command", ["train", "learn"])

@@ -17,7 +17,7 @@ from helpers import run_icrl
 from icrl import train
 from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import list_rollout_files, load_rollout
-from icrl.run.components import with_task_defaults
+from icrl.run.build import with_task_defaults
 from icrl.run.reporting import read_metrics
 
 

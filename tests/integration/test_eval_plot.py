@@ -12,7 +12,7 @@ import torch
 from helpers import cli, run_icrl, tiny
 
 import icrl
-import icrl.run.components
+import icrl.agent.model
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config.presets import tmaze
 from icrl.envs import Collector, make_vector_env
@@ -44,7 +44,7 @@ def runs(tmp_path_factory):
             agents.append(self)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(icrl.run.components, "Agent", Recording)  # the one place agents are built
+    mp.setattr(icrl.agent.model, "Agent", Recording)  # the one place agents are built
     try:
         out = {}
         for name, seed, k in (("s0", 0, 1), ("s1", 1, 1), ("meta", 0, 3)):

@@ -14,7 +14,7 @@ from benchmarks import parity
 
 def config_of(case: suite.Case):
     from icrl.cli import parse
-    from icrl.run.components import with_task_defaults
+    from icrl.run.build import with_task_defaults
 
     cmd = case.command(0, Path("unused"))
     return with_task_defaults(parse(cmd[cmd.index("train"):]).config).validate(check_device=False)
@@ -38,7 +38,7 @@ def test_meta_rows_train_what_the_parity_harness_trains(name):
     ours = config_of(case)
     cmd = parity.icrl_command(parity.TASKS[case.parity], 0, Path("unused"), 1)
     from icrl.cli import parse
-    from icrl.run.components import with_task_defaults
+    from icrl.run.build import with_task_defaults
 
     theirs = with_task_defaults(parse(cmd[cmd.index("train"):]).config).validate(check_device=False)
     same = ("env", "model", "loss", "explore", "optim")

@@ -176,7 +176,7 @@ def _rows(run_dir: Path, kind: str) -> list[dict]:
 
 
 def test_offline_then_online_by_resume_and_mixed_sampling(tmp_path, monkeypatch):
-    import icrl.run.components
+    import icrl.run.build
 
     fractions = []
 
@@ -184,7 +184,7 @@ def test_offline_then_online_by_resume_and_mixed_sampling(tmp_path, monkeypatch)
         fractions.append(kwargs.get("offline_fraction"))
         return make_loader(*args, **kwargs)
 
-    monkeypatch.setattr(icrl.run.components, "make_loader", recording_make_loader)
+    monkeypatch.setattr(icrl.run.build, "make_loader", recording_make_loader)
     src = _collected_run(tmp_path / "src")
     n_src = len(list_rollout_files(src / "replay" / "fifo"))
     run = tmp_path / "run"
@@ -297,7 +297,7 @@ def test_offline_filtered_bc_learns_tmaze_from_a_minari_dataset(tmp_path, minari
 def test_bad_offline_data_leaves_no_env_open(tmp_path, monkeypatch):
     """Offline data is found missing only after the envs exist and the run dir is locked: the failed call
     closes its envs (env subprocesses with --async-envs) instead of leaving them to the garbage collector."""
-    import icrl.run.components as components
+    import icrl.run.build as build
 
     opened = []
 
@@ -305,8 +305,8 @@ def test_bad_offline_data_leaves_no_env_open(tmp_path, monkeypatch):
         opened.append(make_env(*args, **kwargs))
         return opened[-1]
 
-    make_env = components.make_run_envs
-    monkeypatch.setattr(components, "make_run_envs", recording_make_env)
+    make_env = build.make_run_envs
+    monkeypatch.setattr(build, "make_run_envs", recording_make_env)
     cfg = ExperimentConfig(
         env=EnvConfig(env="tmaze", env_kwargs='{"length": 2}', parallel_envs=2),
         model=ModelConfig(d_model=16, layers=1, heads=2, max_seq_len=8),

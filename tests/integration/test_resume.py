@@ -125,12 +125,13 @@ def test_a_run_resumes_only_with_the_command_that_started_it(in_tmp, capsys):
 def test_a_data_parallel_epoch_is_split_exactly_or_refused():
     """Each process takes --steps-per-epoch / processes; a remainder was announced and then dropped."""
     from icrl.config import ConfigError, ExperimentConfig
-    from icrl.run.loop import Collecting, Plan
+    from icrl.run.schedule import Plan
+    from icrl.run.sources import OwnEnvs
 
     cfg = ExperimentConfig().replace(steps_per_epoch=1_000, total_env_steps=3_000, parallel_envs=8)
     with pytest.raises(ConfigError, match="does not split evenly over 3 processes: pass a multiple of 3, e.g. 999"):
-        Collecting.prepare(cfg, 3)
-    assert Collecting.prepare(cfg, 2) is cfg
+        OwnEnvs.prepare(cfg, 3)
+    assert OwnEnvs.prepare(cfg, 2) is cfg
     plan = Plan.of(cfg, 2)
     assert (plan.steps_per_env, plan.steps_per_epoch, plan.env_steps) == (63, 1_008, 3_024)
     assert "3 epochs x 2 processes x 8 envs x 63 steps = 3,024 env steps (asked 3,000" in plan.line()

@@ -82,8 +82,8 @@ def test_a_spaces_record_that_describes_a_huge_space_is_refused_before_allocatin
 
 
 def test_an_observation_too_large_for_memory_is_one_line_before_the_agent_is_built():
+    from icrl.agent.model import build_agent
     from icrl.config import ConfigError
-    from icrl.run.components import build_agent
     from icrl.types import ActionSpec
 
     obs = gym.spaces.Dict({"obs": gym.spaces.Box(0, 1, (1 << 21,), np.float32)})  # 2M numbers: ~8 MB of bounds

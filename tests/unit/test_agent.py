@@ -876,7 +876,7 @@ def _hand_update(agent: Agent, opt: torch.optim.Optimizer, sched, generator: tor
 
     agent.train()
     members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset, generator)
-    agent.tstep_encoder.update_normalization(batch.inputs, batch.mask)
+    agent.tstep_encoder.obs_norm.merge(*agent.tstep_encoder.normalization_moments(batch.inputs, batch.mask))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.optim.dtype == "bf16"):
         loss, metrics, y, valid = compute_loss(agent, batch, cfg.loss, members=members)
     opt.zero_grad(set_to_none=True)

@@ -7,14 +7,14 @@ import itertools
 import numpy as np
 import pytest
 
-from icrl.envs.make import make_env
-from icrl.envs.tasks.bandit import (
-    BernoulliBandit,
+from benchmarks.bandit_baselines import (
     bayes_optimal_return,
     oracle_return,
     thompson_return,
     win_stay_lose_shift_return,
 )
+from icrl.envs.make import make_env
+from icrl.envs.tasks.bandit import BernoulliBandit
 
 
 def test_episode_contract_and_regret() -> None:

@@ -177,13 +177,6 @@ def test_design_citations_name_sections_of_the_design_record():
     assert not stray, f"these cite a DESIGN document the repository does not hold: {stray}"
 
 
-def test_the_run_package_has_at_most_ten_modules():
-    """icrl/run/ is organised by concern (the loop, building a run, the run dir, checkpoints, evaluation, loading,
-    reporting, artifacts, callbacks), not one module per helper: a new piece joins the room of its concern."""
-    modules = sorted(p.name for p in (PACKAGE / "run").glob("*.py"))
-    assert len(modules) <= 10, f"icrl/run/ has {len(modules)} modules ({', '.join(modules)}): merge them by concern"
-
-
 # What only the base modules icrl.device (device probing) and icrl.parallel (collectives) define or call.
 DEVICE_AND_COLLECTIVE_NAMES = {
     "resolve_device", "use_fused_adam", "cpu_bf16_is_native", "cpu_has_amx", "warn_if_bf16_is_emulated",
@@ -208,7 +201,7 @@ def test_nets_and_agent_leave_device_probing_and_collectives_to_the_base_modules
 
 
 def test_no_class_name_is_defined_twice():
-    """A reader who meets a class name finds one definition (two `Collecting`s once meant two different things)."""
+    """A reader who meets a class name finds one definition (two classes of one name once meant two different things)."""
     where: dict[str, list[str]] = {}
     for path in MODULES:
         for node in ast.parse(path.read_text(encoding="utf-8")).body:

@@ -115,7 +115,7 @@ def test_window_shape_explores_at_the_ends_of_the_horizon_only():
 def test_unset_fields_take_the_task_recommendation_then_the_defaults():
     from icrl.config import EXPLORE_DEFAULTS
     from icrl.envs.make import task_exploration
-    from icrl.run.components import with_task_defaults
+    from icrl.run.build import with_task_defaults
 
     rec = task_exploration("tmaze", {"length": 100})
     assert rec["train_actions"] == "argmax" and rec["eps_shape"] == "window" and rec["shape_horizon"] == 100
@@ -146,7 +146,7 @@ def test_apply_overrides_parses_json_and_names_bad_keys():
 
 def test_the_anneal_follows_the_budget_unless_a_task_or_the_user_sets_it():
     from icrl.config.explore import ANNEAL_FRACTION
-    from icrl.run.components import with_task_defaults
+    from icrl.run.build import with_task_defaults
 
     def anneal(**fields):
         return with_task_defaults(ExperimentConfig().replace(**fields)).explore.eps_anneal_steps
@@ -173,7 +173,7 @@ def test_the_warm_up_follows_the_planned_updates_unless_set(tmp_path):
     """10% of the planned updates, at most the official 500: a 10,000-env-step POPGym run (410 planned updates)
     no longer spends itself below the full learning rate; long runs keep 500; a resumed run keeps its own."""
     from icrl.config.training import WARMUP_FRACTION, WARMUP_UPDATES
-    from icrl.run.components import with_task_defaults
+    from icrl.run.build import with_task_defaults
 
     def warmup(**fields):
         cfg = with_task_defaults(ExperimentConfig().replace(**fields))
@@ -223,7 +223,7 @@ def test_a_resumed_run_keeps_its_schedule_under_a_new_budget_and_says_so(tmp_pat
     """Resolving with the run's record (`recorded`) keeps its ε anneal and warm-up where the flags leave them unset,
     while a flag still wins; `with_task_defaults` reads the record on --resume and says what stayed."""
     from icrl.config.resolve import kept_schedule
-    from icrl.run.components import with_task_defaults
+    from icrl.run.build import with_task_defaults
 
     first = resolve(ExperimentConfig().replace(total_env_steps=10_000))
     grown = ExperimentConfig().replace(total_env_steps=1_000_000)

@@ -139,6 +139,25 @@ def test_static_acting_equals_the_host_books_with_staggered_resets(kind, tmp_pat
     assert int(static.state.count.max()) > agent.traj_encoder.context_len  # rows outlived the ring
 
 
+@pytest.mark.parametrize("traj", ["transformer", "ff"])
+def test_eager_and_static_acting_run_the_one_step(traj, tmp_path, monkeypatch):
+    """Acting has one step function (`AgentPolicy.step`): the eager path calls it on the caller's timesteps,
+    the static path (what a GPU captures) on its static buffers; neither has a body of its own."""
+    agent, batch, static, host = _policies("discrete", tmp_path, traj)
+    calls: list[bool] = []
+    one_step = AgentPolicy.step
+
+    def spy(self, ts, new_rollout, sampled):
+        calls.append(self.static)
+        return one_step(self, ts, new_rollout, sampled)
+
+    monkeypatch.setattr(AgentPolicy, "step", spy)
+    ts, N = first_timesteps(batch), batch.shape[0]
+    host.act(ts, np.ones(N, bool))
+    static.act(ts, np.ones(N, bool))
+    assert calls == [False, True]
+
+
 def _act_side_by_side(static: AgentPolicy, host: AgentPolicy, batch, steps: int, tol: float) -> None:
     """`steps` greedy steps of both policies on the same random timesteps, envs starting new rollouts at random
     steps; their actions agree within `tol`."""

@@ -13,7 +13,7 @@ import torch
 from icrl.config import ExperimentConfig
 from icrl.device import resolve_device
 from icrl.parallel import Replicas
-from icrl.run.components import LazyLoader
+from icrl.run.build import LazyLoader
 from icrl.run.evaluate import (
     SUM_KEYS,
     TASK_METRIC_PREFIXES,
@@ -252,7 +252,7 @@ def test_a_counters_file_that_cannot_be_a_collectors_is_ignored_and_said_once(tm
 
 def test_evaluations_get_a_copy_per_rollout_only_where_one_env_steps_every_copy():
     from icrl.config import EnvConfig
-    from icrl.run.components import MAX_BATCHED_EVAL_ENVS, eval_env_copies
+    from icrl.run.build import MAX_BATCHED_EVAL_ENVS, eval_env_copies
 
     def cfg(env, kwargs="{}", rollouts=32, envs=8):
         return ExperimentConfig(env=EnvConfig(env=env, env_kwargs=kwargs, parallel_envs=envs)).replace(
@@ -288,7 +288,7 @@ def test_the_critic_reach_hint_names_the_knobs_only_where_the_reach_falls_short(
     """Pendulum at the defaults (τ 0.003, 1-step returns, 900 updates: ~3 steps of reach in 200-step episodes)
     gets the hint; the control preset's settings, a solved run and a run without episode lengths do not."""
     from icrl.config import ExperimentConfig
-    from icrl.run.artifacts import hint_critic_reach
+    from icrl.run.hints import hint_critic_reach
 
     pendulum = {"episode_length_mean": 200.0, "success_rate": None, "return_mean": -1345.0}
     assert hint_critic_reach(ExperimentConfig(), 900, pendulum)

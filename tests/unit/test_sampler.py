@@ -364,12 +364,12 @@ def test_training_windows_hold_a_full_context_and_the_step_after_it(tmp_path: Pa
     training window: the cue at t = 0 and the junction's transition to the final state are learned together.
     With windows of only `max_seq_len` timesteps, one of the two fell outside every window."""
     from icrl.config import ExperimentConfig, ModelConfig
-    from icrl.run.components import make_train_loader, training_window
+    from icrl.run.build import make_train_loader
 
     spec = ActionSpec("discrete", 4)
     context = 11
     cfg = ExperimentConfig(model=ModelConfig(max_seq_len=context)).replace(batch_size=4)
-    assert training_window(cfg) == context + 1
+    assert cfg.model.training_window == context + 1
     fill(tmp_path / "replay", [context], spec)  # `context` actions: context + 1 timesteps
     loader = make_train_loader(cfg, tmp_path / "replay", spec, torch.device("cpu"), seed=0)
     try:

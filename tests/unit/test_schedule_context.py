@@ -16,7 +16,8 @@ from icrl.config.model import DEFAULT_CONTEXT
 from icrl.config.presets import preset_config
 from icrl.config.training import DEFAULT_ENV_STEPS
 from icrl.envs.make import task_budget, task_context
-from icrl.run.components import UpdateBudget, with_task_defaults
+from icrl.run.build import with_task_defaults
+from icrl.run.schedule import UpdateBudget
 
 
 def test_tasks_recommend_the_context_of_their_whole_rollout():

@@ -118,7 +118,7 @@ def test_normalization_uses_only_masked_in_steps() -> None:
     enc(ts)  # forward never updates
     assert torch.equal(enc.obs_norm.mean, stats_before)
 
-    enc.update_normalization(ts, mask)
+    enc.obs_norm.merge(*enc.normalization_moments(ts, mask))
     real = enc.vector_obs(ts)[mask].double()  # [16, 5]
     torch.testing.assert_close(enc.obs_norm.mean.double(), real.mean(0), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(enc.obs_norm.var.double(), real.var(0, unbiased=False), rtol=1e-5, atol=1e-6)
@@ -128,7 +128,7 @@ def test_normalization_uses_only_masked_in_steps() -> None:
     ts2 = sample_timesteps(space, B=4, L=6, seed=1)
     ts2.obs["a"] = ts2.obs["a"] * 3 + 5
     mask2 = torch.rand(4, 6, generator=torch.Generator().manual_seed(2)) > 0.3
-    enc.update_normalization(ts2, mask2)
+    enc.obs_norm.merge(*enc.normalization_moments(ts2, mask2))
     both = torch.cat([real, enc.vector_obs(ts2)[mask2].double()])
     torch.testing.assert_close(enc.obs_norm.mean.double(), both.mean(0), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(enc.obs_norm.var.double(), both.var(0, unbiased=False), rtol=1e-5, atol=1e-6)
@@ -147,7 +147,7 @@ def test_normalization_moves_stats_toward_the_data_and_changes_the_output() -> N
     data = enc.vector_obs(ts)[mask]  # [32, 4]
     gap_mean = (enc.obs_norm.mean - data.mean(0)).abs()
     gap_var = (enc.obs_norm.var - data.var(0, unbiased=False)).abs()
-    enc.update_normalization(ts, mask)
+    enc.obs_norm.merge(*enc.normalization_moments(ts, mask))
     assert torch.all((enc.obs_norm.mean - data.mean(0)).abs() < 0.01 * gap_mean)
     assert torch.all((enc.obs_norm.var - data.var(0, unbiased=False)).abs() < 0.01 * gap_var)
     normed = enc.obs_norm(data).double()  # what the MLP now sees: standardised
@@ -158,7 +158,7 @@ def test_normalization_moves_stats_toward_the_data_and_changes_the_output() -> N
 
 
 def test_normalization_off() -> None:
-    """Without normalisation, update_normalization changes nothing: no statistics, the same output; the
+    """Without normalisation, a batch changes nothing: no statistics, the same output; the
     same call on the same data moves the output of an otherwise identical encoder that normalises."""
     space = gym.spaces.Dict({"obs": vec_box(4)})
     ts = sample_timesteps(space)
@@ -170,7 +170,10 @@ def test_normalization_off() -> None:
         torch.manual_seed(0)
         enc = TimestepEncoder(space, A, d_out=8, normalize_obs=normalize).eval()
         state, before = {k: v.clone() for k, v in enc.state_dict().items()}, enc(ts)
-        enc.update_normalization(ts, mask)
+        moments = enc.normalization_moments(ts, mask)  # what the learner folds in: nothing without normalisation
+        assert (moments is None) == (not normalize)
+        if moments is not None:
+            enc.obs_norm.merge(*moments)
         after = enc(ts)
         outputs[normalize] = (before, after)
         if not normalize:

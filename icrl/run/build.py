@@ -1,11 +1,6 @@
-"""Building a run: the one setup (`build_run`) of every run, whatever its data source (`DataSource`: this
-process's envs, or the files of collector processes), and the parts it builds from the config: envs, agent,
-learner, replay, exploration and the acting policy; and the learning phase's pieces: training windows, the replay
-loader and the update budget.
-
-`build_agent` is the one place an agent is constructed: `icrl train`, the asynchronous learner and
-collectors, `icrl eval` and `icrl.load` all call it, so a run's weights fit whatever any of them builds.
-`build_run` is the setup of `icrl train` (`icrl.train`), of each data-parallel rank and of `icrl learn`, in the
+"""Building a run: the one setup (`build_run`) of every run, whatever its data source (icrl.run.sources), and the
+parts it builds from the config: envs, agent (`icrl.agent.model.build_agent`), learner, replay and its loader of
+training batches. `build_run` is the setup of `icrl train` (`icrl.train`), of each data-parallel rank and of `icrl learn`, in the
 order that fixes its seeds, refusals and first writes.
 """
 
@@ -15,33 +10,30 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import gymnasium as gym
-import numpy as np
 import torch
 
-from icrl.agent.exploration import Exploration
 from icrl.agent.learner import Learner
-from icrl.agent.model import Agent, AgentPolicy
-from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ReplayConfig
+from icrl.agent.model import Agent, build_agent
+from icrl.config import ConfigError, ExperimentConfig, ReplayConfig
 from icrl.config.errors import flag, setting
 from icrl.config.resolve import kept_schedule, resolve
-from icrl.config.validation import field_errors, memory_error
+from icrl.config.validation import field_errors
 from icrl.data import DiskReplay, ReplayLoader, make_loader
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
-from icrl.envs import Collector, make_vector_env
-from icrl.envs.make import steps_copies_at_once, task_defaults
+from icrl.envs import Collector
+from icrl.envs.make import make_run_envs, steps_copies_at_once, task_defaults
 from icrl.envs.user import resolve_env
 from icrl.envs.wrapper import agent_obs_space
 from icrl.fileio import check_inside
-from icrl.nets.tstep import is_image_space
 from icrl.parallel import Replicas, init_replicas
-from icrl.run.reporting import Timer, say, say_literally
+from icrl.run.reporting import say, say_literally
 from icrl.run.rundir import (
     RunLock,
     check_resume_target,
@@ -51,31 +43,12 @@ from icrl.run.rundir import (
     take_run_dir,
     with_run_dir,
 )
+from icrl.run.sources import DataSource, SourceKind
 from icrl.seeding import derive_seed, seed_process
 from icrl.spaces_json import venv_spaces_record
 from icrl.types import ActionSpec
 
 T = TypeVar("T")
-
-
-def build_agent(cfg: ExperimentConfig, obs_space: gym.spaces.Dict, spec: ActionSpec,
-                device: str | torch.device) -> Agent:
-    """A fresh agent (random weights) for observations `obs_space` (the env's "obs" entry) and actions `spec`.
-    ConfigError (one line) when the weights and batches cannot fit in memory for observations of this size: the
-    config's check at parse time does not know the env's spaces (a Box of 10^8 numbers, or spaces.json's)."""
-    parts = obs_space.spaces.values() if isinstance(obs_space, gym.spaces.Dict) else [obs_space]
-    sizes = [(int(np.prod(p.shape)), is_image_space(p)) for p in parts if p.shape is not None]
-    numbers = (sum(n for n, image in sizes if not image), sum(n for n, _ in sizes))
-    if problem := memory_error(cfg, obs_numbers=numbers):
-        raise ConfigError(f"observations of {numbers[1]:,} numbers: {problem}")
-    return Agent(obs_space, spec, cfg.model, cfg.loss).to(device)
-
-
-def make_run_envs(e: EnvConfig, num_envs: int, *, asynchronous: bool = False,
-             factories: Sequence[Any] | None = None) -> gym.vector.VectorEnv:
-    """`num_envs` copies of the run's env, each rollout `episodes_per_rollout` episodes (icrl.envs.make)."""
-    return make_vector_env(e.env, e.kwargs, num_envs, asynchronous=asynchronous, factories=factories,
-                           episodes_per_rollout=e.episodes_per_rollout, rollout_horizon=e.rollout_horizon)
 
 
 MAX_BATCHED_EVAL_ENVS = 128
@@ -132,61 +105,11 @@ def make_relabeler(r: ReplayConfig, venv: gym.vector.VectorEnv) -> HindsightRela
     return HindsightRelabeler(r.relabel, rare_goals=r.relabel_rare_goals)
 
 
-def train_policy(cfg: ExperimentConfig, agent: Agent, collector: Collector, spec: ActionSpec, seed: int,
-                 device: torch.device) -> tuple[Exploration, AgentPolicy]:
-    """The exploring policy that collects training data, with its exploration schedule. The schedule
-    follows `collector`'s own env steps: ε anneals per env copy over that copy's steps (docs/design.md §10)."""
-    n = cfg.env.parallel_envs
-    exploration = Exploration(cfg.explore, spec, n, seed=derive_seed(seed, "explore"))
-    policy = AgentPolicy(agent, n, greedy=False, exploration=exploration, device=device,
-                         env_steps=lambda: collector.total_env_steps, sample=cfg.explore.train_actions == "sample",
-                         cuda_graphs=cfg.optim.cuda_graphs)
-    return exploration, policy
-
-
-class DataSource(Protocol):
-    """Where a run's rollouts come from (docs/design.md §8). The one training loop (icrl.run.loop.fit) asks only
-    this of it; everything else (setup, the epoch, evaluation, checkpoints, resuming, the finish) is the same for
-    both kinds: this process's own envs (`icrl.run.loop.Collecting`: `icrl train` and each data-parallel rank)
-    and the files of collector processes (`icrl.asynchronous.learn.CollectorFiles`: `icrl learn`)."""
-
-    counter: Any  # a checkpoint's "collector" state: the env-step counter (total_env_steps, state_dict, load_state_dict)
-    exploration: Any  # a checkpoint's "exploration" state (state_dict, load_state_dict)
-
-    @property
-    def interrupted(self) -> bool:
-        """Stopped (a signal) before the epoch's updates were all made: the loop keeps them and ends the run."""
-
-    def env_steps(self) -> int:
-        """The run's env steps so far: every rank's, or every collector's."""
-
-    def num_epochs(self) -> int:
-        """The run's epochs (resumes included)."""
-
-    def start(self) -> None:
-        """Rank 0, once the run's files are written: say what the run does; collectors may start acting."""
-
-    def collect(self, epoch: int, timer: Timer) -> None:
-        """The epoch's env steps into the replay (collector processes store theirs whenever they finish them)."""
-
-    def updates(self, epoch: int, timer: Timer) -> Iterator[int]:
-        """The epoch's updates as the data allows them: each count is made before the next is asked for."""
-
-    def row(self, timer: Timer) -> dict[str, Any]:
-        """The data's columns of the epoch's train row (every rank takes part)."""
-
-    def resumed(self, epoch: int, state: dict[str, Any]) -> None:
-        """A checkpoint of `epoch` (its state.json, `state`) was loaded."""
-
-    def finish(self, done: bool) -> None:
-        """Rank 0, at the run's end: `done`, or interrupted."""
-
-
-@dataclass
+@dataclass(frozen=True)
 class Run:
     """One run as `build_run` leaves it for the training loop (icrl.run.loop.fit): the resolved config, this
-    process, the learner, the data source and what evaluation, checkpoints and the finish need. Built by keyword,
-    once; the data source last, from the rest."""
+    process, the learner, the data source and what evaluation, checkpoints and the finish need. Built once,
+    complete (the data source from the other parts first), never changed."""
 
     cfg: ExperimentConfig  # resolved: what config.json records
     replicas: Replicas  # this process among the run's: one, or a data-parallel rank (its device, the collectives)
@@ -200,9 +123,8 @@ class Run:
     venv: gym.vector.VectorEnv | None  # the envs this process acts in; None where collector processes act
     eval_collector: Collector | None  # rank 0's
     offline_epochs: int  # --offline-updates: epochs without env steps
-    env: Any = None  # the user's env (icrl.train's env=) for the callbacks; None: built by name
-    stop: Any = None  # truthy once set (icrl learn's SIGTERM / SIGINT): the data source stops at it
-    source: DataSource = field(init=False)
+    source: DataSource  # where the rollouts come from
+    env: Any  # the user's env (icrl.train's env=) for the callbacks; None: built by name
 
     @property
     def agent(self) -> Agent:
@@ -219,18 +141,6 @@ class Run:
                 venv.close()
         self.learner.release_wrapper()
         self.replicas.close()
-
-
-class SourceKind(Protocol):
-    """A data source's class, as `build_run` uses it."""
-
-    acts_here: bool  # this process acts in envs of its own: `build_run` builds them before the run dir is taken
-
-    def prepare(self, cfg: ExperimentConfig, world_size: int) -> ExperimentConfig:
-        """`cfg` with the source's own settings, or ConfigError: before anything is written."""
-
-    def __call__(self, run: Run) -> DataSource:
-        """The data source of `run`, built last."""
 
 
 def check_config_type(cfg: Any) -> None:
@@ -271,15 +181,13 @@ def build_run(cfg: ExperimentConfig | None, env: Any = None, *, kind: SourceKind
     replicas.barrier()  # every rank has checked the run dir before any of them writes to it
     seed_process(cfg.run.seed, replicas.rank, cfg.run.threads)
     with closed_on_error() as opened:  # what to close if a later step raises (bad offline data, a full disk...)
-        run = _build(cfg, replicas, source.factories, source.rebuild, kind.acts_here, opened)
-        run.env, run.stop = source.factories[0] if source.factories else None, stop
-        run.source = kind(run)
-    return run
+        return _build(cfg, replicas, source.factories, source.rebuild, kind, stop, opened)
 
 
 def _build(cfg: ExperimentConfig, replicas: Replicas, factories: Sequence[Any] | None, rebuild: str,
-           acts_here: bool, opened: Callable[[Any], Any]) -> Run:
+           kind: SourceKind, stop: Any, opened: Callable[[Any], Any]) -> Run:
     """`build_run` from the envs on; `opened` closes what it is given should a later step raise."""
+    acts_here = kind.acts_here
     e, main, device = cfg.env, replicas.is_main, replicas.device
     venv = opened(make_run_envs(e, e.parallel_envs, asynchronous=e.async_envs, factories=factories)
                   if acts_here else None)
@@ -301,9 +209,12 @@ def _build(cfg: ExperimentConfig, replicas: Replicas, factories: Sequence[Any] |
     # collector processes store rollouts at any time: the sampler lists the replay on its own
     loader = partial(make_train_loader, cfg, replay.root, spec, device, obs_space=agent_obs_space(probe),
                      transform=relabeler, **({} if acts_here else {"auto_refresh": True}))
-    return Run(cfg=cfg, replicas=replicas, seed=replicas.rank_seed(cfg.run.seed), learner=learner, replay=replay,
-               loader=loader, spec=spec, spaces=spaces, lock=lock, venv=venv, eval_collector=eval_collector,
-               offline_epochs=offline_epochs)
+    seed = replicas.rank_seed(cfg.run.seed)
+    source = kind(cfg=cfg, replicas=replicas, seed=seed, learner=learner, replay=replay, spec=spec, venv=venv,
+                  offline_epochs=offline_epochs, stop=stop)
+    return Run(cfg=cfg, replicas=replicas, seed=seed, learner=learner, replay=replay, loader=loader, spec=spec,
+               spaces=spaces, lock=lock, venv=venv, eval_collector=eval_collector, offline_epochs=offline_epochs,
+               source=source, env=factories[0] if factories else None)
 
 
 @contextmanager
@@ -328,20 +239,7 @@ def closed_on_error() -> Iterator[Callable[[T], T]]:
         raise
 
 
-# ----------------------------------------------------------------------------------- the learning phase
-def training_window(cfg: ExperimentConfig) -> int:
-    """Timesteps per training window: the acting context (`max_seq_len`) plus one.
-
-    The critic learns Q(s_t) from the TD target at s_{t+1}, so the window must hold a full context *and*
-    the step after it. With windows of only `max_seq_len` timesteps, a rollout of exactly context + 1
-    timesteps (T-Maze's corridor + junction + final observation) is cut one way or the other: either the
-    cue at t = 0 or the junction's transition to the final state falls outside every window, and the
-    junction's value can never be learned from memory. The Transformer's banded mask keeps each
-    position's receptive field at `max_seq_len`, exactly what acting sees.
-    """
-    return cfg.model.context + 1
-
-
+# ----------------------------------------------------------------------------------- the training batches
 def _shape(key: str, space: gym.Space) -> tuple[int, ...]:
     """The shape of one of the agent's observation entries (Boxes, TimestepWrapper's; a Box always has one)."""
     if space.shape is None:
@@ -361,7 +259,7 @@ def make_train_loader(
     return make_loader(
         replay_root,
         batch_size=cfg.optim.batch_size,
-        max_seq_len=training_window(cfg),
+        max_seq_len=cfg.model.training_window,
         action_spec=spec,
         seed=seed,
         num_workers=cfg.replay.num_workers,
@@ -369,34 +267,6 @@ def make_train_loader(
         offline_fraction=cfg.replay.offline_fraction,
         **kwargs,
     )
-
-
-class UpdateBudget:
-    """How many updates an epoch of `icrl train` makes: --updates-per-epoch when set, else as many as train
-    `replay_ratio` timesteps per timestep collected. Each update trains batch_size x world windows, and a
-    window of a rollout of T timesteps holds min(T, training window) of them, so the count follows the
-    replay's real rollout lengths (short episodes: more updates, each cheaper), not the context. The budget
-    accrues from the first epoch that may update; the remainder carries over (a resumed run starts with none:
-    at most one update's difference). Every rank computes the same count from the shared replay."""
-
-    def __init__(self, cfg: ExperimentConfig, world_size: int = 1) -> None:
-        self.fixed = cfg.schedule.updates_per_epoch
-        self.ratio, self.window = cfg.schedule.replay_ratio, training_window(cfg)
-        self.windows_per_update = cfg.optim.batch_size * world_size
-        self.carry = 0.0  # timesteps still to train on
-
-    def updates(self, env_steps: int, rollout_lengths: list[int]) -> int:
-        """The updates for an epoch that collected `env_steps` (all ranks), given the timesteps of every
-        rollout the sampler draws from."""
-        if self.fixed is not None:
-            return self.fixed
-        if not rollout_lengths:
-            return 0
-        self.carry += self.ratio * env_steps
-        per_update = self.windows_per_update * sum(min(t, self.window) for t in rollout_lengths) / len(rollout_lengths)
-        n = int(self.carry // per_update)
-        self.carry -= n * per_update
-        return n
 
 
 class LazyLoader:
