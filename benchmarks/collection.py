@@ -92,7 +92,8 @@ def main() -> None:
                 r = {"task": task, **measure(name, kwargs, n, mode == "async", max(args.steps, n))}
                 rows.append(r)
                 print(f"{task:>28} {mode:>5} {n:>3} envs: {r['env_steps_per_s']:>8.0f} env steps/s "
-                      f"(venv.step {r['us_per_env_step_venv']:6.1f} us + collector {r['us_per_env_step_collector']:6.1f} us "
+                      f"(venv.step {r['us_per_env_step_venv']:6.1f} us + "
+                      f"collector {r['us_per_env_step_collector']:6.1f} us "
                       f"per env step; startup {r['startup_s']:.2f} s)", flush=True)  # fmt: skip
 
     print()

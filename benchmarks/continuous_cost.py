@@ -73,7 +73,9 @@ def main() -> None:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             learner.update(batches[1])
-        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=args.profile_rows, max_name_column_width=30, max_shapes_column_width=70))
+        print(prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=args.profile_rows, max_name_column_width=30,
+            max_shapes_column_width=70))
 
 
 if __name__ == "__main__":

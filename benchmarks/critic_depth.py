@@ -13,9 +13,9 @@ discount gamma, Q(k) = s r (1 - gamma^k) / (1 - gamma) (s: --reward-scale), grow
 
 Per bin of k: the ensemble-mean Q of the best action for three discounts (denormalised), its depth in reward
 steps (the h with s r (1 - gamma^h) / (1 - gamma) = Q, r the stored rollouts' mean reward; meaningful for a
-constant reward per step), the mean |Q(a0) - Q(a1)| of the policy's discount (discrete actions) and the policy's largest action
-probability. A policy near probability 1 everywhere while |A| is flat in k has collapsed onto a bias of the
-critic rather than a learned advantage.
+constant reward per step), the mean |Q(a0) - Q(a1)| of the policy's discount (discrete actions) and the policy's
+largest action probability. A policy near probability 1 everywhere while |A| is flat in k has collapsed onto a bias
+of the critic rather than a learned advantage.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ state) and V(s) from the online term's own samples (no extra rows). This script 
     exact        --discrete-action-input with exact sums (the library's choice while A <= G)
     sampled      --discrete-action-input with the sampled target and V(s) (the library's choice beyond)
 
-(`Critic.sums_over_actions` forced either way here) and the two pieces that differ on their own, at A = 4 and A = 18 actions, on synthetic batches (obs 8, random
-rewards) at the library defaults (d_model 64, 2 layers, head_hidden 128, 4 critics, 7 discounts, batch 24, fp32).
+(`Critic.sums_over_actions` forced either way here) and the two pieces that differ on their own, at A = 4 and A = 18
+actions, on synthetic batches (obs 8, random rewards) at the library defaults (d_model 64, 2 layers, head_hidden 128,
+4 critics, 7 discounts, batch 24, fp32).
 
     PYTHONPATH=$PWD python benchmarks/discrete_action_input_cost.py --threads 1 --seq-len 64 --updates 5
 

@@ -99,14 +99,16 @@ def amago_command(mix: str, seed: int, steps: int, work: Path, amago_venv: Path)
     epochs = steps // sch.steps_per_epoch + 1  # the official evaluates at the start of an epoch
     return [str(amago_venv / "bin" / "python"), str(HERE / "parity_amago_run.py"), str(HERE / "amago_popgym_mix.py"),
             "--names", *GAMES, "--scales", *[str(s) for s in scales(mix).values()],
-            "--max_seq_len", str(m.max_seq_len), "--gammas", *[str(g) for g in loss.gammas], "--bins", str(loss.critic_bins),
-            "--value_bound", str(loss.critic_max_value), "--reward_multiplier", str(loss.reward_scale), "--lr", str(cfg.optim.lr),
+            "--max_seq_len", str(m.max_seq_len), "--gammas", *[str(g) for g in loss.gammas],
+            "--bins", str(loss.critic_bins), "--value_bound", str(loss.critic_max_value),
+            "--reward_multiplier", str(loss.reward_scale), "--lr", str(cfg.optim.lr),
             "--warmup", str(cfg.optim.warmup_updates), "--eps_anneal", str(ex.eps_anneal_steps),
             "--tstep_hidden", str(m.tstep_hidden),
             "--val_steps", str(-(-cfg.eval.eval_rollouts // envs) * m.max_seq_len),  # per env: as many rollouts or more
             "--run_name", f"mt_{mix}_s{seed}", "--buffer_dir", str(work / "buffers"), "--memory_size", str(m.d_model),
-            "--memory_layers", str(m.layers), "--parallel_actors", str(envs), "--env_mode", "sync", "--epochs", str(epochs),
-            "--timesteps_per_epoch", str(sch.steps_per_epoch // envs), "--batches_per_epoch", str(sch.updates_per_epoch),
+            "--memory_layers", str(m.layers), "--parallel_actors", str(envs), "--env_mode", "sync",
+            "--epochs", str(epochs), "--timesteps_per_epoch", str(sch.steps_per_epoch // envs),
+            "--batches_per_epoch", str(sch.updates_per_epoch),
             "--batch_size", str(cfg.optim.batch_size), "--val_interval", str(cfg.eval.eval_every),
             "--ckpt_interval", "1000000", "--dloader_workers", "1", "--no_log", "--configs", str(work / "cpu.gin")]
 
@@ -127,7 +129,8 @@ def amago_run(mix: str, seed: int, args: argparse.Namespace) -> dict:
     rows = amago_curve(log)
     if rc != 0 or not rows:
         raise RuntimeError(f"the official run failed (rc {rc}); see {log}")
-    curve = [{"env_steps": r["env_steps"], "updates": r["updates"], "wall_s": r["wall_s"], "tasks": r["tasks"]} for r in rows]
+    curve = [{"env_steps": r["env_steps"], "updates": r["updates"], "wall_s": r["wall_s"], "tasks": r["tasks"]}
+             for r in rows]
     shutil.rmtree(work / "buffers", ignore_errors=True)
     return {"command": cmd, "wall_s": round(time.perf_counter() - t0, 1), "curve": curve}
 
@@ -205,17 +208,21 @@ def plot(runs: list[dict], path: Path) -> None:
 
     from icrl.run.artifacts import save_figure  # a PNG with a palette: a third of the bytes
 
-    fig, axes = plt.subplots(len(MIXES), len(GAMES) + 1, figsize=(4 * (len(GAMES) + 1), 3.4 * len(MIXES)), squeeze=False)
+    fig, axes = plt.subplots(len(MIXES), len(GAMES) + 1, figsize=(4 * (len(GAMES) + 1), 3.4 * len(MIXES)),
+                             squeeze=False)
     colors = {"twohot": "tab:blue", "regression": "tab:red", "amago": "tab:green"}
     for i, mix in enumerate(MIXES):
         for run in (r for r in runs if r["mix"] == mix):
             curve = normalised(run)
             xs = [c["env_steps"] for c in curve]
-            label = f"{run['update']}" if run["seed"] == min(r["seed"] for r in runs if r["update"] == run["update"]) else None
+            label = (f"{run['update']}" if run["seed"] == min(r["seed"] for r in runs if r["update"] == run["update"])
+                     else None)
             for j, g in enumerate(GAMES):
-                axes[i][j].plot(xs, [c["per_task"].get(g) for c in curve], color=colors[run["update"]], alpha=0.6, label=label)
+                axes[i][j].plot(xs, [c["per_task"].get(g) for c in curve], color=colors[run["update"]], alpha=0.6,
+                                label=label)
             axes[i][-1].plot(xs, [c["mean"] for c in curve], color=colors[run["update"]], alpha=0.6, label=label)
-        for j, title in enumerate([f"{g} (x{s:g})" if mix == "scaled" else g for g, s in zip(GAMES, SCALES)] + ["mean"]):
+        for j, title in enumerate([f"{g} (x{s:g})" if mix == "scaled" else g for g, s in zip(GAMES, SCALES)]
+                                  + ["mean"]):
             axes[i][j].set_title(f"{mix}: {title}", fontsize=9)
             axes[i][j].set_xlabel("env steps")
             axes[i][j].set_ylim(-1.05, 1.05)
@@ -253,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
                     run = {"mix": mix, "update": update, "seed": seed, "steps": args.steps, "games": GAMES,
                            "scales": scales(mix), "loadavg": os.getloadavg(), **run}
                     path.write_text(json.dumps(run, indent=1))
-                    print(f"{path.name}: normalised mean {normalised(run)[-1]['mean']}, {run['wall_s']:.0f} s", flush=True)
+                    print(f"{path.name}: normalised mean {normalised(run)[-1]['mean']}, {run['wall_s']:.0f} s",
+                          flush=True)
     runs = [json.loads(f.read_text()) for f in sorted((OUT / "runs").glob("*.json"))]
     if not runs:
         sys.exit(f"no stored runs in {OUT / 'runs'}")

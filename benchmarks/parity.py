@@ -114,8 +114,8 @@ TASKS = {t.name: t for t in [
     popgym("AutoencodeEasy", 0.0, 20_400), popgym("PositionOnlyCartPoleEasy", 0.9, 20_400),
     popgym("PositionOnlyPendulumEasy", 0.5, 20_400),
     # Bayes-optimal 32.0, Thompson sampling 31.3, win-stay lose-shift 29.4, random 25 (icrl.envs.tasks.bandit)
-    meta("bandit", "bandit", {"arms": 2, "horizon": 50}, 50, 30.0, 30_000, ["--env", "bandit", "--arms", "2", "--horizon", "50"],
-         references=lambda: bandit_references(2, 50)),
+    meta("bandit", "bandit", {"arms": 2, "horizon": 50}, 50, 30.0, 30_000,
+         ["--env", "bandit", "--arms", "2", "--horizon", "50"], references=lambda: bandit_references(2, 50)),
     # the official example's task (one 1,000-step episode per rollout, a hidden target in [0, 3] m/s) and context 32;
     # 100 updates per 250 steps of each env. A random policy scores about -1,600.
     Task("halfcheetahvel", "half_cheetah_vel", {"episode_steps": 1000}, 64, 32, 250, 40_000, -400.0,
@@ -125,8 +125,9 @@ TASKS = {t.name: t for t in [
     meta("metafrozenlake", "meta_frozen_lake", {"size": 5, "max_episode_steps": 25}, 75, 1.5, 40_000,
          ["--env", "meta_frozen_lake", "--lake_size", "5", "--k_episodes", "3"], ["--episodes-per-rollout", "3"]),
 ]}
-ALIASES = {"repeat_previous": "RepeatPreviousEasy", "repeat_first": "RepeatFirstEasy", "count_recall": "CountRecallEasy",
-           "autoencode": "AutoencodeEasy", "cartpole": "PositionOnlyCartPoleEasy", "pendulum": "PositionOnlyPendulumEasy",
+ALIASES = {"repeat_previous": "RepeatPreviousEasy", "repeat_first": "RepeatFirstEasy",
+           "count_recall": "CountRecallEasy", "autoencode": "AutoencodeEasy", "cartpole": "PositionOnlyCartPoleEasy",
+           "pendulum": "PositionOnlyPendulumEasy",
            "meta_frozen_lake": "metafrozenlake", "half_cheetah_vel": "halfcheetahvel"}
 
 # ---------------------------------------------------------------------------------------------- set-up
@@ -153,7 +154,8 @@ def setup_amago(args: argparse.Namespace) -> None:
     pip = [str(py), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, TORCH], check=True)
     subprocess.run([*pip, "-e", str(src), TORCH, "gymnasium<=0.29.1"], check=True)
-    subprocess.run([*pip, "matplotlib", "popgym", TORCH, "gymnasium<=0.29.1"], check=True)  # tmaze.py imports matplotlib
+    # tmaze.py imports matplotlib
+    subprocess.run([*pip, "matplotlib", "popgym", TORCH, "gymnasium<=0.29.1"], check=True)
     # the Half-Cheetah-Vel row: MuJoCo 3.3 (HalfCheetah-v4 of gymnasium 0.29; its renderer module imports imageio)
     subprocess.run([*pip, "mujoco==3.3.0", "imageio", TORCH, "gymnasium<=0.29.1"], check=True)
     subprocess.run([str(py), "-c", "import torch; assert torch.version.cuda is None, 'a CUDA torch was installed'"],
@@ -168,7 +170,8 @@ def icrl_command(task: Task, seed: int, run_dir: Path, threads: int) -> list[str
             "--parallel-envs", str(ENVS), "--steps-per-epoch", str(ENVS * task.steps_per_env),
             "--updates-per-epoch", "100", "--batch-size", "24", "--total-env-steps", str(task.budget),
             "--eval-every", "1", "--eval-rollouts", str(task.eval_rollouts), "--checkpoint-every", "1000000",
-            "--seed", str(seed), "--threads", str(threads), "--device", "cpu", "--run-dir", str(run_dir), *task.icrl_args]
+            "--seed", str(seed), "--threads", str(threads), "--device", "cpu", "--run-dir", str(run_dir),
+            *task.icrl_args]
 
 
 def icrl_config(task: Task) -> Any:
@@ -298,7 +301,8 @@ def summarize(runs: list[dict]) -> list[dict]:
                          "wall_s_to_threshold": _mean([r["solved_wall_s"] for r in solved]),
                          "best_return": _mean([r["best_return"] for r in rs]),
                          "final_return": _mean([r["final_return"] for r in rs]),
-                         "final_return_range": [min(r["final_return"] for r in rs), max(r["final_return"] for r in rs)]})
+                         "final_return_range": [min(r["final_return"] for r in rs),
+                                                max(r["final_return"] for r in rs)]})
     return rows
 
 
@@ -308,8 +312,8 @@ def markdown(rows: list[dict]) -> str:
     def f(x, d=0):
         return "—" if x is None else f"{x:,.{d}f}"
 
-    out = ["| task | library | seeds solved | threshold | env steps to it: mean of solved (per seed) | wall s to it (no eval) | "
-           "best return | final return: mean (min–max) |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| task | library | seeds solved | threshold | env steps to it: mean of solved (per seed) | "
+           "wall s to it (no eval) | best return | final return: mean (min–max) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         per_seed = " / ".join(f(x) for x in r.get("env_steps_per_seed", []))
         lo, hi = r.get("final_return_range", [r["final_return"]] * 2)
@@ -329,7 +333,8 @@ def readme_table(rows: list[dict], tasks: tuple[str, ...] = README_TASKS) -> str
     def f(x, d=0):
         return "—" if x is None else f"{x:,.{d}f}"
 
-    out = ["| task | library | solved | threshold | env steps to it (per seed) | wall s to it | final return: mean (min–max) |",
+    out = ["| task | library | solved | threshold | env steps to it (per seed) | wall s to it | "
+           "final return: mean (min–max) |",
            "|---|---|---|---|---|---|---|"]
     for task in tasks:
         pair = [r for r in rows if r["task"] == task]

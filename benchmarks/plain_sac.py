@@ -122,7 +122,8 @@ def main() -> None:
                     ret, done = ret + er, et or etr
                 rets.append(ret)
             curve.append((t + 1, updates, round(float(np.mean(rets)), 1)))
-            print(f"env steps {t + 1:6d} | updates {updates:6d} | eval return {np.mean(rets):8.1f} | {time.time() - t0:.0f} s", flush=True)
+            print(f"env steps {t + 1:6d} | updates {updates:6d} | eval return {np.mean(rets):8.1f} | "
+                  f"{time.time() - t0:.0f} s", flush=True)
     print(json.dumps({"env": args.env, "train_every": args.train_every, "batch_size": args.batch_size, "lr": args.lr,
                       "gamma": args.gamma, "seed": args.seed, "curve": curve, "wall_s": round(time.time() - t0)}))
 

@@ -605,7 +605,8 @@ def single_acting(args, result, built, device, profile_text: list) -> None:
     result["acting_kv"] = kv
     print(f"acting (KV cache, {args.parallel_envs} envs): {kv['env_steps_per_s']:.0f} env steps/s; "
           f"policy {100 * kv['frac_policy']:.0f}%, env {100 * kv['frac_env_step']:.0f}%, "
-          f"collector {100 * kv['frac_collector']:.0f}%; us/vector step {json.dumps({k: round(v) for k, v in kv['us_per_vector_step'].items()})}",
+          f"collector {100 * kv['frac_collector']:.0f}%; "
+          f"us/vector step {json.dumps({k: round(v) for k, v in kv['us_per_vector_step'].items()})}",
           flush=True)  # fmt: skip
     rsteps = steps if args.recompute_steps is None else args.recompute_steps
     if rsteps > 0:
@@ -914,7 +915,8 @@ def run_sweep(args, device: torch.device) -> None:
     print(f"sweep {tag}: {len(cells)} learner cells, {len(acting)} acting cells; mm peak fp32 "
           f"{peaks['fp32'] / 1e9:.0f} / bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s; estimated {est / 60:.1f} min "
           f"(per cell at most {args.max_cell_seconds:.0f} s"
-          + (f", the sweep at most {args.max_seconds / 60:.3g} min)" if args.max_seconds else ")"), flush=True)  # fmt: skip
+          + (f", the sweep at most {args.max_seconds / 60:.3g} min)" if args.max_seconds else ")"),
+          flush=True)  # fmt: skip
     if args.dry_run:
         print_plan(args, cells, acting, calib)
         return
@@ -924,7 +926,8 @@ def run_sweep(args, device: torch.device) -> None:
     save = functools.partial(save_json, result, tag)
     result["learner_cells"], result["acting_cells"] = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        run_learner_cells(args, cells, calib, peaks, device, Path(tmp), deadline - reserve, result["learner_cells"], save)
+        run_learner_cells(args, cells, calib, peaks, device, Path(tmp), deadline - reserve, result["learner_cells"],
+                          save)
     torch.set_num_threads(args.act_threads or args.threads)
     result["act_threads"] = torch.get_num_threads()
     for a in acting:

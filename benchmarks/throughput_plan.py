@@ -201,7 +201,8 @@ def markdown_tables(result: dict) -> str:
     head = [f"# Throughput sweep `{result.get('tag', '')}`", "",
             f"{result.get('device', 'cpu')}, {result.get('torch_threads', '?')} threads, batch "
             f"{result.get('settings', {}).get('batch_size', '?')}; measured torch.mm peak fp32 "
-            f"{_fmt(peaks.get('fp32', 0) / 1e9, '.0f')} GFLOP/s, bf16 {_fmt(peaks.get('bf16', 0) / 1e9, '.0f')} GFLOP/s. "
+            f"{_fmt(peaks.get('fp32', 0) / 1e9, '.0f')} GFLOP/s, "
+            f"bf16 {_fmt(peaks.get('bf16', 0) / 1e9, '.0f')} GFLOP/s. "
             "First call = compile (where on) + first allocations; s/update = median of the timed updates (count).",
             ""]  # fmt: skip
     lines = head + [
@@ -213,7 +214,8 @@ def markdown_tables(result: dict) -> str:
     if result.get("acting_cells"):
         lines += ["", "| d_model | context | envs | envs as | env steps/s | policy % | env % | collector % | "
                   "us per vector step (policy / env / collector) |",
-                  "|---:|---:|---:|---|---:|---:|---:|---:|---|", *[acting_row(a) for a in result["acting_cells"]]]  # fmt: skip
+                  "|---:|---:|---:|---|---:|---:|---:|---:|---|",
+                  *[acting_row(a) for a in result["acting_cells"]]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -159,7 +159,8 @@ def main() -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--gradients", action="store_true", help="also split the encoder's gradient (slow: CPU minutes)")
     p.add_argument("--batches", type=int, default=4)
-    p.add_argument("--checkpoint", type=Path, help="probe this checkpoint folder (a copy of RUN_DIR/checkpoints/ckpt-N) "
+    p.add_argument("--checkpoint", type=Path,
+                   help="probe this checkpoint folder (a copy of RUN_DIR/checkpoints/ckpt-N) "
                    "instead of the run's latest weights")
     p.add_argument("--no-replay", action="store_true", help="skip the replay counts")
     args = p.parse_args()

@@ -55,7 +55,8 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--set", action="append", default=[], metavar="GROUP.FIELD=VALUE")
     p.add_argument("--preset", action="store_true",
-                   help="start from icrl.config.presets.tmaze(length) (model/explore/train flags above are then ignored; "
+                   help="start from icrl.config.presets.tmaze(length) "
+                        "(model/explore/train flags above are then ignored; "
                         "--set still applies)")
     p.add_argument("--run-root", type=Path, default=Path("runs/bench_tmaze_solve"))
     p.add_argument("--keep-runs", action="store_true", help="keep run folders (replay included)")
@@ -110,8 +111,10 @@ def main() -> None:
             "final_return_mean": final.get("return_mean"),
             "total_env_steps": train_rows[-1]["env_steps"] if train_rows else None,
             "total_wall_s": total_wall,
-            "mean_env_steps_per_s": statistics.fmean(r["time/env_steps_per_s"] for r in train_rows) if train_rows else None,
-            "mean_updates_per_s": statistics.fmean(r["time/updates_per_s"] for r in train_rows if r["time/updates_per_s"])
+            "mean_env_steps_per_s": statistics.fmean(r["time/env_steps_per_s"] for r in train_rows)
+            if train_rows else None,
+            "mean_updates_per_s": statistics.fmean(r["time/updates_per_s"] for r in train_rows
+                                                   if r["time/updates_per_s"])
             if any(r["time/updates_per_s"] for r in train_rows) else None,
             "run_dir": str(run_dir),
             "config": effective,

@@ -4,8 +4,8 @@ Why: one NaN reward or observation reaches every weight within a few updates (th
 PopArt's moments and the EMA targets), after which the run trains on to exit 0 with garbage weights. So
 values are checked at each door: env outputs as they arrive (`first_nonfinite`; the collector's error names
 the env, the step and the key), replay files as they are read (the storage layer skips them like corrupt files),
-each update's loss and gradient norm (`UpdateGuard`: skipped on the device, warned about once per epoch), and every weights file
-before it is written (`assert_finite_weights`).
+each update's loss and gradient norm (`UpdateGuard`: skipped on the device, warned about once per epoch), and every
+weights file before it is written (`assert_finite_weights`).
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ class UpdateGuard:
         if longest >= self.max_consecutive:
             raise NonFiniteError(
                 f"{longest} updates in a row had a non-finite loss or gradient; the run stopped before "
-                f"training on broken data. Check the env's rewards and observations, lower {flag('lr')} or {flag('reward_scale')}, "
+                f"training on broken data. Check the env's rewards and observations, "
+                f"lower {flag('lr')} or {flag('reward_scale')}, "
                 f"and resume with {flag('resume')}"
             )
         new = skipped - self._warned

@@ -214,7 +214,8 @@ class InContextPolicy:
                     key = 0
                     space, value = space.spaces[0], value[0]
             except (KeyError, IndexError, TypeError) as e:
-                raise ValueError(f"observation lacks {key!r} of the env's observation space {self.observation_space}") from e
+                raise ValueError(f"observation lacks {key!r} of the env's observation space "
+                                 f"{self.observation_space}") from e
         shape = np.shape(value)
         leaf: tuple[int, ...]
         if isinstance(space, gym.spaces.Discrete):
@@ -229,7 +230,8 @@ class InContextPolicy:
             return 1, True
         if len(shape) == len(leaf) + 1 and shape[1:] == leaf:
             if shape[0] == 0:
-                raise ValueError(f"observation batch of shape {shape} is empty: pass one observation or a batch of N >= 1")
+                raise ValueError(f"observation batch of shape {shape} is empty: "
+                                 "pass one observation or a batch of N >= 1")
             return int(shape[0]), False
         raise ValueError(f"observation of shape {shape} is neither one observation of {space} nor a batch of them")
 
@@ -268,8 +270,9 @@ def _rewards(reward: Any, n: int) -> np.ndarray:
 
 def load(path: str | Path, device: str | torch.device = "cpu", *, env: Any = None) -> InContextPolicy:
     """The policy of a run directory, a checkpoint folder (RUN_DIR/checkpoints/ckpt-N), a weights file in
-    either, or a zip written by `icrl export` (checked as hostile input: icrl.run.load), ready to `predict`. The latest checkpoint of a run directory is used (else its final weights), as
-    `icrl eval` does. `device`: "cpu", "cuda", "auto", ...
+    either, or a zip written by `icrl export` (checked as hostile input: icrl.run.load), ready to `predict`. The
+    latest checkpoint of a run directory is used (else its final weights), as `icrl eval` does. `device`: "cpu",
+    "cuda", "auto", ...
 
     Nothing of the env is imported or built: the spaces come from RUN_DIR/spaces.json (or the checkpoint).
     A run from an icrl that did not write them needs `env=`: the env (or its class, a factory, a vector env,

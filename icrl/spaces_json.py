@@ -161,7 +161,8 @@ def write_spaces(run_dir: str | Path, record: dict[str, Any]) -> Path:
 def read_spaces_record(record: dict[str, Any], where: str) -> tuple[gym.Space, gym.Space]:
     """(observation space, action space) of a record; ValueError naming `where` when it is unusable."""
     if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ValueError(f"{where}: unknown spaces format {record.get('format') if isinstance(record, dict) else record!r}")
+        raise ValueError(f"{where}: unknown spaces format "
+                         f"{record.get('format') if isinstance(record, dict) else record!r}")
     try:
         return space_from_json(record["observation_space"]), space_from_json(record["action_space"])
     except (KeyError, ValueError) as e:

@@ -151,7 +151,8 @@ def agent_action_space(env_space: gym.Space) -> gym.Space:
             "MultiBinary action instead"
         )
     raise ValueError(
-        f"Unsupported action space {env_space!r}. icrl supports {SUPPORTED_ACTION_SPACES.replace('MAX_JOINT_ACTIONS', str(MAX_JOINT_ACTIONS))}; "
+        f"Unsupported action space {env_space!r}. "
+        f"icrl supports {SUPPORTED_ACTION_SPACES.replace('MAX_JOINT_ACTIONS', str(MAX_JOINT_ACTIONS))}; "
         "Gymnasium ships no wrapper that flattens other action spaces (Tuple, Dict, a multi-dimensional Box): "
         "write a gymnasium.ActionWrapper that exposes one of these (e.g. a flat Box reshaped in `action()`)."
     )

@@ -1,4 +1,5 @@
-"""Hostile envs for tests/integration/test_probe.py, named on the command line as `probe_envs:<factory>` (tests/ on the path).
+"""Hostile envs for tests/integration/test_probe.py, named on the command line as `probe_envs:<factory>` (tests/ on
+the path).
 
 Each is a tiny corridor that starts misbehaving at step `at`: NaN observations, NaN or infinite rewards.
 """

@@ -53,8 +53,9 @@ class CriticReader:
                              f"{agent.critic.num_bins}: build the agent from the same LossConfig")
         per_action = agent.spec.kind == "discrete" and not cfg.discrete_action_input
         if agent.critic.discrete != per_action:
-            raise ValueError(f"{flag('discrete_action_input')} {str(cfg.discrete_action_input).lower()} but the agent's critic "
-                             "was built with the other form: build the agent from the same LossConfig")
+            raise ValueError(f"{flag('discrete_action_input')} {str(cfg.discrete_action_input).lower()} "
+                             "but the agent's critic was built with the other form: "
+                             "build the agent from the same LossConfig")
         return cls(agent.popart, bins)
 
     def raw(self, out: torch.Tensor) -> torch.Tensor:

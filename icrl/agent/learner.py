@@ -371,10 +371,11 @@ class Learner:
         if self._static is None:
             window = max(self.cfg.model.training_window, batch.shape[1])
             self._static = Batch.zeros_like_fields(src, window, self.device)
-        dst = self._static.to_learner_fields()
-        if src.keys() != dst.keys() or batch.shape[0] != self._static.shape[0] or batch.shape[1] > self._static.shape[1]:
+        static = self._static
+        dst = static.to_learner_fields()
+        if src.keys() != dst.keys() or batch.shape[0] != static.shape[0] or batch.shape[1] > static.shape[1]:
             raise ValueError(f"a batch of shape {batch.shape} and fields {sorted(src)} does not fit the learner's "
-                             f"captured update ({self._static.shape}, {sorted(dst)}); every batch of a run must "
+                             f"captured update ({static.shape}, {sorted(dst)}); every batch of a run must "
                              "have the same batch size and keys and at most the training window's length")
         L = batch.shape[1]
         for name, x in src.items():
@@ -387,7 +388,8 @@ class Learner:
 
     @torch.no_grad()
     def _update_normalization(self, batch: Batch) -> int:
-        """The running obs statistics (`TimestepEncoder.obs_norm`) fed with the real timesteps of every rank's batch; returns
+        """The running obs statistics (`TimestepEncoder.obs_norm`) fed with the real timesteps of every rank's batch;
+        returns
         the longest batch length over the ranks (for gathering PopArt's targets after the step). One summary
         row per rank (count, mean, squared deviations): fixed shapes, no host read in one process."""
         enc = self.agent.tstep_encoder

@@ -28,8 +28,8 @@ from icrl.nets.squash import symexp, symlog
 
 __all__ = [  # DEFAULT_GAMMAS is re-exported: the loss functions' callers often want the default discounts too
     "DEFAULT_GAMMAS", "Metrics", "ValueBins", "actor_loss", "advantage_filter", "align_next", "bins_to_value",
-    "classification_critic_loss", "conservative_term", "critic_loss", "frozen_critic", "hl_gauss", "redq_members", "symexp",
-    "symlog", "td_targets", "two_hot",
+    "classification_critic_loss", "conservative_term", "critic_loss", "frozen_critic", "hl_gauss", "redq_members",
+    "symexp", "symlog", "td_targets", "two_hot",
 ]
 
 Metrics = dict[str, torch.Tensor]

@@ -166,7 +166,8 @@ class AgentPolicy:
         if static is None:
             static = capturable and graphs_available(self.device, cuda_graphs)
         if static and not capturable:
-            raise ValueError(f"a static acting step needs a Transformer or memoryless encoder, not {type(enc).__name__}")
+            raise ValueError(f"a static acting step needs a Transformer or memoryless encoder, "
+                             f"not {type(enc).__name__}")
         self.static, self.num_envs = static, num_envs
         self.graphs = static and graphs_available(self.device, cuda_graphs)
         # the encoder's acting state: a KV cache, an RNN hidden state or None (`TrajEncoder` types it Any)

@@ -138,7 +138,8 @@ class CollectorProcess:
     def wants_more(self, stop: StopFlag | None, max_env_steps: int | None) -> bool:
         """Reload newer weights and read the other collectors' counters; False once this collector is done."""
         self.weights.poll()
-        rest = [c for c in read_counters(self.paths, counter_limit(self.cfg)) if c.get("collector_id") != self.collector_id]
+        rest = [c for c in read_counters(self.paths, counter_limit(self.cfg))
+                if c.get("collector_id") != self.collector_id]
         others = sum(int(c.get("env_steps", 0)) for c in rest)  # the run's env steps end every collector
         self.others_stored = sum(int(c.get("stored_env_steps", 0)) for c in rest)
         mine = self.collector.total_env_steps
@@ -149,7 +150,8 @@ class CollectorProcess:
         """More than `max_lead` stored env steps ahead of what the published weights' updates allow."""
         meta = self.weights.meta
         return max_lead is not None and "utd" in meta and (
-            self.others_stored + self.counters["stored_env_steps"] > int(meta["updates"]) / float(meta["utd"]) + max_lead
+            self.others_stored + self.counters["stored_env_steps"]
+            > int(meta["updates"]) / float(meta["utd"]) + max_lead
         )
 
     def collect_round(self, stop: StopFlag | None) -> None:

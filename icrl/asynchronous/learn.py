@@ -92,8 +92,10 @@ class CollectorFiles:
         if world_size > 1:
             raise ConfigError("icrl learn runs in one process: start more `icrl collect` processes instead")
         run_dir = run_path(cfg) if cfg.run.run_dir is not None else None
-        if cfg.run.resume and run_dir is not None and list_checkpoints(run_dir) and not AsyncPaths(run_dir).root.is_dir():
-            raise ConfigError(f"{run_dir} is a run of `icrl train` (icrl.train): its checkpoints count the env steps of "
+        if (cfg.run.resume and run_dir is not None and list_checkpoints(run_dir)
+                and not AsyncPaths(run_dir).root.is_dir()):
+            raise ConfigError(f"{run_dir} is a run of `icrl train` (icrl.train): "
+                              "its checkpoints count the env steps of "
                               "its own envs, not collectors', so `icrl learn` cannot continue it; resume it as it was "
                               "started, with `icrl train` (icrl.train)")
         cfg = cfg.replace(updates_per_epoch=cfg.epoch_updates).validate()
@@ -184,4 +186,5 @@ class CollectorFiles:
             write_text_atomic(self.paths.done, json.dumps({"updates": self.learner.updates,
                                                            "env_steps": self.counts.env_steps}))
         else:
-            say(f"icrl learn: stopped by {self.stop.signal} after {self.learner.updates:,} updates; continue with --resume")
+            say(f"icrl learn: stopped by {self.stop.signal} after {self.learner.updates:,} updates; "
+                "continue with --resume")

@@ -258,7 +258,8 @@ def _read_published(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise WeightsFileError(f"cannot read the published weights {path} (corrupt, truncated or not a "
-                               f"safetensors file: {str(e).strip()[:200]}); restart `icrl learn` to publish them") from e
+                               f"safetensors file: {str(e).strip()[:200]}); "
+                               "restart `icrl learn` to publish them") from e
     return tensors, meta
 
 

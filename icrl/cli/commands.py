@@ -233,7 +233,8 @@ def _popgym_family(builtin: dict) -> dict:
             raise ImportError("POPGym tasks need the optional package popgym: pip install 'icrl[popgym]'")
         return names
 
-    state = f"{len(names)} tasks, and popgym_multi; icrl envs popgym" if names else "not installed: pip install 'icrl[popgym]'"
+    state = (f"{len(names)} tasks, and popgym_multi; icrl envs popgym" if names
+             else "not installed: pip install 'icrl[popgym]'")
     return {"popgym/": EnvFamily(make, members, f"POPGym memory tasks ({state})")}
 
 

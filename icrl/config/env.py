@@ -32,10 +32,13 @@ class EnvConfig:
         try:
             value = json.loads(self.env_kwargs)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{flag('env_kwargs')} is not valid JSON ({e.msg} at char {e.pos}): {self.env_kwargs!r}") from e
+            raise ConfigError(f"{flag('env_kwargs')} is not valid JSON ({e.msg} at char {e.pos}): "
+                              f"{self.env_kwargs!r}") from e
         except RecursionError as e:  # json's parser recurses once per level of nesting
-            raise ConfigError(f"{flag('env_kwargs')} is nested too deeply to parse ({len(self.env_kwargs):,} characters); "
+            raise ConfigError(f"{flag('env_kwargs')} is nested too deeply to parse "
+                              f"({len(self.env_kwargs):,} characters); "
                               "pass a flat JSON object of the env's keyword arguments") from e
         if not isinstance(value, dict):
-            raise ConfigError(f"{flag('env_kwargs')} must be a JSON object like '{{\"length\": 20}}', got {self.env_kwargs!r}")
+            raise ConfigError(f"{flag('env_kwargs')} must be a JSON object like '{{\"length\": 20}}', "
+                              f"got {self.env_kwargs!r}")
         return value

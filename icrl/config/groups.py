@@ -31,7 +31,8 @@ class ConfigGroups:
     def epoch_updates(self) -> int:
         """Updates per epoch where a fixed number is needed (offline epochs, the asynchronous learner's default
         ratio, plans): --updates-per-epoch, or `replay_ratio`'s count for full training windows
-        (`ModelConfig.training_window`). `icrl train` counts the replay's real windows instead (icrl.run.schedule.UpdateBudget)."""
+        (`ModelConfig.training_window`). `icrl train` counts the replay's real windows instead
+        (icrl.run.schedule.UpdateBudget)."""
         s = self.schedule
         if s.updates_per_epoch is not None:
             return s.updates_per_epoch

@@ -16,7 +16,8 @@ from icrl.config import EnvConfig, ExperimentConfig, ExploreConfig, LossConfig, 
 from icrl.config.errors import ConfigError, flag
 
 
-def _small_run(cfg: ExperimentConfig, run_dir: str, total_env_steps: int, eval_every: int, eval_rollouts: int) -> ExperimentConfig:
+def _small_run(cfg: ExperimentConfig, run_dir: str, total_env_steps: int, eval_every: int,
+               eval_rollouts: int) -> ExperimentConfig:
     """Short CPU runs: 200 env steps then 40 updates per epoch (0.2 updates per env step)."""
     return cfg.replace(
         run_dir=run_dir,
@@ -48,7 +49,8 @@ def tmaze(length: int = 20) -> ExperimentConfig:
 def cue_recall(delay: int = 5, continuous: bool = True) -> ExperimentConfig:
     """Cue recall with continuous answers: the smallest continuous-action memory task (~20 s)."""
     cfg = ExperimentConfig(
-        env=EnvConfig(env="cue_recall", env_kwargs=json.dumps({"delay": delay, "continuous": continuous}), parallel_envs=8),
+        env=EnvConfig(env="cue_recall", env_kwargs=json.dumps({"delay": delay, "continuous": continuous}),
+                      parallel_envs=8),
         model=ModelConfig(d_model=32, layers=1, heads=2, head_hidden=64),  # context: CueRecall.recommended_context
         loss=LossConfig(gammas=(0.9, 0.99)),
         explore=ExploreConfig(eps_anneal_steps=150),  # per env: 1,200 env steps of the 8 together

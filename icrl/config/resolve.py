@@ -58,12 +58,13 @@ class TaskDefaults:
     """The env steps a run needs (`recommended_budget`)."""
 
 
-def resolve(cfg: ExperimentConfig, task: TaskDefaults | None = None,
-            recorded: ExperimentConfig | None = None) -> ExperimentConfig:
+def resolve(cfg: ExperimentConfig, task: TaskDefaults | None = None, recorded: ExperimentConfig | None = None,
+            *, on_cuda: bool = False) -> ExperimentConfig:
     """`cfg` with every unset field a run needs resolved (this module's docstring lists them): the user's value,
     else (resuming) what the run `recorded` of its schedule, else `task`'s recommendation, else the library's
     default, then the values derived from them. Idempotent. Without `task`: the library's defaults (a config
-    built by hand, a test)."""
+    built by hand, a test). `on_cuda`: the run's device is a CUDA device (the caller knows the machine; a config
+    never asks it), where captured updates raise the compile threshold."""
     task = task if task is not None else TaskDefaults()
     if recorded is not None:
         cfg = cfg.replace(**kept_schedule(cfg, recorded))
@@ -73,7 +74,7 @@ def resolve(cfg: ExperimentConfig, task: TaskDefaults | None = None,
     if cfg.model.max_seq_len is None:
         cfg = cfg.replace(max_seq_len=_rollout_context(task.context, cfg.env))
     cfg = dataclasses.replace(cfg, loss=_loss(cfg.loss, cfg.model.context, cfg.explore.eps_shape))
-    return cfg.replace(compile=_compiles(cfg), warmup_updates=_warmup(cfg))
+    return cfg.replace(compile=_compiles(cfg, on_cuda), warmup_updates=_warmup(cfg))
 
 
 def kept_schedule(cfg: ExperimentConfig, recorded: ExperimentConfig) -> dict[str, Any]:
@@ -127,7 +128,8 @@ def _loss(lo: LossConfig, context: int, eps_shape: str | None) -> LossConfig:
     auto_n = max(1, context // TIMESTEPS_PER_N_STEP) if long and eps_shape == "window" else 1
     return dataclasses.replace(
         lo, n_step=auto_n if lo.n_step is None else lo.n_step,
-        popart_max_ratio=(LONG_CONTEXT_MAX_RATIO if long else 0.0) if lo.popart_max_ratio is None else lo.popart_max_ratio,
+        popart_max_ratio=(LONG_CONTEXT_MAX_RATIO if long else 0.0) if lo.popart_max_ratio is None
+        else lo.popart_max_ratio,
     )
 
 
@@ -144,21 +146,14 @@ def _warmup(cfg: ExperimentConfig) -> int:
     return max(1, min(WARMUP_UPDATES, round(WARMUP_FRACTION * _planned_updates(cfg))))
 
 
-def _runs_captured(cfg: ExperimentConfig) -> bool:
-    """Whether this config's updates would be captured as CUDA graphs here: a CUDA `--device` (or `auto` where
-    torch sees a GPU) with `cuda_graphs` (icrl.agent.graphs; data-parallel runs stay eager)."""
-    import torch
-
-    d = cfg.run.device
-    return (d.startswith("cuda") or (d == "auto" and torch.cuda.is_available())) and cfg.optim.cuda_graphs
-
-
-def _compiles(cfg: ExperimentConfig) -> bool:
+def _compiles(cfg: ExperimentConfig, on_cuda: bool) -> bool:
     """`compile`, or where unset: on for a Transformer run with big batches and many planned updates (the
-    COMPILE_MIN_* thresholds)."""
+    COMPILE_MIN_* thresholds; more where the updates are captured as CUDA graphs: a CUDA device with
+    `cuda_graphs`, icrl.agent.graphs)."""
     if cfg.optim.compile is not None:
         return cfg.optim.compile
     tokens = cfg.optim.batch_size * cfg.model.training_window
     if cfg.model.traj_encoder != "transformer" or tokens < COMPILE_MIN_TIMESTEPS:
         return False
-    return _planned_updates(cfg) >= (COMPILE_MIN_CAPTURED_UPDATES if _runs_captured(cfg) else COMPILE_MIN_UPDATES)
+    captured = on_cuda and cfg.optim.cuda_graphs
+    return _planned_updates(cfg) >= (COMPILE_MIN_CAPTURED_UPDATES if captured else COMPILE_MIN_UPDATES)

@@ -1,9 +1,10 @@
 """The checks `ExperimentConfig.validate` runs before anything is built: types, ranges, combinations and devices
 (of `ConfigGroups`, the config's data, so this module needs nothing of experiment.py).
 
-Every field is checked on its own first (`field_errors`), so a value that cannot work (`--heads 0`, `--grad-clip -1`, `--device banana`, a string
-where config.json should hold an int) fails at parse time with one line naming the flag and what it must be,
-instead of a traceback minutes later (or a run that silently does something else, like reversed gradients).
+Every field is checked on its own first (`field_errors`), so a value that cannot work (`--heads 0`, `--grad-clip -1`,
+`--device banana`, a string where config.json should hold an int) fails at parse time with one line naming the flag
+and what it must be, instead of a traceback minutes later (or a run that silently does something else, like reversed
+gradients).
 
 Types are checked generically from the dataclass annotations, so a field added later is type-checked (and
 its floats required finite) without an entry here; a field with a range declares it where it is defined
@@ -125,7 +126,8 @@ def _explore_checks(cfg: ConfigGroups) -> list[Check]:
     return [
         (
             x.eps_shape in (None, "flat") or x.shape_horizon is not None,
-            f"{setting('eps_shape', x.eps_shape)} needs {setting('shape_horizon', 'N')} (the rollout length the shape is laid over)",
+            f"{setting('eps_shape', x.eps_shape)} needs {setting('shape_horizon', 'N')} "
+            "(the rollout length the shape is laid over)",
         ),
     ]
 
@@ -135,7 +137,8 @@ def _model_loss_checks(cfg: ConfigGroups) -> list[Check]:
     return [
         (m.d_model % m.heads == 0, f"{flag('d_model')} {m.d_model} is not divisible by {flag('heads')} {m.heads}"),
         (m.pos_emb != "rope" or m.d_model % (2 * m.heads) == 0,
-         f"{setting('pos_emb', 'rope')} rotates pairs of a head's dims: {flag('d_model')} {m.d_model} / {flag('heads')} {m.heads} must be even"),
+         f"{setting('pos_emb', 'rope')} rotates pairs of a head's dims: "
+         f"{flag('d_model')} {m.d_model} / {flag('heads')} {m.heads} must be even"),
         (m.continuous_dist == "gmm" or m.gmm_components == ModelConfig.gmm_components,
          f"{flag('gmm_components')} applies to {setting('continuous_dist', 'gmm')}"),
         (m.context >= 2, f"{flag('max_seq_len')} must be >= 2 (a TD transition needs two timesteps)"),
@@ -148,8 +151,8 @@ def _model_loss_checks(cfg: ConfigGroups) -> list[Check]:
         ),
         (
             m.max_seq_len is None or lo.td_steps < m.max_seq_len,  # unset: checked once the task's context is known
-            f"{flag('n_step')} {lo.td_steps} must be below {flag('max_seq_len')} {m.max_seq_len} (an n-step return needs n + 1 "
-            "timesteps of the training window)",
+            f"{flag('n_step')} {lo.td_steps} must be below {flag('max_seq_len')} {m.max_seq_len} "
+            "(an n-step return needs n + 1 timesteps of the training window)",
         ),
     ]
 
@@ -158,9 +161,11 @@ def _critic_checks(cfg: ConfigGroups) -> list[Check]:
     lo, default = cfg.loss, LossConfig()
     stray = [flag(n) for n in TWOHOT_FIELDS if getattr(lo, n) != getattr(default, n)]
     return [
-        (lo.critic_kind == "twohot" or not stray, f"{', '.join(stray)} only apply to {setting('critic_kind', 'twohot')}"),
+        (lo.critic_kind == "twohot" or not stray,
+         f"{', '.join(stray)} only apply to {setting('critic_kind', 'twohot')}"),
         (lo.critic_min_value < lo.critic_max_value,
-         f"{flag('critic_min_value')} {lo.critic_min_value} must be below {flag('critic_max_value')} {lo.critic_max_value}"),
+         f"{flag('critic_min_value')} {lo.critic_min_value} must be below "
+         f"{flag('critic_max_value')} {lo.critic_max_value}"),
     ]
 
 
@@ -174,8 +179,8 @@ def _schedule_checks(cfg: ConfigGroups) -> list[Check]:
         ),
         (
             sc.env_steps >= e.parallel_envs or (sc.env_steps == 0 and r.offline_updates > 0),
-            f"{flag('total_env_steps')} {sc.env_steps} is below {flag('parallel_envs')} {e.parallel_envs}: a run steps every env at "
-            f"least once (or 0 with {flag('offline_updates')}: offline training)",
+            f"{flag('total_env_steps')} {sc.env_steps} is below {flag('parallel_envs')} {e.parallel_envs}: "
+            f"a run steps every env at least once (or 0 with {flag('offline_updates')}: offline training)",
         ),
     ]
 
@@ -247,7 +252,8 @@ def _parameter_count(cfg: ConfigGroups) -> int:
     traj = {"transformer": m.layers * (4 * d * d + 2 * d * d_ff), "gru": m.layers * 6 * d * d,
             "lstm": m.layers * 8 * d * d, "ff": m.layers * d * d}.get(m.traj_encoder, 0)
     head = d * hh + max(m.head_layers - 1, 0) * hh * hh + hh * g
-    return m.tstep_hidden * (d + 1) + traj + (m.max_time * d if m.pos_emb == "learned" else 0) + (1 + lo.num_critics) * head
+    return (m.tstep_hidden * (d + 1) + traj + (m.max_time * d if m.pos_emb == "learned" else 0)
+            + (1 + lo.num_critics) * head)
 
 
 def memory_estimate(cfg: ConfigGroups, update: bool = True, obs_numbers: tuple[int, int] = (0, 0)) -> dict[str, int]:
@@ -324,11 +330,14 @@ def device_error(name: str) -> str | None:
         return None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            return f"{flag('device')} {name}: this machine (or torch build) has no usable CUDA device; use {setting('device', 'cpu')} or auto"
+            return (f"{flag('device')} {name}: this machine (or torch build) has no usable CUDA device; "
+                    f"use {setting('device', 'cpu')} or auto")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            return f"{flag('device')} {name}: only {torch.cuda.device_count()} CUDA device(s) here (cuda:0 ..); pick one of them"
+            return (f"{flag('device')} {name}: only {torch.cuda.device_count()} CUDA device(s) here (cuda:0 ..); "
+                    "pick one of them")
         return None
     if dev.type == "mps":
         ok = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-        return None if ok else f"{flag('device')} {name}: MPS is not available here; use {setting('device', 'cpu')} or auto"
+        return (None if ok
+                else f"{flag('device')} {name}: MPS is not available here; use {setting('device', 'cpu')} or auto")
     return f"{flag('device')} {name!r}: icrl runs on cpu, cuda or mps devices; use {setting('device', 'auto')}"

@@ -91,7 +91,8 @@ def read_rollout_folders(folders: list[Path], env_obs_space, action_spec: Action
         for key in set(rollout.obs) & set(boxes):
             arr, box = rollout.obs[key], boxes[key]
             if arr.shape[1:] != box.shape or arr.dtype != box.dtype:
-                problems.append(f"obs[{key!r}] {arr.dtype}{list(arr.shape[1:])} (the env's: {box.dtype}{list(box.shape)})")
+                problems.append(f"obs[{key!r}] {arr.dtype}{list(arr.shape[1:])} "
+                                f"(the env's: {box.dtype}{list(box.shape)})")
         want = action_spec.storage_shape(len(rollout.action))
         if rollout.action.shape != want or rollout.action.dtype != action_spec.storage_dtype:
             problems.append(f"actions {rollout.action.dtype}{list(rollout.action.shape[1:])} (the env's: "
@@ -100,7 +101,8 @@ def read_rollout_folders(folders: list[Path], env_obs_space, action_spec: Action
             problems.append(f"prev_action width {rollout.prev_action.shape[1]} (the env's: {action_spec.dim})")
         if problems:
             raise SpaceMismatchError(f"rollout file {f.path} does not fit the env: " + "; ".join(problems)
-                                     + f". Train with the {flag('env')} (and {flag('env_kwargs')}) the rollouts were collected in.")
+                                     + f". Train with the {flag('env')} (and {flag('env_kwargs')}) "
+                                     "the rollouts were collected in.")
         yield rollout
 
 

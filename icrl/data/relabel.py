@@ -101,7 +101,8 @@ class HindsightRelabeler:
         if rollout.time[0] != 0 or rollout.reset[1:].any():
             raise GoalContractError(
                 f"hindsight relabeling needs whole single-episode rollouts: unset {flag('chunk_len')}, "
-                f"{flag('episodes_per_rollout')} and {flag('rollout_horizon')}, or train with {setting('relabel', 'none')}"
+                f"{flag('episodes_per_rollout')} and {flag('rollout_horizon')}, "
+                f"or train with {setting('relabel', 'none')}"
             )
         instruction = np.asarray(rollout.obs[GOAL_KEY][0], dtype=np.int64)  # [k]
         achieved = np.asarray(rollout.achieved, dtype=np.int64)  # [T+1, K]

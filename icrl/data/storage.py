@@ -102,10 +102,10 @@ class FolderIndex:
     `names` is replaced, never mutated, so a reader may hold on to it as a consistent snapshot.
 
     `verify=True` (the buffer's eviction index) reads each new file's length from its contents once (~0.7 ms a
-    file, once per process: files never change; not the files this process wrote, see `wrote`) and rejects, with one `log` line each (default: a
-    RuntimeWarning), entries whose contents disagree with their names or that are not regular files, so a
-    forged name can never make eviction delete genuine rollouts. Samplers list without it: they load every file
-    they draw anyway, and skip bad ones then.
+    file, once per process: files never change; not the files this process wrote, see `wrote`) and rejects, with
+    one `log` line each (default: a RuntimeWarning), entries whose contents disagree with their names or that are
+    not regular files, so a forged name can never make eviction delete genuine rollouts. Samplers list without it:
+    they load every file they draw anyway, and skip bad ones then.
     """
 
     def __init__(self, folder: str | os.PathLike, *, trust_after_s: float | None = 1.0, verify: bool = False,

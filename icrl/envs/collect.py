@@ -82,7 +82,8 @@ def _success(value: Any, key: str, env: Callable[[], str]) -> float | None:
         return float(arr)
     text = repr(value)
     raise ValueError(f"env {env()} reported info[{key!r}] = {text if len(text) <= 80 else text[:77] + '...'} when an "
-                     "episode ended; icrl reads it as the episode's success: give a bool or 0 / 1 (or leave the key out)")
+                     "episode ended; icrl reads it as the episode's success: give a bool or 0 / 1 "
+                     "(or leave the key out)")
 
 
 class _StepRing:

@@ -235,8 +235,8 @@ def make_vector_env(
     The env is built once here first, so a bad name or kwarg fails in this process with a clear message
     instead of inside a worker.
     `native`: a built-in task that has a batched form (`icrl.envs.registry.Task.batched`: the same timesteps,
-    rewards and infos under the same seed and rollout settings, every copy stepped at once) gets it, and so does a family
-    member whose family has a vector form (`EnvFamily.vector`: "xland/"); False always builds the per-copy envs.
+    rewards and infos under the same seed and rollout settings, every copy stepped at once) gets it, and so does a
+    family member whose family has a vector form (`EnvFamily.vector`: "xland/"); False always builds the per-copy envs.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")

@@ -3,10 +3,11 @@
 Two directions, one rule each:
 
 * **In** (`icrl.train(cfg, env=...)`): a Gymnasium id or icrl name, a `gymnasium.Env` subclass, a zero-arg
-  factory, an env made by `gymnasium.make` (re-created from its spec), or a `gymnasium.vector.VectorEnv`. `resolve_env` turns any of them into the name recorded in
-  config.json plus the factories icrl builds its own copies with (each wrapped in `TimestepWrapper`, in a
-  SAME_STEP vector env: users never meet those internals). What can be rebuilt by name later is recorded
-  as such ("builtin", "gymnasium", "import"); a class defined in a script or a lambda is recorded as "none".
+  factory, an env made by `gymnasium.make` (re-created from its spec), or a `gymnasium.vector.VectorEnv`.
+  `resolve_env` turns any of them into the name recorded in config.json plus the factories icrl builds its own
+  copies with (each wrapped in `TimestepWrapper`, in a SAME_STEP vector env: users never meet those internals).
+  What can be rebuilt by name later is recorded as such ("builtin", "gymnasium", "import"); a class defined in a
+  script or a lambda is recorded as "none".
 * **Out** (`icrl eval`, `icrl collect`, `icrl export-minari`, `icrl.load`): a run directory is data, not code.
   `run_env_config` builds an env from a run's config.json only when its name is a built-in task or an id
   already registered with Gymnasium; a `module:factory` name (e.g. `"os:system"`) is imported and called
@@ -131,7 +132,8 @@ def _vector_source(venv: gym.vector.VectorEnv) -> EnvSource:
     fns = getattr(venv, "env_fns", None)
     n, asynchronous = venv.num_envs, isinstance(venv, gym.vector.AsyncVectorEnv)
     if fns:
-        name = spec.id if by_id and spec is not None else f"<{type(venv).__name__} of {spec.id if spec is not None else 'env_fns'}>"
+        what = spec.id if spec is not None else "env_fns"
+        name = spec.id if by_id and spec is not None else f"<{type(venv).__name__} of {what}>"
         venv.close()
         subs = tuple(SubEnv(fn, kwargs if by_id else {}) for fn in fns)  # the closures hold their kwargs already
         return EnvSource(name, subs, "gymnasium" if by_id else "none", n, asynchronous, kwargs if by_id else None)

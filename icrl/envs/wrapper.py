@@ -118,7 +118,8 @@ def _reward(value: Any) -> float:
         raise ValueError(f"returned {value!r} as the reward; a reward is one number")
     arr = np.asarray(value)
     if arr.dtype.kind not in "biuf" or arr.size != 1:
-        raise ValueError(f"returned a reward of type {type(value).__name__} (shape {arr.shape}); a reward is one number")
+        raise ValueError(f"returned a reward of type {type(value).__name__} (shape {arr.shape}); "
+                         "a reward is one number")
     return float(arr.reshape(()))
 
 

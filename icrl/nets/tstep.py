@@ -153,7 +153,8 @@ class TimestepEncoder(nn.Module):
         hidden: MLP width, also the feature width of each image CNN.
         max_time: time scale of the time features; later times read as max_time in the linear feature.
         cnn: "impala" (any image size) or "nature" (>= 36x36).
-        normalize_obs: running mean/std normalisation of vector keys (the learner folds in each batch's real timesteps: `normalization_moments`).
+        normalize_obs: running mean/std normalisation of vector keys (the learner folds in each batch's real
+            timesteps: `normalization_moments`).
         goal_embedder: optional module mapping obs["goal"] [B, L, K] long -> [B, L, goal_embedder.d_out].
             Without it, a "goal" key is ignored.
     """

@@ -52,7 +52,8 @@ def save_weights(agent: Agent, path: Path, metadata: dict[str, str] | None = Non
     return path
 
 
-def finish_run(run_dir: Path, agent: Agent, cfg: ExperimentConfig, last_eval: dict, env_steps: int, updates: int) -> None:
+def finish_run(run_dir: Path, agent: Agent, cfg: ExperimentConfig, last_eval: dict, env_steps: int,
+               updates: int) -> None:
     """Final weights (RUN_DIR/agent.safetensors), the learning-curve plot and the result line."""
     save_weights(agent, run_dir / "agent.safetensors")
     plot = plot_learning_curves([run_dir], run_dir / "learning_curve.png", title=f"{cfg.env.env} {cfg.env.env_kwargs}")
@@ -233,7 +234,8 @@ def save_figure(fig: Any, out: str | Path, dpi: int = 120) -> Path:
             buffer = io.BytesIO()
             fig.savefig(buffer, format="png", dpi=dpi)
             image = Image.open(buffer).convert("RGB")
-            image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(tmp, "PNG", optimize=True)
+            image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(
+                tmp, "PNG", optimize=True)
         else:
             fig.savefig(tmp, dpi=dpi)
     plt.close(fig)

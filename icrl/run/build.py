@@ -1,7 +1,7 @@
 """Building a run: the one setup (`build_run`) of every run, whatever its data source (icrl.run.sources), and the
 parts it builds from the config: envs, agent (`icrl.agent.model.build_agent`), learner, replay and its loader of
-training batches. `build_run` is the setup of `icrl train` (`icrl.train`), of each data-parallel rank and of `icrl learn`, in the
-order that fixes its seeds, refusals and first writes.
+training batches. `build_run` is the setup of `icrl train` (`icrl.train`), of each data-parallel rank and of
+`icrl learn`, in the order that fixes its seeds, refusals and first writes.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from icrl.config.validation import field_errors
 from icrl.data import DiskReplay, ReplayLoader, make_loader
 from icrl.data.offline import prepare_offline
 from icrl.data.relabel import HindsightRelabeler
+from icrl.device import resolve_device
 from icrl.envs import Collector
 from icrl.envs.make import make_run_envs, steps_copies_at_once, task_defaults
 from icrl.envs.user import resolve_env
@@ -81,7 +82,8 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     class or factory, when given) and, on --resume, the exploration schedule and warm-up the run recorded; says
     when those stay the run's under a new budget (the run's plan is said by its data source: icrl.run.loop.Plan)."""
     recorded = recorded_config(cfg)
-    out = resolve(cfg, task_defaults(cfg.env.env, cfg.env.kwargs, factory), recorded)
+    on_cuda = cfg.run.device.startswith("cuda") or (cfg.run.device == "auto" and resolve_device("auto").type == "cuda")
+    out = resolve(cfg, task_defaults(cfg.env.env, cfg.env.kwargs, factory), recorded, on_cuda=on_cuda)
     s = out.schedule
     if recorded is not None and recorded.schedule.total_env_steps not in (None, s.total_env_steps):
         kept = kept_schedule(cfg, recorded)  # what stays the run's under the new budget
@@ -199,7 +201,8 @@ def _build(cfg: ExperimentConfig, replicas: Replicas, factories: Sequence[Any] |
     spec = ActionSpec.from_space(probe.single_action_space)
     relabeler = make_relabeler(cfg.replay, probe)  # before the run dir exists: a wrong --relabel leaves nothing
     lock = opened(take_run_dir(cfg, main))
-    eval_collector = None if eval_venv is None else Collector(eval_venv, spec, seed=derive_seed(cfg.run.seed, "eval-envs"))
+    eval_seed = derive_seed(cfg.run.seed, "eval-envs")
+    eval_collector = None if eval_venv is None else Collector(eval_venv, spec, seed=eval_seed)
     agent = build_agent(cfg, agent_obs_space(probe), spec, device)
     learner = Learner(agent, cfg, device, replicas)  # data parallel: rank 0's initial weights on every rank
     replay = open_replay(cfg, run_path(cfg))

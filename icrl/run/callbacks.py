@@ -119,7 +119,8 @@ class EvalCallback(Callback):
             self.best = stats["return_mean"]
             save_weights(self.run.agent, Path(self.best_path or self.run.run_dir / "best_agent.safetensors"))
         if self.verbose:
-            say(f"icrl: EvalCallback at {steps:,} env steps: return {stats['return_mean']:+.3f} (best {self.best:+.3f})")
+            say(f"icrl: EvalCallback at {steps:,} env steps: return {stats['return_mean']:+.3f} "
+                f"(best {self.best:+.3f})")
 
 
 class CheckpointCallback(Callback):

@@ -321,9 +321,11 @@ def check_optimizer(payload: dict[str, Any], optimizer: torch.optim.Optimizer, s
         _need(isinstance(g, dict) and g.get("params") == c["params"],
               "optimizer.pt was written for another model (its parameter lists differ from this learner's)")
         for key in ("lr", "weight_decay", "eps"):
-            _need(isinstance(g.get(key), (int, float)) and np.isfinite(g[key]), f"optimizer.pt: group {key} is not a number")
+            _need(isinstance(g.get(key), (int, float)) and np.isfinite(g[key]),
+                  f"optimizer.pt: group {key} is not a number")
     for index, entry in saved["state"].items():
-        _need(isinstance(index, int) and 0 <= index < len(params), f"optimizer.pt: state for unknown parameter {index!r}")
+        _need(isinstance(index, int) and 0 <= index < len(params),
+              f"optimizer.pt: state for unknown parameter {index!r}")
         _need(isinstance(entry, dict), f"optimizer.pt: state of parameter {index} is not a dict")
         shape = tuple(params[index].shape)
         for key, value in entry.items():
@@ -331,7 +333,8 @@ def check_optimizer(payload: dict[str, Any], optimizer: torch.optim.Optimizer, s
                 step = value if isinstance(value, (int, float)) else None
                 if isinstance(value, torch.Tensor) and value.numel() == 1:
                     step = float(value)
-                _need(step is not None and np.isfinite(step) and step >= 0, f"optimizer.pt: bad step of parameter {index}")
+                _need(step is not None and np.isfinite(step) and step >= 0,
+                      f"optimizer.pt: bad step of parameter {index}")
                 continue
             _need(isinstance(value, torch.Tensor), f"optimizer.pt: {key} of parameter {index} is not a tensor")
             _need(tuple(value.shape) == shape, f"optimizer.pt: {key} of parameter {index} has shape "
@@ -352,7 +355,8 @@ def _check_byte_state(value: Any, length: int, what: str) -> None:
 
 def check_rng(rng: Any) -> None:
     """Each RNG state loads into a throwaway generator of its kind (so the real ones are set only if all do)."""
-    _need(isinstance(rng, dict) and {"python", "numpy", "torch"} <= set(rng), "state.json: rng lacks python/numpy/torch")
+    _need(isinstance(rng, dict) and {"python", "numpy", "torch"} <= set(rng),
+          "state.json: rng lacks python/numpy/torch")
     try:
         random.Random().setstate(python_state(rng["python"]))
         np.random.RandomState().set_state(numpy_state(rng["numpy"]))

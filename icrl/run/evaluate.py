@@ -57,8 +57,8 @@ def evaluation_episodes(agent: Any, collector: Any, num_rollouts: int, device: t
 def play(agent: Any, venv: Any, device: torch.device, rollouts: int, *, seed: int, max_steps: int | None,
          deterministic: bool = True) -> dict[str, Any]:
     """Evaluate `agent` in `venv` (icrl's wrapped vector env) over exactly `rollouts` rollouts: the summary, and each
-    rollout's return, success and length (`returns`, `successes`, `lengths`; `tasks` where the env names them). `icrl eval` and
-    `icrl.evaluate` both call this, with the same seeds, so they agree on the same weights and env."""
+    rollout's return, success and length (`returns`, `successes`, `lengths`; `tasks` where the env names them).
+    `icrl eval` and `icrl.evaluate` both call this, with the same seeds, so they agree on the same weights and env."""
     from icrl.envs import Collector
     from icrl.seeding import derive_seed
     from icrl.types import ActionSpec
@@ -102,7 +102,8 @@ def check_env_fits(venv, spaces: tuple | None, env_name: str) -> None:
     want_obs, want_spec = io.observation_space["obs"], io.action_spec
     if spec != want_spec or obs != want_obs:
         def show(o, s) -> str:
-            return ", ".join(f"{k} {b.dtype}{list(b.shape)}" for k, b in o.spaces.items()) + f"; {s.kind} actions x{s.dim}"
+            return (", ".join(f"{k} {b.dtype}{list(b.shape)}" for k, b in o.spaces.items())
+                    + f"; {s.kind} actions x{s.dim}")
 
         raise RunDirError(f"env {env_name!r} does not fit the run's agent: it gives {show(obs, spec)}, the agent was "
                           f"trained on {show(want_obs, want_spec)}")
@@ -126,7 +127,8 @@ def evaluate_agent(agent: Any, cfg: ExperimentConfig, spaces: tuple, device: tor
     if env_kwargs is None:
         env_kwargs = src.env_kwargs or (cfg.env.kwargs if src.name == cfg.env.env else {})
     e = dataclasses.replace(cfg.env, env=src.name, env_kwargs=json.dumps(env_kwargs))
-    venv = make_run_envs(e, min(parallel_envs or src.parallel_envs or e.parallel_envs, n_episodes), factories=src.factories)
+    venv = make_run_envs(e, min(parallel_envs or src.parallel_envs or e.parallel_envs, n_episodes),
+                         factories=src.factories)
     try:
         check_env_fits(venv, spaces, src.name)
         return play(agent, venv, device, n_episodes, seed=seed, deterministic=deterministic,
@@ -144,7 +146,8 @@ def eval_device(device: str) -> torch.device:
     except RuntimeError as e:
         raise RunDirError(f"{flag('device')} {device!r} is not a torch device ({e})") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RunDirError(f"{flag('device')} {device}: this torch build has no usable CUDA device; use {setting('device', 'cpu')}")
+        raise RunDirError(f"{flag('device')} {device}: this torch build has no usable CUDA device; "
+                          f"use {setting('device', 'cpu')}")
     return dev
 
 

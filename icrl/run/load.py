@@ -125,7 +125,8 @@ def load_weights(agent: Agent, path: Path, device: str | torch.device = "cpu") -
         raise RunDirError(f"cannot read weights {path}: {e}") from e
     except RuntimeError as e:  # shape mismatch
         first = str(e).strip().splitlines()[-1].strip()
-        raise RunDirError(f"weights {path} do not fit the run's config: {first}; pick others with {flag('checkpoint')}") from e
+        raise RunDirError(f"weights {path} do not fit the run's config: {first}; "
+                          f"pick others with {flag('checkpoint')}") from e
     if missing or unexpected:
         names = ", ".join(sorted([*missing, *unexpected])[:3])
         raise RunDirError(f"weights {path} do not fit the run's config (missing or unexpected: {names}...)")
@@ -252,13 +253,16 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | Path | None =
             raise RunDirError(f"{run_dir} has no {name}; pass a run directory written by `icrl train`")
     files = {WEIGHTS: resolve_weights(run_dir, checkpoint), **{n: run_dir / n for n in REQUIRED[:2]},
              **{n: run_dir / n for n in OPTIONAL if (run_dir / n).is_file()}}
-    for name, path in files.items():  # nothing from elsewhere goes into a zip to share: a symlink, or a named checkpoint
+    # nothing from elsewhere goes into a zip to share: a symlink, or a named checkpoint
+    for name, path in files.items():
         try:
             check_inside(run_dir, path)
         except OutsideRunDirError as e:
-            fix = (f"name one of its own checkpoints ({flag('checkpoint')} ckpt-NNNNNN)" if name == WEIGHTS and checkpoint
-                   is not None else f"replace that symlink by the file, or name another checkpoint with {flag('checkpoint')}")
-            raise RunDirError(f"{path} leads outside {run_dir}: icrl exports only the run directory's own files; {fix}") from e
+            fix = (f"name one of its own checkpoints ({flag('checkpoint')} ckpt-NNNNNN)"
+                   if name == WEIGHTS and checkpoint is not None
+                   else f"replace that symlink by the file, or name another checkpoint with {flag('checkpoint')}")
+            raise RunDirError(f"{path} leads outside {run_dir}: icrl exports only the run directory's own files; "
+                              f"{fix}") from e
     from icrl import __version__
 
     manifest = {"format": "icrl-export/1", "icrl_version": __version__, "run_dir": str(run_dir),
@@ -280,7 +284,8 @@ def _check_name(name: str, archive: Path) -> None:
                           "export holds plain files only (refused, nothing extracted)")
 
 
-def _copy_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive: Path, dest: Path | None = None) -> tuple[bytes, str]:
+def _copy_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive: Path,
+                 dest: Path | None = None) -> tuple[bytes, str]:
     """(bytes, SHA-256) of a member, refusing more than its limit whatever size the zip header claims; with `dest`
     the bytes go to that file in 1 MiB pieces instead (weights may be large: memory holds one piece at a time)
     and b"" is returned. RunDirError (one line) for a corrupt, encrypted or unreadable member."""

@@ -47,7 +47,8 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, runs are n
 # device, threads, workers, logging, checkpoint retention). The rest is the run's learning config.
 RESUMABLE_CHANGES = (
     "run.resume", "schedule.total_env_steps", "run.run_dir", "run.device", "run.threads", "replay.num_workers",
-    "run.log_backends", "run.log_every", "run.keep_checkpoints", "run.checkpoint_seconds", "optim.compile", "env.async_envs",
+    "run.log_backends", "run.log_every", "run.keep_checkpoints", "run.checkpoint_seconds", "optim.compile",
+    "env.async_envs",
     "eval.eval_max_steps", "optim.fused_adam", "optim.cuda_graphs", "asynchronous.utd", "asynchronous.publish_every",
     "asynchronous.max_lead", "eval.stop_at_return", "eval.stop_patience",
 )
@@ -114,7 +115,8 @@ def check_run_dir(cfg: ExperimentConfig) -> None:
     try:
         old = json.loads(ExperimentConfig.from_json(path.read_text(encoding="utf-8")).to_json())
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{setting('resume')}: cannot read the run's config {path} ({e}); choose another {flag('run_dir')}") from e
+        raise ConfigError(f"{setting('resume')}: cannot read the run's config {path} ({e}); "
+                          f"choose another {flag('run_dir')}") from e
     new = json.loads(cfg.to_json())
     diffs = config_differences(old, new, "in the run")
     if diffs:
@@ -326,14 +328,16 @@ def check_run_dir_usable(run_dir: str | os.PathLike) -> None:
     is not writable. Writes nothing."""
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag('run_dir')} {path} is a file, not a folder: remove it or choose another {flag('run_dir')}")
+        raise ConfigError(f"{flag('run_dir')} {path} is a file, not a folder: "
+                          f"remove it or choose another {flag('run_dir')}")
     probe = path
     while not probe.exists():
         if probe.parent == probe:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise ConfigError(f"{flag('run_dir')} {path}: {probe} is a file, so the folder cannot be created; choose another {flag('run_dir')}")
+        raise ConfigError(f"{flag('run_dir')} {path}: {probe} is a file, so the folder cannot be created; "
+                          f"choose another {flag('run_dir')}")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         what = "folder" if probe == path else f"parent folder {probe}"
         raise ConfigError(f"{flag('run_dir')} {path}: the {what} is not writable by this user; fix its permissions or "

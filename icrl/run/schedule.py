@@ -31,19 +31,20 @@ class Plan:
     warmup: int
     context: int  # timesteps the policy attends to
     compiled: bool  # the loss is torch.compile'd
-    captured: bool  # updates and acting steps replay CUDA graphs
+    cuda_graphs: bool  # updates and acting steps replay CUDA graphs (off on a CPU)
     device: str
 
     @classmethod
     def of(cls, cfg: ExperimentConfig, world_size: int = 1, learner: Learner | None = None) -> Plan:
-        """The plan of `cfg` (resolved) on `world_size` processes; `learner`: where it runs and how (else CPU, eager)."""
+        """The plan of `cfg` (resolved) on `world_size` processes; `learner`: where it runs and how (else CPU,
+        eager)."""
         s, n = cfg.schedule, cfg.env.parallel_envs
         epochs = max(1, s.env_steps // s.steps_per_epoch)
         return cls(asked=s.env_steps, epochs=epochs, processes=world_size, envs=n,
                    steps_per_env=-(-(s.steps_per_epoch // world_size) // n), updates_per_epoch=s.updates_per_epoch,
                    replay_ratio=s.replay_ratio, window=cfg.model.training_window, updates=epochs * cfg.epoch_updates,
                    warmup=int(cfg.optim.warmup_updates or 0), context=cfg.model.context,
-                   compiled=bool(cfg.optim.compile), captured=learner is not None and learner.graphed,
+                   compiled=bool(cfg.optim.compile), cuda_graphs=learner is not None and learner.graphed,
                    device=str(learner.device) if learner is not None else "cpu")
 
     def record(self) -> dict[str, Any]:
@@ -69,9 +70,11 @@ class Plan:
         if self.updates_per_epoch is not None:
             updates = f"{self.updates_per_epoch:,} updates per epoch = {self.updates:,}"
         else:
-            updates = (f"replay ratio {self.replay_ratio:g}: ~{self.updates:,} update{'s' if self.updates != 1 else ''} for full windows of "
+            plural = "s" if self.updates != 1 else ""
+            updates = (f"replay ratio {self.replay_ratio:g}: ~{self.updates:,} update{plural} for full windows of "
                        f"{self.window:,} timesteps, more where rollouts are shorter")
-        return f"icrl: plan: {taken}; {updates}; learning-rate warm-up {self.warmup:,} update{'s' if self.warmup != 1 else ''}"
+        warmup = f"{self.warmup:,} update{'s' if self.warmup != 1 else ''}"
+        return f"icrl: plan: {taken}; {updates}; learning-rate warm-up {warmup}"
 
 
 class UpdateBudget:

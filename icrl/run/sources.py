@@ -36,7 +36,8 @@ class DataSource(Protocol):
     both kinds: this process's own envs (`OwnEnvs`: `icrl train` and each data-parallel rank)
     and the files of collector processes (`icrl.asynchronous.learn.CollectorFiles`: `icrl learn`)."""
 
-    collector: Any  # a checkpoint's "collector" state: the env-step counter (total_env_steps, state_dict, load_state_dict)
+    # a checkpoint's "collector" state: the env-step counter (total_env_steps, state_dict, load_state_dict)
+    collector: Any
     exploration: Any  # a checkpoint's "exploration" state (state_dict, load_state_dict)
 
     @property
@@ -124,7 +125,8 @@ class OwnEnvs:
         if cfg.schedule.steps_per_epoch % world_size:
             raise ConfigError(
                 f"{flag('steps_per_epoch')} {cfg.schedule.steps_per_epoch} does not split evenly over {world_size} "
-                f"processes: pass a multiple of {world_size}, e.g. {cfg.schedule.steps_per_epoch // world_size * world_size or world_size}"
+                f"processes: pass a multiple of {world_size}, e.g. "
+                f"{cfg.schedule.steps_per_epoch // world_size * world_size or world_size}"
             )
         if cfg.schedule.steps_per_epoch // world_size < cfg.env.parallel_envs:
             raise ConfigError(

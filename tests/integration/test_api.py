@@ -155,7 +155,8 @@ def test_load_from_run_checkpoint_and_weights_file(runs):
     run = runs["ring"]
     assert json.loads((run / "config.json").read_text())["env"]["env"] == f"{Ring.__module__}:Ring"
     ckpt = sorted((run / "checkpoints").glob("ckpt-*"))[-1]
-    policies = [icrl.load(run), icrl.load(ckpt), icrl.load(ckpt / "agent.safetensors"), icrl.load(run / "agent.safetensors")]
+    policies = [icrl.load(run), icrl.load(ckpt), icrl.load(ckpt / "agent.safetensors"),
+                icrl.load(run / "agent.safetensors")]
     env = Ring()
     obs, _ = env.reset(seed=3)
     acts = [p.predict(obs)[0] for p in policies]
@@ -263,7 +264,8 @@ def test_episode_start_schedule_follows_the_run(runs):
     """One episode per rollout: every episode start clears the memory. Two per rollout (meta): the second
     episode keeps it (time counts on), the third starts a new task; new_task forces one at once."""
     single, meta = icrl.load(runs["tmaze"]), icrl.load(runs["meta"])
-    obs_t, obs_m = make_env("tmaze", {"length": 3}).reset(seed=0)[0], make_env("meta_frozen_lake", {"size": 3}).reset(seed=0)[0]
+    obs_t, obs_m = (make_env("tmaze", {"length": 3}).reset(seed=0)[0],
+                    make_env("meta_frozen_lake", {"size": 3}).reset(seed=0)[0])
     _, s = single.predict(obs_t)
     _, s = single.predict(obs_t, s, episode_start=False, reward=0.0)
     _, s = single.predict(obs_t, s, episode_start=True)

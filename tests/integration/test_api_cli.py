@@ -106,7 +106,8 @@ def test_readme_flow_other_process_loads_and_predicts_like_icrl_eval(signpost):
 def test_console_script_imports_factories_from_the_working_directory(tmp_path):
     """`icrl train --env mymod:make` finds ./mymod.py (like python -m icrl); an epoch that stores no rollout
     says why and what to change; the run's `mymod:make` is code, so `icrl eval` builds it only when trusted."""
-    (tmp_path / "mymod.py").write_text("from icrl.envs.tasks.tmaze import TMaze\n\ndef make():\n    return TMaze(length=30)\n")
+    (tmp_path / "mymod.py").write_text("from icrl.envs.tasks.tmaze import TMaze\n\n"
+                                       "def make():\n    return TMaze(length=30)\n")
     out = run([ICRL, "train", "--env", "mymod:make", "--total-env-steps", "16", "--steps-per-epoch", "16",
                "--run-dir", "run", *TINY], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

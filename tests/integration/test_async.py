@@ -1,4 +1,5 @@
-"""Asynchronous mode (icrl.asynchronous.collect, icrl.asynchronous.learn): real `icrl learn` / `icrl collect` processes."""
+"""Asynchronous mode (icrl.asynchronous.collect, icrl.asynchronous.learn): real `icrl learn` / `icrl collect`
+processes."""
 
 from __future__ import annotations
 

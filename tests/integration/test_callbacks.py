@@ -4,9 +4,10 @@ every row and can stop a run, which keeps its checkpoint and final weights."""
 import json
 
 import pytest
-from helpers import Combo, cli, tiny
 
 import icrl
+
+from helpers import Combo, cli, tiny
 
 
 class Recorder:

@@ -5,12 +5,13 @@ import sys
 import time
 
 import pytest
-from helpers import cli, run_icrl, tiny
 
 import icrl
 from icrl.cli import _preset_arg
 from icrl.config import ExperimentConfig
 from icrl.config.presets import PRESETS
+
+from helpers import cli, run_icrl, tiny
 
 
 def test_preset_arg_forms():

@@ -33,5 +33,6 @@ def test_the_nothing_stored_hint_waits_while_rollouts_can_still_be_filling_the_c
                    "--layers", "1", "--head-hidden", "8", "--total-env-steps", "64", "--steps-per-epoch", "16",
                    "--eval-rollouts", "1", "--run-dir", tmp_path / "r")
     assert out.returncode == 0, out.stderr
-    said = [line for line in " ".join((out.stdout + out.stderr).split()).split("icrl: ") if "finished no rollout" in line]
+    said = [line for line in " ".join((out.stdout + out.stderr).split()).split("icrl: ")
+            if "finished no rollout" in line]
     assert len(said) == 1 and said[0].startswith("epoch 4 finished no rollout"), said

@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import run_icrl
 
 from icrl import train
 from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
 from icrl.data import list_rollout_files, load_rollout
 from icrl.run.build import with_task_defaults
 from icrl.run.reporting import read_metrics
+
+from helpers import run_icrl
 
 
 def tiny_config(run_dir: Path, seed: int) -> ExperimentConfig:
@@ -91,7 +92,8 @@ def test_run_dir_contents(runs):
     cfg = ExperimentConfig.from_json((run / "config.json").read_text())
     # config.json records what ran: the config with its exploration resolved (task recommendation, defaults)
     assert cfg == with_task_defaults(tiny_config(run, 3))
-    assert all(getattr(cfg.explore, f) is not None for f in EXPLORE_DEFAULTS if f not in ("shape_horizon", "window_eps"))
+    assert all(getattr(cfg.explore, f) is not None for f in EXPLORE_DEFAULTS
+               if f not in ("shape_horizon", "window_eps"))
     assert (run / "agent.safetensors").stat().st_size > 0
     assert (run / "learning_curve.png").stat().st_size > 0
 

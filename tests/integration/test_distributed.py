@@ -111,7 +111,8 @@ def test_state_digest_sees_every_tensor_bit():
 
 @pytest.mark.slow
 def test_two_processes_train_one_agent_with_identical_replicas_and_one_writer(tmp_path):
-    pytest.importorskip("accelerate", reason="data-parallel training needs the distributed extra (pip install accelerate)")
+    pytest.importorskip("accelerate",
+                        reason="data-parallel training needs the distributed extra (pip install accelerate)")
     run = tmp_path / "run"
     out = _torchrun("--total-env-steps", "64", "--run-dir", str(run))
     assert out.stdout.count("result:") == 1  # rank 0 alone reports

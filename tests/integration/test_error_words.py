@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 import icrl
-from helpers import ROOT, cli, tiny
 from icrl.config import ConfigError
 from icrl.config.errors import flag, setting, speak_again, speak_cli
 from icrl.envs.user import RunEnvError
+
+from helpers import ROOT, cli, tiny
 
 FLAG = re.compile(r"(?<![\w`-])--[a-z][a-z0-9-]*")
 COMMAND = re.compile(r"`?icrl [a-z-]+[^`;)]*`?")  # "icrl eval RUN --env X": an example of a command, a CLI's words

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import cli, run_icrl, tiny
 
 import icrl
 import icrl.agent.model
@@ -20,6 +19,8 @@ from icrl.run.load import load_agent
 from icrl.run.reporting import BackendUnavailable, JsonlLogger, Logger, make_loggers, read_metrics, scalars
 from icrl.types import ActionSpec
 
+from helpers import cli, run_icrl, tiny
+
 
 def tmaze_config(run_dir, seed=0, episodes_per_rollout=1):
     c = tmaze(length=3)
@@ -27,8 +28,8 @@ def tmaze_config(run_dir, seed=0, episodes_per_rollout=1):
         c,
         env=dataclasses.replace(c.env, parallel_envs=2, episodes_per_rollout=episodes_per_rollout),
         model=dataclasses.replace(c.model, d_model=16, layers=1, heads=2, head_hidden=16, max_seq_len=32),
-    ).replace(run_dir=str(run_dir), seed=seed, total_env_steps=64, steps_per_epoch=32, updates_per_epoch=1, batch_size=2,
-              eval_every=1, eval_rollouts=2, log_every=1, device="cpu", threads=1)
+    ).replace(run_dir=str(run_dir), seed=seed, total_env_steps=64, steps_per_epoch=32, updates_per_epoch=1,
+              batch_size=2, eval_every=1, eval_rollouts=2, log_every=1, device="cpu", threads=1)
 
 
 @pytest.fixture(scope="module")

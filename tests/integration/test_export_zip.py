@@ -4,9 +4,10 @@ dir), and a zip that is damaged, oversized or names paths leaving the archive is
 from pathlib import Path
 
 import pytest
-from helpers import cli, tiny
 
 import icrl
+
+from helpers import cli, tiny
 
 
 def test_export_and_load_a_zip(in_tmp, capsys):

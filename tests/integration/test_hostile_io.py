@@ -159,11 +159,11 @@ def test_icrl_load_refuses_nan_weights(tmp_path):
     ("huge_reward", "non-finite reward \\(1e\\+300\\)"),
 ])
 def test_a_broken_user_env_is_one_line_naming_the_env_the_step_and_the_problem(tmp_path, kind, words):
-    from hostile_envs import HostileEnv
-
     import icrl
     from icrl.envs.wrapper import EnvError
     from icrl.guards import NonFiniteError
+
+    from hostile_envs import HostileEnv
 
     cfg = tiny_cfg(tmp_path / "run").replace(env_kwargs=json.dumps({"kind": kind}), total_env_steps=16,
                                              updates_per_epoch=1, eval_every=100, eval_rollouts=1, threads=1)

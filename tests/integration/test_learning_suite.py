@@ -122,3 +122,32 @@ def test_a_variant_runs_apart_from_the_defaults_with_its_flags_kept(tmp_path, mo
         with pytest.raises(SystemExit):
             suite.main([*argv, "--list"])
     assert (tmp_path / "learning_suite/variants/tau01/flags.txt").read_text() == "--tau 0.01\n"
+
+
+def test_the_held_out_meta_rl_env_is_a_plain_gymnasium_env_on_a_known_scale():
+    """benchmarks/heldout_envs.GaussianArms, as a user writes an env (nothing from icrl): Gymnasium's checker passes,
+    icrl builds it by its `module:factory` name, the hidden means are redrawn per reset, and its reference returns
+    are where its docstring puts them (random ~0, always the best arm ~33.9 for 3 arms x 40 pulls)."""
+    import numpy as np
+    from gymnasium.utils.env_checker import check_env
+
+    from benchmarks.heldout_envs import GaussianArms
+    from icrl.envs.user import resolve_env
+
+    env = GaussianArms()
+    check_env(env, skip_render_check=True)
+    assert resolve_env("benchmarks.heldout_envs:GaussianArms").name == "benchmarks.heldout_envs:GaussianArms"
+    rng, best, random, means = np.random.default_rng(0), [], [], set()
+    for seed in range(400):
+        for returns, pick in ((best, None), (random, "random")):
+            env.reset(seed=seed)
+            means.add(tuple(env.means.round(6)))
+            arm, total, info = int(np.argmax(env.means)), 0.0, {}
+            for _ in range(env.horizon):
+                _, r, done, _, info = env.step(rng.integers(env.arms) if pick else arm)
+                total += r
+            returns.append(total)
+        assert info["success"] in (0.0, 1.0)
+    assert len(means) == 400 and abs(np.mean(random)) < 5.0 and 31.0 < np.mean(best) < 37.0  # std of a mean ~1.2
+    with pytest.raises(ValueError, match="arms >= 2"):
+        GaussianArms(arms=1)

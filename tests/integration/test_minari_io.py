@@ -98,7 +98,8 @@ def test_env_to_agent_actions_inverts_agent_to_env_action():
 
 # ------------------------------------------------------------------------------------------------- import
 def test_foreign_episodes_import_as_the_wrapper_records_them(minari_home):
-    venv = gym.vector.SyncVectorEnv([lambda: TimestepWrapper(ToyEnv())], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    venv = gym.vector.SyncVectorEnv([lambda: TimestepWrapper(ToyEnv())],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     spec = ActionSpec.from_space(venv.single_action_space)
     recorded, _ = Collector(venv, spec, seed=0).collect(RandomPolicy(spec, seed=1), 12)  # 3 episodes of 4 steps
     raw = ToyEnv()

@@ -7,11 +7,12 @@ import json
 
 import pytest
 import torch
-from helpers import run_icrl
 
 import icrl
 from icrl.config.presets import MULTITASK_GAMES, MULTITASK_VALUE_BOUND, multitask, preset_config
 from icrl.run.reporting import read_metrics
+
+from helpers import run_icrl
 
 pytest.importorskip("popgym.envs", reason="popgym is not installed: pip install 'icrl[popgym]'")
 

@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import run_icrl
 from safetensors.torch import load_file
+
+from helpers import run_icrl
 
 TINY = [
     "--env", "tmaze", "--env-kwargs", '{"length": 1}', "--parallel-envs", "2", "--eval-rollouts", "2",
@@ -109,7 +110,8 @@ def test_bad_value_refused_before_anything_is_written(tmp_path, flags, word):
 
 
 @pytest.mark.parametrize(("source", "word"), [('raise RuntimeError("boom")\n', "RuntimeError: boom"),
-                                              ("def f(:\n", "SyntaxError"), ("import no_such_dependency\n", "no_such_dependency")])
+                                              ("def f(:\n", "SyntaxError"),
+                                              ("import no_such_dependency\n", "no_such_dependency")])
 def test_a_user_module_that_raises_or_does_not_parse_is_one_line(tmp_path, source, word):
     """The module of `--env module:factory` is the user's code: its failure is said with where it happened."""
     (tmp_path / "usermod.py").write_text(source)
@@ -150,9 +152,9 @@ EXISTING = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "word"), EXISTING, ids=["no-resume", "resume-lr", "resume-heads-0", "eval-rollouts-0", "eval-device",
-                                                          "eval-missing-checkpoint", "eval-seed", "learn-utd",
-                                                          "collect-wait"])
+@pytest.mark.parametrize(("argv", "word"), EXISTING, ids=["no-resume", "resume-lr", "resume-heads-0", "eval-rollouts-0",
+                                                          "eval-device", "eval-missing-checkpoint", "eval-seed",
+                                                          "learn-utd", "collect-wait"])
 def test_refusal_leaves_an_existing_run_unchanged(runs, tmp_path, argv, word):
     run = copy_run(runs, tmp_path)
     args = [a for x in argv for a in (TINY if x == "{tiny}" else [x.replace("{run}", str(run))])]

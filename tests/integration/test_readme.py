@@ -3,6 +3,7 @@
 import sys
 
 import pytest
+
 from helpers import ROOT, TINY, cli
 
 MY_PACKAGE = '''
@@ -98,5 +99,6 @@ def test_results_are_organised_by_topic_and_every_link_into_them_resolves():
     assert not [h for h in headings if re.search(r"\bissue\b", h, re.I)], "name the topic, not the issue"
     anchors = {_slug(h) for h in headings}
     sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks/results").glob("*.md")]
-    broken = [(p.name, a) for p in sources for a in re.findall(r"results\.md#([\w-]+)", p.read_text()) if a not in anchors]
+    broken = [(p.name, a) for p in sources for a in re.findall(r"results\.md#([\w-]+)", p.read_text())
+              if a not in anchors]
     assert not broken, broken

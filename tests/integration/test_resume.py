@@ -4,9 +4,10 @@ budget and keeps its schedule, and checkpoints come by wall time too, so a stopp
 import json
 
 import pytest
-from helpers import ROOT, Combo, cli, tiny
 
 import icrl
+
+from helpers import ROOT, Combo, cli, tiny
 
 
 def test_the_docs_say_resume_is_not_a_bit_exact_continuation():
@@ -48,7 +49,8 @@ def test_checkpoints_come_by_wall_time_too_and_a_stop_says_what_it_left(in_tmp, 
         raise KeyboardInterrupt
 
     (in_tmp / "runs/new").mkdir()
-    for run_dir, said in (("runs/new", "wrote no checkpoint yet"), ("runs/t", "newest: runs/t/checkpoints/ckpt-000003")):
+    for run_dir, said in (("runs/new", "wrote no checkpoint yet"),
+                          ("runs/t", "newest: runs/t/checkpoints/ckpt-000003")):
         with pytest.raises(SystemExit) as e:
             run_stoppable(interrupted, log_dir=run_dir)
         assert e.value.code == 130 and said in capsys.readouterr().err
@@ -101,7 +103,8 @@ def test_a_resume_where_no_checkpoint_fits_is_refused_not_started_over(in_tmp, c
     err = capsys.readouterr().err
     assert "none of the checkpoints" in err and "nothing was changed" in err, err
     assert not list(run.glob("checkpoints/rejected-*"))
-    assert {k: v for k, v in _snapshot(run).items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
+    assert ({k: v for k, v in _snapshot(run).items() if k != ".lock"}
+            == {k: v for k, v in before.items() if k != ".lock"})
 
 
 def test_a_run_resumes_only_with_the_command_that_started_it(in_tmp, capsys):

@@ -5,10 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import TINY, cli, tiny
 
 import icrl
 from icrl.config import ConfigError
+
+from helpers import TINY, cli, tiny
 
 
 def test_default_run_dirs_never_collide(in_tmp):
@@ -41,5 +42,6 @@ def test_a_presets_folder_gives_way_when_it_holds_a_run(in_tmp):
     """`icrl train --preset tmaze` twice: runs/tmaze20, then runs/tmaze20-2; naming it is still refused."""
     assert cli("train", "--preset", "tmaze", *TINY) == 0
     assert cli("train", "--preset", "tmaze", *TINY) == 0
-    assert (in_tmp / "runs/tmaze20/agent.safetensors").is_file() and (in_tmp / "runs/tmaze20-2/agent.safetensors").is_file()
+    assert ((in_tmp / "runs/tmaze20/agent.safetensors").is_file()
+            and (in_tmp / "runs/tmaze20-2/agent.safetensors").is_file())
     assert cli("train", "--preset", "tmaze", "--run-dir", "runs/tmaze20", *TINY) == 2

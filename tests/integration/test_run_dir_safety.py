@@ -155,7 +155,8 @@ def test_fifos_folders_and_symlinks_named_like_rollouts_are_skipped(run, tmp_pat
     outside = tmp_path / "outside.npz"
     shutil.copy(next(fifo.iterdir()), outside)
     stamp = time.time_ns()
-    bad = {kind: fifo / f"{stamp + i:020d}-1-0000000{i}-T3.npz" for i, kind in enumerate(["fifo", "dir", "loop", "out"])}
+    bad = {kind: fifo / f"{stamp + i:020d}-1-0000000{i}-T3.npz"
+           for i, kind in enumerate(["fifo", "dir", "loop", "out"])}
     os.mkfifo(bad["fifo"])
     bad["dir"].mkdir()
     bad["loop"].symlink_to(bad["loop"].name)
@@ -214,7 +215,8 @@ def test_an_interrupted_import_manifest_deletes_only_rollout_files_in_protected(
     victim.write_text("precious\n")
     moved = root / "protected" / rollout_file_name(3)
     moved.write_bytes(b"")
-    (root / MANIFEST).write_text(json.dumps({"source": "x", "status": "moving", "files": ["../../../victim", moved.name]}))
+    (root / MANIFEST).write_text(json.dumps({"source": "x", "status": "moving",
+                                             "files": ["../../../victim", moved.name]}))
     _undo_interrupted(root)  # what the next import does first
     assert victim.read_text() == "precious\n" and not moved.exists()
 

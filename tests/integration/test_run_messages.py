@@ -3,9 +3,9 @@
 
 import json
 
-from helpers import Combo, cli, tiny
-
 import icrl
+
+from helpers import Combo, cli, tiny
 
 
 def test_lines_show_an_evaluation_only_when_it_is_new(in_tmp, capsys):
@@ -67,5 +67,5 @@ def test_a_tiny_run_says_one_plan_that_agrees_with_what_it_does(in_tmp, capsys):
     assert (epochs, envs * per_env, total) == (1, 16, 16) and rows[-1]["env_steps"] == total
     assert f"within the {per_env} steps each of the {envs} envs" in out
     plan = json.loads((in_tmp / "runs/t/plan.json").read_text())  # what ran, beside what was asked (config.json)
-    assert (plan["env_steps"], plan["steps_per_env"], plan["epochs"], plan["captured"]) == (16, 2, 1, False)
+    assert (plan["env_steps"], plan["steps_per_env"], plan["epochs"], plan["cuda_graphs"]) == (16, 2, 1, False)
     assert None not in plan.values() and plan["context"] == 11 and plan["updates_per_epoch"] >= 1

@@ -6,10 +6,11 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import Combo, tiny
 
 import icrl
 from icrl.config import ExperimentConfig
+
+from helpers import Combo, tiny
 
 
 def test_make_vec_with_kwargs_trains(in_tmp):
@@ -69,8 +70,8 @@ def test_a_spaces_record_that_describes_a_huge_space_is_refused_before_allocatin
                 {"type": "Box", "shape": [-3], "dtype": "float32", "low": 0, "high": 1},
                 {"type": "Discrete", "n": 10**15},
                 {"type": "MultiBinary", "n": [10**6, 10**6]},
-                {"type": "Dict", "spaces": [[str(k), {"type": "Box", "shape": [MAX_SPACE_ELEMENTS // 2], "dtype": "uint8",
-                                                      "low": 0, "high": 1}] for k in range(3)]}):
+                {"type": "Dict", "spaces": [[str(k), {"type": "Box", "shape": [MAX_SPACE_ELEMENTS // 2],
+                                                      "dtype": "uint8", "low": 0, "high": 1}] for k in range(3)]}):
         with pytest.raises(ValueError, match="refused before allocating|not a shape"):
             space_from_json(bad)
     icrl.train(tiny("runs/x"))

@@ -5,13 +5,14 @@ import subprocess
 import sys
 
 import numpy as np
-from helpers import cli, tiny
 from PIL import Image
 
 import icrl
 from icrl import train
 from icrl.config import EnvConfig, ExperimentConfig, ModelConfig
 from icrl.envs.tasks.tmaze import TMaze
+
+from helpers import cli, tiny
 
 
 def test_tmaze_frames_show_cue_only_at_start():

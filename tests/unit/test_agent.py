@@ -17,7 +17,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import explore_config
 
 from icrl import device as probes
 from icrl.agent import learner as learner_module
@@ -29,6 +28,8 @@ from icrl.data import DiskReplay, make_loader
 from icrl.envs import Collector, RandomPolicy, TimestepWrapper, TMaze, make_vector_env
 from icrl.nets.transformer import SigmaReparamLinear
 from icrl.types import ActionSpec, Batch, Timesteps
+
+from helpers import explore_config
 
 KINDS = ["discrete", "continuous", "multibinary"]
 CRITICS = {"regression": {}, "twohot": {"critic_kind": "twohot", "critic_bins": 16, "critic_min_value": -50.0,

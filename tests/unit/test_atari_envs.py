@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_missing_extra_reported, tiny_run_tasks
 
 from icrl.envs import make_env, make_wrapped_env
 from icrl.envs.registry import ENV_FAMILIES
 from icrl.envs.tasks import atari
 from icrl.nets.tstep import is_image_space
+
+from helpers import assert_missing_extra_reported, tiny_run_tasks
 
 ALE_REASON = "ale-py is not installed: pip install 'icrl[atari]'"
 

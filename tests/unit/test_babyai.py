@@ -11,11 +11,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-from helpers import assert_missing_extra_reported
 
 from icrl.envs import Collector, RandomPolicy, TimestepWrapper, make_env, make_vector_env
 from icrl.envs.tasks import babyai as bb
 from icrl.nets.tstep import is_image_space
+
+from helpers import assert_missing_extra_reported
 
 try:
     import minigrid  # noqa: F401

@@ -8,7 +8,6 @@ from typing import Any, Iterator
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import assert_same
 
 from icrl.envs.batched import BatchedTaskEnv
 from icrl.envs.batched_goals import BatchedGoalGrid, BatchedMazeRunner, BatchedPackageDelivery
@@ -20,6 +19,8 @@ from icrl.envs.make import make_vector_env
 from icrl.envs.registry import TASKS, batched_env
 from icrl.envs.tasks.tmaze import TMaze
 from icrl.types import ActionSpec
+
+from helpers import assert_same
 
 
 def per_copy(name: str, kwargs: dict, n: int, **rollout: Any) -> gym.vector.VectorEnv:

@@ -4,6 +4,8 @@ not checked: a module holds one concept as long as the concept needs (docs/layou
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,7 +146,8 @@ def _layout_modules(layout: str) -> set[str]:
     for line in block.splitlines():
         if line and not line[0].isspace():
             first = line.split()[0]
-            package = None if not first.startswith("icrl/") else first if first.endswith("/") else first.rsplit("/", 1)[0] + "/"
+            package = (None if not first.startswith("icrl/") else first if first.endswith("/")
+                       else first.rsplit("/", 1)[0] + "/")
             if first.endswith(".py") and package:
                 listed.add(first)
         if package is not None:
@@ -196,12 +199,16 @@ def test_nets_and_agent_leave_device_probing_and_collectives_to_the_base_modules
     used |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     probes = sorted(u for u in used if u.startswith(PROBE_CALLS) or "get_capabilities" in u)
-    assert not defined & DEVICE_AND_COLLECTIVE_NAMES, f"{_name(path)} defines {sorted(defined & DEVICE_AND_COLLECTIVE_NAMES)}: move them to icrl.device or icrl.parallel"
-    assert not probes, f"{_name(path)} probes the device or the process group itself ({probes}): ask icrl.device / icrl.parallel"
+    assert not defined & DEVICE_AND_COLLECTIVE_NAMES, (
+        f"{_name(path)} defines {sorted(defined & DEVICE_AND_COLLECTIVE_NAMES)}: "
+        "move them to icrl.device or icrl.parallel")
+    assert not probes, (f"{_name(path)} probes the device or the process group itself ({probes}): "
+                        "ask icrl.device / icrl.parallel")
 
 
 def test_no_class_name_is_defined_twice():
-    """A reader who meets a class name finds one definition (two classes of one name once meant two different things)."""
+    """A reader who meets a class name finds one definition (two classes of one name once meant two different
+    things)."""
     where: dict[str, list[str]] = {}
     for path in MODULES:
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
@@ -209,3 +216,12 @@ def test_no_class_name_is_defined_twice():
                 where.setdefault(node.name, []).append(_name(path))
     twice = {name: places for name, places in where.items() if len(places) > 1}
     assert not twice, f"rename one of each: {twice}"
+
+
+def test_ruff_is_clean():
+    """The lint rules of pyproject.toml ([tool.ruff]: imports sorted, lines at most 120 characters, ...) hold for
+    every file, so a finding fails here rather than waiting for someone to run ruff."""
+    pytest.importorskip("ruff", reason="ruff is in the dev extra (pip install -e '.[dev]')")
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "icrl", "tests", "benchmarks", "examples"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, f"ruff check failed:\n{out.stdout}{out.stderr}"

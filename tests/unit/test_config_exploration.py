@@ -3,7 +3,6 @@ import dataclasses
 import numpy as np
 import pytest
 import tyro
-from helpers import explore_config
 
 from icrl.agent.exploration import Exploration
 from icrl.config import (
@@ -18,6 +17,8 @@ from icrl.config import (
 )
 from icrl.seeding import derive_seed
 from icrl.types import ActionSpec
+
+from helpers import explore_config
 
 
 def test_config_json_round_trip():

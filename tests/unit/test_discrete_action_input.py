@@ -103,7 +103,7 @@ def test_sums_over_actions_while_actions_are_no_more_than_discounts_and_other_ki
             on.every_action(torch.zeros(1, D))
 
 
-# ---------------------------------------------------------------- the actor loss: exact V(s), straight-through online term
+# ------------------------------------------------------------- the actor loss: exact V(s), straight-through online term
 
 
 def _linear_critic(q_table: torch.Tensor):

@@ -1,5 +1,5 @@
-"""Units behind the hostile-input probe (tests/integration/test_probe.py): field validation, non-finite guards, the run-dir
-lock, checkpoint consistency checks, env-kwarg errors and the evaluation step cap."""
+"""Units behind the hostile-input probe (tests/integration/test_probe.py): field validation, non-finite guards, the
+run-dir lock, checkpoint consistency checks, env-kwarg errors and the evaluation step cap."""
 
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def test_non_finite_update_is_skipped_and_applies_nothing(tmp_path):
     # parameters, PopArt statistics and EMA targets (σReparam's power-iteration vectors and the observation
     # normaliser legitimately move in the forward pass, from finite weights and observations)
     def learned() -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in agent.state_dict().items() if not k.endswith((".u", ".v")) and "obs_norm" not in k}
+        return {k: v.clone() for k, v in agent.state_dict().items()
+                if not k.endswith((".u", ".v")) and "obs_norm" not in k}
 
     before = learned()
     poisoned = dataclasses.replace(batch, reward=batch.reward.clone().fill_(float("nan")))
@@ -247,9 +248,10 @@ def test_collector_checks_reset_and_final_observations(at, step):
     import functools
 
     import gymnasium as gym
-    from probe_envs import BadValueEnv
 
     from icrl.envs import TimestepWrapper
+
+    from probe_envs import BadValueEnv
 
     thunk = functools.partial(lambda: TimestepWrapper(BadValueEnv("obs", at=at, length=4)))
     venv = gym.vector.SyncVectorEnv([thunk] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

@@ -309,7 +309,8 @@ def test_critic_sampled_actions_match_the_reference_and_broadcast_states(A):
     for k in range(3):
         for c in range(2):
             for g in range(G):
-                torch.testing.assert_close(q[k, :, :, c, g], _reference_member(critic, c, s, a[k], g), atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(q[k, :, :, c, g], _reference_member(critic, c, s, a[k], g),
+                                           atol=1e-5, rtol=1e-5)
     s1 = torch.randn(B, 1, D)
     torch.testing.assert_close(critic(s1, a[0]), critic(s1.expand(B, L, D), a[0]), atol=1e-6, rtol=1e-6)
 

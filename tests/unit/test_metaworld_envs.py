@@ -10,10 +10,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-from helpers import assert_missing_extra_reported
 
 from icrl.envs import Collector, RandomPolicy, TimestepWrapper, make_env, make_vector_env
 from icrl.envs.tasks import metaworld_envs as mw
+
+from helpers import assert_missing_extra_reported
 
 try:
     import metaworld  # noqa: F401
@@ -165,7 +166,8 @@ def test_names_and_errors():
 def test_unknown_member_and_missing_extra(monkeypatch, capsys):
     with pytest.raises(ValueError, match="metaworld/ML1/<task>"):
         make_env("metaworld/ML2")
-    assert_missing_extra_reported(monkeypatch, capsys, "metaworld", ["metaworld/ML1/reach-v3"], "metaworld", "metaworld")
+    assert_missing_extra_reported(monkeypatch, capsys, "metaworld", ["metaworld/ML1/reach-v3"], "metaworld",
+                                  "metaworld")
     with pytest.raises(ImportError, match=r"icrl\[metaworld\]"):
         mw.MetaWorldML("ML10")
 

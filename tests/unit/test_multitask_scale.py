@@ -39,7 +39,8 @@ def test_a_runs_score_divides_each_game_by_its_factor_and_waits_for_every_game()
     run = {"mix": "scaled", "curve": [
         {"env_steps": 1, "tasks": {"RepeatFirstEasy": 0.5}},
         {"env_steps": 2, "tasks": {g: 0.5 * s for g, s in zip(ms.GAMES, ms.SCALES)}},
-        {"env_steps": 3, "tasks": {g: (-1.0 if i == 0 else 1.0) * s for i, (g, s) in enumerate(zip(ms.GAMES, ms.SCALES))}},
+        {"env_steps": 3,
+         "tasks": {g: (-1.0 if i == 0 else 1.0) * s for i, (g, s) in enumerate(zip(ms.GAMES, ms.SCALES))}},
     ]}
     rows = ms.normalised(run)
     assert rows[0]["mean"] is None and rows[0]["per_task"] == {"RepeatFirstEasy": 0.5}

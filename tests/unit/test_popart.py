@@ -91,7 +91,8 @@ def test_popart_first_update_initialises_from_the_batch():
     popart.update_(y, torch.ones(4, 5, dtype=torch.bool), critic)
     flat = y.reshape(-1, G)
     torch.testing.assert_close(popart.mu, flat.mean(0))
-    torch.testing.assert_close(popart.sigma, flat.std(0, unbiased=False).clamp_min(popart.min_std), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(popart.sigma, flat.std(0, unbiased=False).clamp_min(popart.min_std),
+                               rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(critic(s), q_norm)
     assert int(popart.count) == 1
 

@@ -10,11 +10,12 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import tiny_run_tasks
 
 from icrl.envs import make_env, make_wrapped_env
 from icrl.envs.tasks import procgen
 from icrl.nets.tstep import is_image_space
+
+from helpers import tiny_run_tasks
 
 REASON = "procgen is not installed: pip install cffi imageio && pip install --no-deps procgen2 gym3"
 

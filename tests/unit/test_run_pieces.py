@@ -174,7 +174,8 @@ def test_rows_are_due_every_n_epochs_and_at_the_last(capsys):
     for epoch in range(1, 4):
         row = row_head("train", epoch, 10 * epoch, epoch, time.perf_counter())
         last = report_epoch(log, row, cfg, epoch=epoch, num_epochs=3, last_eval=last,
-                            evaluate=lambda epoch=epoch: evals.append(epoch) or {"kind": "eval", "epoch": epoch, "return_mean": 1.0},
+                            evaluate=lambda epoch=epoch: evals.append(epoch) or {"kind": "eval", "epoch": epoch,
+                                                                                 "return_mean": 1.0},
                             progress=lambda row, ev: seen.append((row["epoch"], ev and ev["epoch"])))
     assert evals == [2, 3]
     assert [(r["kind"], r["epoch"]) for r in log.rows] == [("train", 1), ("train", 2), ("eval", 2), ("train", 3),

@@ -117,6 +117,11 @@ def test_compiling_is_decided_by_the_size_and_length_of_the_run():
     assert not compiles(big.replace(max_seq_len=21))  # 528 timesteps per batch
     assert not compiles(big.replace(traj_encoder="gru"))
     assert compiles(big.replace(total_env_steps=5_000, compile=True)) and not compiles(big.replace(compile=False))
+    # captured updates (a CUDA device, told by the caller: a config never asks the machine) leave a compile less to
+    # save per update, so it needs a longer run to repay itself
+    short = big.replace(total_env_steps=30_000)  # 3,000 updates
+    assert resolve(short).optim.compile and not resolve(short, on_cuda=True).optim.compile
+    assert resolve(short.replace(cuda_graphs=False), on_cuda=True).optim.compile
 
 
 def test_a_failed_compile_falls_back_to_eager_with_one_warning(tmp_path, monkeypatch):
@@ -163,7 +168,8 @@ def test_long_contexts_get_the_popart_floor_and_n_step_returns_where_exploration
     assert with_task_defaults(tmaze(1000)).loss.n_step == 15
     at_default = with_task_defaults(ExperimentConfig(env=EnvConfig(env="CartPole-v1"))).loss
     assert (at_default.n_step, at_default.popart_floor) == (1, None)  # the default context, 256, is not long
-    flat = with_task_defaults(ExperimentConfig(env=EnvConfig(env="CartPole-v1"), model=ModelConfig(max_seq_len=500))).loss
+    flat = with_task_defaults(ExperimentConfig(env=EnvConfig(env="CartPole-v1"),
+                                               model=ModelConfig(max_seq_len=500))).loss
     assert (flat.n_step, flat.popart_floor) == (1, 5.0)  # long, but flat ε-greedy: n-step windows hold random actions
     flat_tmaze = with_task_defaults(tmaze(500).replace(eps_shape="flat")).loss
     assert (flat_tmaze.n_step, flat_tmaze.popart_floor) == (1, 5.0)

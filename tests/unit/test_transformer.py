@@ -25,7 +25,8 @@ def make(**kw) -> TransformerTrajEncoder:
     return TransformerTrajEncoder(5, **cfg)
 
 
-def step_through(enc: TransformerTrajEncoder, x: torch.Tensor, time: torch.Tensor, static: bool = False) -> torch.Tensor:
+def step_through(enc: TransformerTrajEncoder, x: torch.Tensor, time: torch.Tensor,
+                 static: bool = False) -> torch.Tensor:
     """Act over the whole sequence one step at a time: [B, L, d_in] -> [B, L, d_out]. `static`: the KV books on
     the device, every step over all W slots (the captured acting step's form)."""
     state = enc.init_state(x.shape[0], x.device, static=static)

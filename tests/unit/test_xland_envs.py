@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import assert_missing_extra_reported, assert_same, tiny_run_tasks
 
 from icrl.envs import make_env, make_wrapped_env
 from icrl.envs.collect import Collector, RandomPolicy
@@ -19,6 +18,8 @@ from icrl.envs.make import make_vector_env
 from icrl.envs.tasks.xland_vector import XLandVectorEnv
 from icrl.nets.tstep import is_image_space
 from icrl.types import ActionSpec
+
+from helpers import assert_missing_extra_reported, assert_same, tiny_run_tasks
 
 REASON = "xminigrid is not installed: pip install 'icrl[jax]'"
 XLAND = "xland/XLand-MiniGrid-R1-9x9"
