@@ -92,9 +92,10 @@ def parity_args(task: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def popgym(game: str, threshold: float, budget: int, target: int | None = None) -> Case:
-    return Case(game, "popgym", ("--env", f"popgym/{game}", *POPGYM, "--eval-every", "1"), budget, threshold,
-                settings="d128, context 64, 8 envs", parity=game, target=target)
+def popgym(game: str, threshold: float, budget: int, target: int | None = None, held_out: bool = False) -> Case:
+    return Case(game, "held out" if held_out else "popgym", ("--env", f"popgym/{game}", *POPGYM, "--eval-every", "1"),
+                budget, threshold, settings=("held out: " if held_out else "") + "d128, context 64, 8 envs",
+                parity=game, target=target)
 
 
 CASES = {c.name: c for c in [
@@ -114,8 +115,8 @@ CASES = {c.name: c for c in [
          settings="--preset control"),
     # held out: no default was tuned on these (a user's own meta-RL env, POPGym games outside the parity rows)
     Case("gaussian_arms", "held out", ("--env", "benchmarks.heldout_envs:GaussianArms", "--eval-every", "1"), 30_000,
-         25.0, settings="defaults, a user's env (benchmarks/heldout_envs.py)"),
-    popgym("AutoencodeEasy", 0.0, 20_000), popgym("HigherLowerEasy", 0.5, 20_000),
+         25.0, settings="held out: defaults, a user's env (benchmarks/heldout_envs.py)"),
+    popgym("AutoencodeEasy", 0.0, 20_000, held_out=True), popgym("HigherLowerEasy", 0.5, 20_000, held_out=True),
 ]}  # fmt: skip
 
 

@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+if __package__ in (None, ""):  # run as `python benchmarks/parity.py`: the repo root, for `from benchmarks import`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "parity"
 CACHE = Path(os.environ.get("ICRL_PARITY_CACHE", Path.home() / ".cache" / "icrl-parity"))
