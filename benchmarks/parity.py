@@ -115,7 +115,7 @@ TASKS = {t.name: t for t in [
     tmaze(20, 20_160), tmaze(100, 101_000),
     popgym("RepeatPreviousEasy", 0.95), popgym("RepeatFirstEasy", 0.95), popgym("CountRecallEasy", 0.0, 20_400),
     popgym("AutoencodeEasy", 0.0, 20_400), popgym("PositionOnlyCartPoleEasy", 0.9, 20_400),
-    popgym("PositionOnlyPendulumEasy", 0.5, 20_400),
+    popgym("PositionOnlyPendulumEasy", 0.5, 20_400), popgym("HigherLowerEasy", 0.5, 20_400),
     # Bayes-optimal 32.0, Thompson sampling 31.3, win-stay lose-shift 29.4, random 25 (icrl.envs.tasks.bandit)
     meta("bandit", "bandit", {"arms": 2, "horizon": 50}, 50, 30.0, 30_000,
          ["--env", "bandit", "--arms", "2", "--horizon", "50"], references=lambda: bandit_references(2, 50)),
@@ -130,7 +130,7 @@ TASKS = {t.name: t for t in [
 ]}
 ALIASES = {"repeat_previous": "RepeatPreviousEasy", "repeat_first": "RepeatFirstEasy",
            "count_recall": "CountRecallEasy", "autoencode": "AutoencodeEasy", "cartpole": "PositionOnlyCartPoleEasy",
-           "pendulum": "PositionOnlyPendulumEasy",
+           "pendulum": "PositionOnlyPendulumEasy", "higher_lower": "HigherLowerEasy",
            "meta_frozen_lake": "metafrozenlake", "half_cheetah_vel": "halfcheetahvel"}
 
 # ---------------------------------------------------------------------------------------------- set-up
