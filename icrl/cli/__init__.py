@@ -180,11 +180,11 @@ def parse(argv: list[str]):
     preset, config_file, env_kwargs, trusted = (_start_args(rest, f"icrl {command}") if command in ("train", "learn")
                                                 else (None, None, {}, False))
     if {"-h", "--help", "--help-all"} & set(rest):  # one renderer for every command's help (icrl.cli.help)
-        from icrl.cli.help import command_help, short_help
+        from icrl.cli.help import command_help, train_help
 
         cls = COMMANDS[command]
         if command in ("train", "learn"):
-            print(short_help(command, cls, _start_config(preset, config_file, env_kwargs, trusted),
+            print(train_help(command, cls, _start_config(preset, config_file, env_kwargs, trusted),
                              skip=("run_dir",) if command == "learn" else (), full="--help-all" in rest), end="")
         else:
             print(command_help(command, cls), end="")

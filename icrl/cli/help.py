@@ -127,12 +127,12 @@ def field_rows(cls: type, values: Any, *, full: bool, resolved: dict[str, Any] |
             continue
         hint, meta = _arg_meta(cls, f.name)
         value = getattr(values, f.name) if values is not None else _default(f)
+        doc = " ".join(docs.get(f.name, "").split())
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # flags of a nested group, unprefixed
             inner = field_rows(hint, value, full=full, resolved=resolved, skip=skip)
             positional += inner[0]
-            flags += ([("", doc)] if (doc := " ".join(docs.get(f.name, "").split())) else []) + inner[1]
+            flags += ([("", doc)] if doc else []) + inner[1]  # the group's own description, then its flags
             continue
-        doc = " ".join(docs.get(f.name, "").split())
         text = doc if full else first_sentence(doc)
         form = _arg_option(meta, "metavar") or metavar(cls, f.name)
         if _positional(meta):
@@ -170,6 +170,7 @@ def _usage(command: str, cls: type, positional: list[Row], config: bool) -> list
 PAD = 22
 """The flag column's width: a longer flag puts its description on the next line."""
 
+
 def command_help(command: str, cls: type) -> str:
     """The help of a command other than train and learn: its arguments and every flag, described."""
     positional, flags = field_rows(cls, None, full=True)
@@ -180,7 +181,7 @@ def command_help(command: str, cls: type) -> str:
     return "\n".join(lines) + "\n"
 
 
-def short_help(command: str, cls: type, cfg: ExperimentConfig, skip: tuple[str, ...] = (), full: bool = False) -> str:
+def train_help(command: str, cls: type, cfg: ExperimentConfig, skip: tuple[str, ...] = (), full: bool = False) -> str:
     """The help of `icrl COMMAND` (train or learn) whose defaults are `cfg` (a preset's or a file's): one screen
     (the common flags described, the others named by group), or every flag described by group (`full`)."""
     width = _width()
