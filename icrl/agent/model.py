@@ -206,7 +206,8 @@ class AgentPolicy:
         the occupied slots)."""
         if ts.time.device != self.device:
             ts = ts.to(self.device)
-        return self.step(ts, new_rollout, sampled).cpu().numpy()
+        resets = new_rollout if new_rollout.any() else None  # most steps start no rollout: nothing to empty
+        return self.step(ts, resets, sampled).cpu().numpy()
 
     def _act_static(self, ts: Timesteps, new_rollout: np.ndarray, sampled: bool) -> np.ndarray:
         """One step of fixed shapes from static buffers: one copy in, the (captured) step, one copy out."""
@@ -226,12 +227,14 @@ class AgentPolicy:
         assert inputs is not None
         return self.step(inputs.timesteps, inputs.new_rollout, sampled)
 
-    def step(self, ts: Timesteps, new_rollout: torch.Tensor | np.ndarray, sampled: bool) -> torch.Tensor:
-        """The one acting step, eager or captured: rows that start a new rollout (`new_rollout` [N]) forget their
-        context, then one timestep ([N, 1, ...]) through the encoders and the policy head -> action vectors [N, A]
-        (float32). The encoder's state changes in place (a static KV cache) or is replaced (an RNN's)."""
+    def step(self, ts: Timesteps, new_rollout: torch.Tensor | np.ndarray | None, sampled: bool) -> torch.Tensor:
+        """The one acting step, eager or captured: rows that start a new rollout (`new_rollout` [N]; None: none
+        does) forget their context, then one timestep ([N, 1, ...]) through the encoders and the policy head ->
+        action vectors [N, A] (float32). The encoder's state changes in place (a static KV cache) or is replaced
+        (an RNN's)."""
         agent = self.agent
-        self.state = agent.traj_encoder.reset_state(self.state, new_rollout)
+        if new_rollout is not None:
+            self.state = agent.traj_encoder.reset_state(self.state, new_rollout)
         x = agent.tstep_encoder(ts)[:, 0]  # [N, d]
         s, self.state = agent.traj_encoder.step(x, ts.time[:, 0], self.state)  # [N, d]
         dist = agent.actor.policy(s)  # the policy's discount (the last one): batch [N]
