@@ -14,7 +14,7 @@ Loading (`icrl.run.load.load_run`, the loader `icrl eval` uses too) reads config
 the env's spaces (RUN_DIR/spaces.json, or the checkpoint's state.json): nothing imports, builds or calls the
 env, so a policy trained on a class defined in a script loads in a process that has never seen that class.
 Acting reuses the collector's path: observations go through `TimestepWrapper`'s converters (around a
-`SpacesOnlyEnv`), the timesteps come from the same state machine (`RolloutClock`), the agent steps with its
+`SpacesOnlyEnv`), the timesteps come from the same state machine (`RolloutClocks`), the agent steps with its
 KV cache / hidden state through `AgentPolicy`, and actions are mapped back to the env's space as in training.
 """
 
@@ -30,13 +30,11 @@ import torch
 
 from icrl.agent.model import Agent, AgentPolicy
 from icrl.config import ConfigError, ExperimentConfig
-from icrl.envs.wrapper import RolloutClock
+from icrl.envs.clock import RolloutClocks
 from icrl.guards import nonfinite_keys
 from icrl.run.load import RunDirError, load_run
 from icrl.spaces_json import SPACES_FILE, spaces_wrapper
 from icrl.types import Timesteps, agent_to_env_action
-
-FIELDS = ("prev_action", "prev_reward", "time", "reset")  # a timestep's entries beside "obs" (RolloutClock)
 
 
 @dataclass
@@ -47,23 +45,23 @@ class PolicyState:
     index inside the rollout, and the index of its current episode inside the rollout."""
 
     acting: AgentPolicy
-    clocks: list[RolloutClock]  # one per env
+    clocks: RolloutClocks  # of the N envs
 
     @property
     def prev_action(self) -> np.ndarray:  # [N, A] float32, zeros at a rollout's / episode's first timestep
-        return np.stack([c.prev_action for c in self.clocks])
+        return self.clocks.prev_action.copy()
 
     @property
     def time(self) -> np.ndarray:  # [N] int64: the time index the next observation gets
-        return np.array([c.time for c in self.clocks], dtype=np.int64)
+        return self.clocks.time.copy()
 
     @property
     def episode(self) -> np.ndarray:  # [N] int64: episodes begun in the current rollout, minus one
-        return np.array([c.episode for c in self.clocks], dtype=np.int64)
+        return self.clocks.episode.copy()
 
     @property
     def num_envs(self) -> int:
-        return len(self.clocks)
+        return len(self.clocks.time)
 
 
 class InContextPolicy:
@@ -86,7 +84,7 @@ class InContextPolicy:
         e = self.config.env
         return PolicyState(
             acting=AgentPolicy(self.agent, num_envs, greedy=True, device=self.device),
-            clocks=[RolloutClock(self.spec, e.episodes_per_rollout, e.rollout_horizon) for _ in range(num_envs)],
+            clocks=RolloutClocks(self.spec, num_envs, e.episodes_per_rollout, e.rollout_horizon),
         )
 
     def predict(
@@ -143,8 +141,7 @@ class InContextPolicy:
         step = self._next_timestep(state, obs_rows, hard, inner, cont, reward)
         state.acting.greedy = bool(deterministic)
         actions = state.acting.act(Timesteps.from_numpy(step), new_rollout=hard)  # storage format [N] | [N, D]
-        for clock, vector in zip(state.clocks, self.spec.to_vector(self.spec.as_stored(actions))):  # [N, A] float32
-            clock.acted(vector)
+        state.clocks.acted(self.spec.to_vector(self.spec.as_stored(actions)))  # [N, A] float32
         env_actions = [agent_to_env_action(self.action_space, a) for a in actions]
         return (env_actions[0] if single else np.stack(env_actions)), state
 
@@ -167,7 +164,7 @@ class InContextPolicy:
         n = state.num_envs
         start = self._flags(episode_start, n, "episode_start", default=first)
         hard = self._flags(new_task, n, "new_task", default=False) | first
-        over = np.array([c.rollout_over() for c in state.clocks], dtype=bool)
+        over = state.clocks.rollout_over()
         hard |= start & over  # the rollout the agent was trained on is over: a new task
         return hard, start & ~hard, ~start & ~hard
 
@@ -175,19 +172,17 @@ class InContextPolicy:
     def _next_timestep(state: PolicyState, obs_rows: list[dict[str, np.ndarray]], hard: np.ndarray,
                        inner: np.ndarray, cont: np.ndarray, reward: Any) -> dict:  # fmt: skip
         """The timestep dict the agent sees ([N, ...] arrays), after moving each env's time, episode index and
-        previous action across the boundaries (`RolloutClock`). Raises (leaving `state` as it was) when a reward
+        previous action across the boundaries (`RolloutClocks`). Raises (leaving `state` as it was) when a reward
         is missing."""
         n = state.num_envs
         if cont.any() and reward is None:
             raise ValueError("predict(..., reward=None) after the first step: pass the reward the env returned for "
                              "the previous action (an in-context agent reads it), or episode_start=True")
         rewards = np.zeros(n, np.float32) if reward is None else _rewards(reward, n)
-        for clock, new_task, episode_start in zip(state.clocks, hard, ~cont):
-            if episode_start:
-                clock.start(new_task=bool(new_task))
-        rows = [c.timestep(o, float(r), bool(k)) for c, o, r, k in zip(state.clocks, obs_rows, rewards, cont)]
+        state.clocks.start(hard, new_task=True)
+        state.clocks.start(inner, new_task=False)
         obs = {k: np.stack([o[k] for o in obs_rows]) for k in obs_rows[0]}  # each [N, ...]
-        return {"obs": obs, **{key: np.stack([row[key] for row in rows]) for key in FIELDS}}  # each [N, ...]
+        return {"obs": obs, **state.clocks.timestep(rewards, cont)}  # each [N, ...]
 
     # ------------------------------------------------------------------------------------------ helpers
     @staticmethod

@@ -1,24 +1,24 @@
-"""Built-in numpy tasks stepped as arrays: N copies in one `gymnasium.vector.VectorEnv`, no per-copy Python.
+"""The built-in fast tasks, each written once: its rules on arrays of N copies (`ArrayTask`), a Gymnasium env as
+one copy, and `BatchedTaskEnv`, every copy at once in one `gymnasium.vector.VectorEnv`, no per-copy Python.
 
 A `SyncVectorEnv` of `TimestepWrapper`'d envs costs ~30 µs per copy and step in Python (the vector loop, the
 wrapper's checks and clock, the task's own step), which at 128 copies is more time than the policy's step
-(docs/results.md, acting). The tasks here keep their state in arrays and step every copy at once.
+(docs/results.md, acting). A task here keeps its state in [N] arrays and steps every copy at once; as a
+`gym.Env` (`TMaze(length=10)`) it is the same code with N = 1.
 
-Each class gives exactly what `make_vector_env` would give with the per-copy code, under the same seed and
+`BatchedTaskEnv` gives exactly what `make_vector_env` gives with the one-copy envs, under the same seed and
 rollout settings: the same timesteps (`{"obs", "prev_action", "prev_reward", "time", "reset"}`, dtypes
 included), rewards, terminations, truncations, SAME_STEP autoresets and infos (`final_obs`, `final_info`,
 `success`, `episode_end`), and the same task draws, because copy i draws its hidden task from its own
-generator, seeded as gymnasium seeds the copies of a `SyncVectorEnv` (seed + i) and drawn with the same calls
-as the task's `reset` (tests/unit/test_batched_envs.py steps both side by side). Multi-episode rollouts
-(`episodes_per_rollout` k or `rollout_horizon` H, docs/design.md §2) follow `TimestepWrapper`: an inner
-episode's final timestep, then a bridge step (the action ignored, the next episode of the same task starts
-with reset flag 1, time counting on), the rollout ending as its k-th episode does or truncated at H. The
-time, episode index and previous action are `RolloutClocks` (icrl.envs.clock), `RolloutClock`'s array form.
+generator, seeded as gymnasium seeds the copies of a `SyncVectorEnv` (seed + i)
+(tests/unit/test_batched_envs.py steps both side by side). Multi-episode rollouts (`episodes_per_rollout` k or
+`rollout_horizon` H, docs/design.md §2) follow `TimestepWrapper`: an inner episode's final timestep, then a
+bridge step (the action ignored, the next episode of the same task starts with reset flag 1, time counting on),
+the rollout ending as its k-th episode does or truncated at H. The time, episode index and previous action are
+`RolloutClocks` (icrl.envs.clock), the state machine the wrapper runs too.
 
-Goal-conditioned tasks (docs/CONTRACTS.md; their batched forms are in icrl.envs.batched_goals) add the
-timestep entry "achieved" ([N, K] int64, -1 padded) and the info key "achieved" (each copy's list of tokens,
-as every reset and step of the per-copy task reports it). The meta-RL tasks are in icrl.envs.batched_meta.
-This module is their base and imports none of them; icrl.envs.registry names which task has which form.
+Goal-conditioned tasks (docs/CONTRACTS.md) add the timestep entry "achieved" ([N, K] int64, -1 padded) and the
+info key "achieved" (each copy's list of tokens, as every reset and step of the one-copy env reports it).
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from gymnasium.utils import seeding
 from gymnasium.vector.utils import batch_space
 
 from icrl.envs.clock import RolloutClocks
+from icrl.envs.tasks.grid import wants_new_task
 from icrl.envs.wrapper import TimestepWrapper
 
 
 class StepArrays(NamedTuple):
-    """What a batched task's step gives, every copy at once."""
+    """What a step of the copies gives, every copy at once."""
 
     reward: np.ndarray  # [N] float64
     terminated: np.ndarray  # [N] bool
@@ -45,25 +46,149 @@ class StepArrays(NamedTuple):
     achieved: np.ndarray | None = None  # [N, K] int64, -1 padded: goal tasks' tokens this step achieved
 
 
-class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
-    """The vector-env side shared by the batched tasks: spaces, seeding, timesteps, rollouts of one or several
-    episodes, SAME_STEP autoreset.
+class CopyArrays(ABC):
+    """The state of N copies of a task in arrays and the rules that step them all: what `BatchedTaskEnv` steps.
 
-    A task subclass keeps its state in [N] arrays and implements `_draw_tasks(rows)` (a new hidden task for
-    the rows, drawn from `self._rngs[i]` as the per-copy task's reset draws it), `_reset_rows(rows)` (the
-    episode's state), `_obs()` (the observation's flattened keys, as TimestepWrapper names them -> [N, ...]
-    arrays of the current state, fresh each call) and `_step_arrays(actions)` -> `StepArrays`; a task whose
+    A task implements `_allocate(n)` (its state arrays), `_draw_tasks(rows)` (a new hidden task for the rows
+    (indices), drawn from `self._rng(i)`), `_reset_rows(rows)` (the episode's state), `_obs()` (the
+    observation's flattened keys, as TimestepWrapper names them -> [N, ...] arrays of the current state, fresh
+    each call) and `_step_arrays(actions)` -> `StepArrays` on the env's own actions [N(, D)]; a task whose
     reset with `options={"new_task": False}` draws something overrides `_draw_episodes(rows)`. `self._time`
-    [N] is the task's own step count, from its episode's reset.
+    [N] is each copy's step count since its episode's reset, kept by the caller.
     """
 
+    num_copies = 0
+
+    def _copies(self, n: int) -> CopyArrays:
+        """Hold the state of `n` copies (each unseeded until its owner seeds it)."""
+        self.num_copies = int(n)
+        self._rngs: list[np.random.Generator | None] = [None] * self.num_copies
+        self._time = np.zeros(self.num_copies, np.int64)  # [N]
+        self._allocate(self.num_copies)
+        return self
+
+    def _rng(self, i: int) -> np.random.Generator:
+        rng = self._rngs[i]
+        assert rng is not None, "reset seeds every copy's generator"
+        return rng
+
+    @abstractmethod
+    def _allocate(self, n: int) -> None:
+        """The task's state arrays for `n` copies."""
+
+    @abstractmethod
+    def _draw_tasks(self, rows: np.ndarray) -> None:
+        """A new hidden task for `rows`, drawn from `self._rng(i)`."""
+
+    def _draw_episodes(self, rows: np.ndarray) -> None:  # noqa: B027 - optional: most tasks keep theirs
+        """The draws of `reset(options={"new_task": False})` for `rows`: none by default (the copy keeps its
+        hidden task and draws nothing)."""
+
+    @abstractmethod
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        """The episode's state of `rows` at its reset (the hidden task already drawn)."""
+
+    @abstractmethod
+    def _obs(self) -> dict[str, np.ndarray]:
+        """The observation's flattened keys -> [N, ...] arrays of the current state, fresh each call."""
+
+    @abstractmethod
+    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
+        """Every copy's step on its env actions [N(, D)]."""
+
+
+class ArrayTask(CopyArrays, gym.Env):
+    """A built-in task written once, on arrays (`CopyArrays`); as a `gym.Env`, one copy: Gymnasium's `reset` and
+    `step` run the array rules on row 0, with the env's own `np_random` as that row's generator, and
+    `render()` draws it (`_frame()` for render_mode "rgb_array", `_ansi()` for "ansi").
+
+    A hidden task is drawn at the first reset, a seeded one, and every reset unless `options={"new_task":
+    False}` (the next episode of the same task, meta-RL rollouts). Infos: `success` on the step that ends an
+    episode (where the task reports one); goal tasks (`metadata["achieved_slots"]`) `achieved`, the tokens of
+    each step (`[]` at a reset). A subclass's `__init__` checks its parameters, sets its spaces and ends with
+    `self._copies(1)`.
+    """
+
+    render_mode: str | None = None
+    _has_task = False
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        self._one_copy("reset")
+        self._rngs[0] = self.np_random
+        row = np.zeros(1, np.int64)
+        if wants_new_task(options, seed, self._has_task):
+            self._draw_tasks(row)
+        else:
+            self._draw_episodes(row)
+        self._has_task = True
+        self._reset_rows(row)
+        self._time[0] = 0
+        return self._row_obs(), ({"achieved": []} if self.metadata.get("achieved_slots") else {})
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        self._one_copy("step")
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            a = int(action)
+            if not 0 <= a < int(space.n):
+                raise ValueError(f"{type(self).__name__} action must be in [0, {int(space.n)}), got {a}")
+            actions = np.array([a], np.int64)  # [1]
+        else:
+            actions = np.asarray(action, space.dtype).reshape(1, -1)  # [1, D]
+        self._time += 1
+        out = self._step_arrays(actions)
+        info: dict[str, Any] = {}
+        if out.achieved is not None:
+            info["achieved"] = [t for t in out.achieved[0].tolist() if t >= 0]
+        if not np.isnan(out.success[0]):
+            info["success"] = float(out.success[0])
+        truncated = out.truncated is not None and bool(out.truncated[0])
+        return self._row_obs(), float(out.reward[0]), bool(out.terminated[0]), truncated, info
+
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "rgb_array":
+            return self._frame()
+        if self.render_mode == "ansi":
+            return self._ansi()
+        return None
+
+    def _ansi(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no text rendering")
+
+    def _frame(self) -> np.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} has no image rendering")
+
+    def _one_copy(self, what: str) -> None:
+        if self.num_copies != 1:
+            raise RuntimeError(f"{type(self).__name__}.{what}: this instance holds {self.num_copies} copies, "
+                               "stepped by BatchedTaskEnv; build another for a one-copy env")
+
+    def _row_obs(self) -> Any:
+        """Row 0's observation, as the observation space holds it (a Dict's keys, else the Box)."""
+        obs = self._obs()
+        if isinstance(self.observation_space, gym.spaces.Dict):
+            return {k: obs[k][0] for k in self.observation_space.spaces}
+        return obs["obs"][0]
+
+
+class BatchedTaskEnv(gym.vector.VectorEnv):
+    """N copies of a task on arrays (`copies`) as one vector env: spaces, seeding, timesteps, rollouts of one
+    or several episodes, SAME_STEP autoreset. `proto` (default: `copies` itself, an `ArrayTask`) is the one-copy
+    env whose spaces, action conversion and attributes (`get_attr`) the copies share."""
+
     def __init__(
-        self, proto: gym.Env, num_envs: int, episodes_per_rollout: int = 1, rollout_horizon: int | None = None
+        self, copies: CopyArrays, num_envs: int, episodes_per_rollout: int = 1, rollout_horizon: int | None = None,
+        proto: gym.Env | None = None,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        # the per-copy code's spaces, action conversions and rollout settings (checked there), built once
+        if proto is None:
+            assert isinstance(copies, gym.Env), "a CopyArrays that is not an env needs its one-copy env as proto"
+            proto = copies
+        # the one-copy env's spaces, action conversions and rollout settings (checked there), built once
         wrapped = TimestepWrapper(proto, episodes_per_rollout, rollout_horizon)
+        self.copies = copies._copies(num_envs)
         self._proto = wrapped
         self.num_envs = int(num_envs)
         self.single_observation_space = wrapped.observation_space
@@ -74,13 +199,12 @@ class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
         self.spec = None
         self.render_mode = None
         self.action_spec = wrapped.action_spec
+        self._env_action_space = proto.action_space
         space = wrapped.observation_space
         assert isinstance(space, gym.spaces.Dict)
         self._obs_keys = list(space["obs"].spaces)  # type: ignore[attr-defined]  # flattened keys
         self._keys = list(space.spaces)
         self._slots = wrapped.achieved_slots  # K > 0: a goal task, "achieved" in timesteps and infos
-        self._rngs: list[np.random.Generator | None] = [None] * self.num_envs
-        self._time = np.zeros(self.num_envs, np.int64)  # [N] the task's steps since its episode's reset
         self._clock = RolloutClocks(self.action_spec, self.num_envs, wrapped.episodes_per_rollout,
                                     wrapped.rollout_horizon)  # the timesteps' time, episode, previous action
         self._pending = np.zeros(self.num_envs, bool)  # [N] the last timestep ended an inner episode
@@ -88,7 +212,7 @@ class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
 
     # ----------------------------------------------------------------------------- what the copies share
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        """An attribute of the wrapped per-copy env, once per copy (as `SyncVectorEnv.get_attr`): the copies
+        """An attribute of the wrapped one-copy env, once per copy (as `SyncVectorEnv.get_attr`): the copies
         differ only in state, so the prototype answers for all (`env_observation_space`, `spec`, ...)."""
         return (getattr(self._proto, name),) * self.num_envs
 
@@ -102,24 +226,20 @@ class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
             seeds = [None] * self.num_envs if seed is None else list(seed)
         if len(seeds) != self.num_envs:
             raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        rngs = self.copies._rngs
         for i, s in enumerate(seeds):
-            if s is not None or self._rngs[i] is None:
-                self._rngs[i], _ = seeding.np_random(s)
-
-    def _rng(self, i: int) -> np.random.Generator:
-        rng = self._rngs[i]
-        assert rng is not None, "reset seeds every copy's generator"
-        return rng
+            if s is not None or rngs[i] is None:
+                rngs[i], _ = seeding.np_random(s)
 
     def _start_rows(self, rows: np.ndarray, new_task: bool) -> None:
-        """The per-copy wrapper's reset of the copies `rows` (indices): a new task (its hard reset) or the
+        """The one-copy wrapper's reset of the copies `rows` (indices): a new task (its hard reset) or the
         next episode of the same task (a bridge step's `reset(options={"new_task": False})`)."""
         if new_task:
-            self._draw_tasks(rows)
+            self.copies._draw_tasks(rows)
         else:
-            self._draw_episodes(rows)
-        self._reset_rows(rows)
-        self._time[rows] = 0
+            self.copies._draw_episodes(rows)
+        self.copies._reset_rows(rows)
+        self.copies._time[rows] = 0
         self._clock.start(rows, new_task)
         self._pending[rows] = False
 
@@ -127,7 +247,7 @@ class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
         """The batched timestep of the current state: [N, ...] arrays, fresh each call. `achieved` [N, K]: the
         goal tokens of the step that led here (a reset achieves nothing: -1)."""
         keep = ~reset
-        obs = self._obs()
+        obs = self.copies._obs()
         ts = {"obs": {k: obs[k] for k in self._obs_keys}, **self._clock.timestep(reward, keep)}
         if self._slots:
             none = np.full((self.num_envs, self._slots), -1, np.int64)
@@ -135,7 +255,7 @@ class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
         return {k: ts[k] for k in self._keys}  # the observation space's key order, as a SyncVectorEnv's
 
     def _reset_info(self) -> dict[str, Any]:
-        """What the per-copy task's reset reports: a goal task `achieved=[]`, the others nothing."""
+        """What the one-copy env's reset reports: a goal task `achieved=[]`, the others nothing."""
         return {"achieved": []} if self._slots else {}
 
     # --------------------------------------------------------------------------------------------- API
@@ -155,8 +275,8 @@ class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
         if not self._started:
             raise RuntimeError(f"{type(self).__name__}.step before reset")
         stored, bridge = self._checked_actions(actions)
-        self._time += 1
-        out = self._step_arrays(stored)  # the bridge rows' steps are undone by their reset below
+        self.copies._time += 1
+        out = self.copies._step_arrays(self._env_actions(stored))  # the bridge rows' steps are undone below
         self._clock.acted(self.action_spec.to_vector(stored))  # a bridge's ignored action counts as a step
         if bridge.any():
             self._start_rows(np.flatnonzero(bridge), new_task=False)
@@ -184,6 +304,18 @@ class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
             bad = int(stored[(stored < 0) | (stored >= spec.dim)][0])
             raise ValueError(f"{type(self).__name__}: discrete action {bad} outside [0, {spec.dim})")
         return stored, bridge
+
+    def _env_actions(self, stored: np.ndarray) -> np.ndarray:
+        """Stored actions [N(, D)] -> the env's own, as `agent_to_env_action` maps one copy's: a Discrete's
+        ids shifted by its start, a Box's [-1, 1] mapped linearly onto its bounds."""
+        space = self._env_action_space
+        if isinstance(space, gym.spaces.Discrete):
+            return stored + int(space.start) if int(space.start) else stored
+        if isinstance(space, gym.spaces.Box):
+            u = np.clip(stored.astype(np.float64), -1.0, 1.0)  # [N, D]
+            low, high = space.low.astype(np.float64), space.high.astype(np.float64)
+            return np.clip(0.5 * (1.0 - u) * low + 0.5 * (1.0 + u) * high, low, high).astype(space.dtype)
+        return stored
 
     def _rollout_ends(self, terminated: np.ndarray, truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`TimestepWrapper.step`'s rule, every copy at once: (terminated, truncated) of the rollout, given
@@ -234,46 +366,6 @@ class BatchedTaskEnv(gym.vector.VectorEnv, ABC):
 
     def close_extras(self, **kwargs: Any) -> None:
         self._proto.close()
-
-    # ------------------------------------------------------------------------------ the task's part
-    @abstractmethod
-    def _draw_tasks(self, rows: np.ndarray) -> None:
-        """A new hidden task for `rows`, drawn from `self._rng(i)` with the per-copy task's own reset calls."""
-
-    def _draw_episodes(self, rows: np.ndarray) -> None:
-        """The draws of the per-copy task's `reset(options={"new_task": False})` for `rows`: none by default
-        (the task keeps its hidden task and draws nothing)."""
-
-    @abstractmethod
-    def _reset_rows(self, rows: np.ndarray) -> None:
-        """The episode's state of `rows` at its reset (the hidden task already drawn)."""
-
-    @abstractmethod
-    def _obs(self) -> dict[str, np.ndarray]:
-        """The observation's flattened keys -> [N, ...] arrays of the current state, fresh each call."""
-
-    @abstractmethod
-    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
-        """Every copy's step on its stored actions [N(, D)]."""
-
-    def _task_reset(self, i: int, options: dict[str, Any] | None = None) -> Any:
-        """The per-copy task (the prototype's), reset with copy i's generator: its draws are copy i's, made
-        by the per-copy code itself (used by tasks whose generation is long: mazes, instructions). With
-        `options={"new_task": False}` the caller has first put copy i's hidden task into it."""
-        task = self._proto.unwrapped
-        task.np_random = self._rng(i)
-        task.reset(options=options)
-        return task
-
-
-def position_rows(pos: np.ndarray, size: int, obs_mode: str) -> np.ndarray:
-    """[N, 2] int64 cells -> every copy's `grid.position_obs`: [N, 2] float32 (row, col) / (size - 1) for
-    obs_mode "xy", else [N, size**2] float32 one-hot."""
-    if obs_mode == "xy":
-        return pos.astype(np.float32) / np.float32(max(size - 1, 1))
-    out = np.zeros((len(pos), size**2), np.float32)
-    out[np.arange(len(pos)), pos[:, 0] * size + pos[:, 1]] = 1.0
-    return out
 
 
 def _token_lists(achieved: np.ndarray) -> list[list[int]]:

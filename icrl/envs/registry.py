@@ -1,11 +1,11 @@
 """The built-in tasks, each declared once: `TASKS` (name -> `Task`) and the prefix families `ENV_FAMILIES`.
 
-A `Task` holds the per-copy env (a class or factory: `make_env` builds it), its family (memory, goal, meta,
-multi-task) and, where there is one, its batched form (icrl.envs.batched: every copy stepped at once as
-arrays, the same timesteps as the per-copy copies). The keyword arguments a task takes are read from the
-per-copy env's signature, so the batched path accepts exactly what the per-copy env does (`render_mode`
-excepted: a vector env that renders keeps its per-copy envs). `make_env`, `make_vector_env`, `icrl envs` and
-the tests read this module; the batched task modules import only the base module icrl.envs.batched.
+A `Task` holds the env (a class or factory: `make_env` builds one copy) and its family (memory, goal, meta,
+multi-task). A task written on arrays (an `icrl.envs.batched.ArrayTask`) also has a batched form: every copy
+stepped at once by `BatchedTaskEnv`, the same timesteps as one-copy envs in a SyncVectorEnv. The keyword
+arguments a task takes are read from its signature, so the batched path accepts exactly what one copy does
+(`render_mode` excepted: a vector env that renders keeps its one-copy envs). `make_env`, `make_vector_env`,
+`icrl envs` and the tests read this module.
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ from typing import Any, Literal, NamedTuple
 
 import gymnasium as gym
 
-from icrl.envs.batched import BatchedTaskEnv
-from icrl.envs.batched_goals import BatchedGoalGrid, BatchedMazeRunner, BatchedPackageDelivery
-from icrl.envs.batched_memory import BatchedCueRecall, BatchedTMaze, BatchedTMazeActive
-from icrl.envs.batched_meta import BatchedDarkKeyToDoor, BatchedMetaFrozenLake
+from icrl.envs.batched import ArrayTask, BatchedTaskEnv
 from icrl.envs.tasks.atari import AtariMulti, atari_env_names, make_atari  # imports without ale-py
 from icrl.envs.tasks.babyai import babyai_env_names, make_babyai  # imports without minigrid
 from icrl.envs.tasks.bandit import BernoulliBandit
@@ -44,12 +41,15 @@ _PER_COPY_ONLY = frozenset({"render_mode"})
 
 
 class Task(NamedTuple):
-    """A built-in task: `make(**env_kwargs)` builds one copy; `batched(num_envs, episodes_per_rollout=,
-    rollout_horizon=, **env_kwargs)`, where given, every copy at once."""
+    """A built-in task: `make(**env_kwargs)` builds one copy (an `ArrayTask` class: every copy at once too)."""
 
     make: Callable[..., gym.Env]
     family: Family
-    batched: Callable[..., BatchedTaskEnv] | None = None
+
+    @property
+    def on_arrays(self) -> bool:
+        """The task is written on arrays: `BatchedTaskEnv` steps every copy at once."""
+        return isinstance(self.make, type) and issubclass(self.make, ArrayTask)
 
     def kwargs(self) -> frozenset[str] | None:
         """The keyword arguments `make` takes (its signature), None where it takes any (**kwargs)."""
@@ -60,7 +60,7 @@ class Task(NamedTuple):
 
     def batched_kwargs(self) -> frozenset[str]:
         """The keyword arguments the batched form takes: the per-copy env's, but `render_mode` (none without one)."""
-        accepted = self.kwargs() if self.batched is not None else None
+        accepted = self.kwargs() if self.on_arrays else None
         return frozenset() if accepted is None else accepted - _PER_COPY_ONLY
 
     def summary(self) -> str:
@@ -71,19 +71,19 @@ class Task(NamedTuple):
 
 # Name -> task. Other modules may add their tasks here.
 TASKS: dict[str, Task] = {
-    "tmaze": Task(TMaze, "memory", BatchedTMaze),
-    "tmaze_active": Task(TMazeActive, "memory", BatchedTMazeActive),
-    "cue_recall": Task(CueRecall, "memory", BatchedCueRecall),
-    "meta_frozen_lake": Task(MetaFrozenLake, "meta", BatchedMetaFrozenLake),
-    "dark_key_door": Task(DarkKeyToDoor, "meta", BatchedDarkKeyToDoor),
+    "tmaze": Task(TMaze, "memory"),
+    "tmaze_active": Task(TMazeActive, "memory"),
+    "cue_recall": Task(CueRecall, "memory"),
+    "meta_frozen_lake": Task(MetaFrozenLake, "meta"),
+    "dark_key_door": Task(DarkKeyToDoor, "meta"),
     "bandit": Task(BernoulliBandit, "meta"),
     "half_cheetah_vel": Task(HalfCheetahVel, "meta"),
     "crafter": Task(CrafterEnv, "goal"),
     "atari_multi": Task(AtariMulti, "multi-task"),
     "procgen_multi": Task(ProcgenGames, "multi-task"),
-    "goal_grid": Task(GoalGrid, "goal", BatchedGoalGrid),
-    "mazerunner": Task(MazeRunner, "goal", BatchedMazeRunner),
-    "package_delivery": Task(PackageDelivery, "goal", BatchedPackageDelivery),
+    "goal_grid": Task(GoalGrid, "goal"),
+    "mazerunner": Task(MazeRunner, "goal"),
+    "package_delivery": Task(PackageDelivery, "goal"),
     # "popgym/<EnvClassName>" and "popgym_multi" when popgym is installed
     **{name: Task(make, "multi-task" if name == "popgym_multi" else "memory")
        for name, make in popgym_builtin_envs().items()},
@@ -110,7 +110,7 @@ def has_batched_form(name: str, kwargs: dict[str, Any]) -> bool:
     """Built-in task `name` with `kwargs` has a batched form, for rollouts of one episode or several (a kwarg
     it does not take: no, and the per-copy env reports it as usual)."""
     task = TASKS.get(name)
-    return task is not None and task.batched is not None and set(kwargs) <= task.batched_kwargs()
+    return task is not None and task.on_arrays and set(kwargs) <= task.batched_kwargs()
 
 
 def batched_env(
@@ -119,10 +119,11 @@ def batched_env(
 ) -> BatchedTaskEnv | None:
     """The batched form of built-in task `name` with `kwargs` and the rollout settings of `TimestepWrapper`,
     or None where there is none."""
-    batched = TASKS[name].batched if has_batched_form(name, kwargs) else None
-    if batched is None:
+    if not has_batched_form(name, kwargs):
         return None
-    return batched(num_envs, episodes_per_rollout=episodes_per_rollout, rollout_horizon=rollout_horizon, **kwargs)
+    task = TASKS[name].make(**kwargs)
+    assert isinstance(task, ArrayTask)
+    return BatchedTaskEnv(task, num_envs, episodes_per_rollout, rollout_horizon)
 
 
 class EnvFamily(NamedTuple):

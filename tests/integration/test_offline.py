@@ -218,7 +218,7 @@ def _tmaze_dataset(minari, dataset_id: str, length: int, expert: int, noisy: int
         observations, actions, rewards, terms, truncs = [obs], [], [], [], []
         done = False
         while not done:
-            a = RIGHT if env._pos < length else (UP if goal_up else DOWN)
+            a = RIGHT if env._pos[0] < length else (UP if goal_up else DOWN)
             if i >= expert and rng.random() < eps:
                 a = int(rng.integers(4))
             obs, r, term, trunc, _ = env.step(a)

@@ -1,6 +1,6 @@
-"""The batched built-in tasks (icrl.envs.batched) against the per-copy code they replace: a SyncVectorEnv of
-TimestepWrapper'd envs with SAME_STEP autoreset, stepped side by side under the same seed, rollout settings and
-actions."""
+"""The vector machinery of the built-in tasks on arrays (`BatchedTaskEnv`, icrl.envs.batched) against gymnasium's:
+each task's one-copy env in a SyncVectorEnv of TimestepWrapper'd envs with SAME_STEP autoreset, stepped side by
+side under the same seed, rollout settings and actions (seeding, draws, timesteps, bridges, infos)."""
 
 from collections import Counter
 from typing import Any, Iterator
@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 
 from icrl.envs.batched import BatchedTaskEnv
-from icrl.envs.batched_goals import BatchedGoalGrid, BatchedMazeRunner, BatchedPackageDelivery
-from icrl.envs.batched_memory import BatchedCueRecall, BatchedTMaze
-from icrl.envs.batched_meta import BatchedDarkKeyToDoor, BatchedMetaFrozenLake
-from icrl.envs.clock import RolloutClock, RolloutClocks
 from icrl.envs.collect import Collector, RandomPolicy
 from icrl.envs.make import make_vector_env
 from icrl.envs.registry import TASKS, batched_env
+from icrl.envs.tasks.frozen_lake import MetaFrozenLake
+from icrl.envs.tasks.goal_grid import GoalGrid
+from icrl.envs.tasks.key_door import DarkKeyToDoor
+from icrl.envs.tasks.mazerunner import MazeRunner
+from icrl.envs.tasks.package_delivery import PackageDelivery
+from icrl.envs.tasks.recall import CueRecall
 from icrl.envs.tasks.tmaze import TMaze
 from icrl.types import ActionSpec
 
@@ -171,33 +173,6 @@ def test_multi_episode_rollouts_step_as_the_per_copy_envs(
     assert all(seen[k] > 0 for k in wanted), seen
 
 
-def test_rollout_clocks_are_rolloutclock_on_arrays() -> None:
-    """The batched tasks' time, episode index and previous action (RolloutClocks) follow RolloutClock, the one
-    state machine: the same operations on N of them and on the array form give the same fields throughout."""
-    spec = ActionSpec("discrete", 3)
-    rng = np.random.default_rng(0)
-    n = 6
-    for rollout in ({}, {"episodes_per_rollout": 3}, {"rollout_horizon": 5}):
-        clocks, each = RolloutClocks(spec, n, **rollout), [RolloutClock(spec, **rollout) for _ in range(n)]
-        for _ in range(100):
-            vectors = spec.to_vector(rng.integers(0, 3, n))
-            clocks.acted(vectors)
-            for clock, vector in zip(each, vectors):
-                clock.acted(vector)
-            for new_task in (True, False):
-                rows = np.flatnonzero(rng.random(n) < 0.2)
-                clocks.start(rows, new_task)
-                for i in rows:
-                    each[i].start(new_task)
-            rewards, cont = rng.normal(size=n), rng.random(n) < 0.7
-            got = clocks.timestep(rewards, cont)
-            for i, clock in enumerate(each):
-                want = clock.timestep({}, float(rewards[i]), bool(cont[i]))
-                assert_same({k: got[k][i] for k in got}, {k: want[k] for k in got}, f"copy {i}")
-                assert (clocks.time[i], clocks.episode[i]) == (clock.time, clock.episode)
-            assert clocks.rollout_over().tolist() == [clock.rollout_over() for clock in each]
-
-
 @pytest.mark.parametrize(
     "name, kwargs, rollout",
     [
@@ -230,23 +205,28 @@ def test_collector_gives_the_same_rollouts_with_either_env(name: str, kwargs: di
         assert any(s.success == 1.0 for s in s1) and any(s.success == 0.0 for s in s1)
 
 
+def batched_of(venv: gym.vector.VectorEnv) -> type:
+    """The task class a BatchedTaskEnv steps."""
+    assert isinstance(venv, BatchedTaskEnv)
+    return type(venv.copies)
+
+
 def test_used_only_where_it_gives_the_same_envs() -> None:
-    assert isinstance(make_vector_env("tmaze", {"length": 3}, 2), BatchedTMaze)
-    assert isinstance(make_vector_env("cue_recall", None, 2), BatchedCueRecall)
-    assert isinstance(make_vector_env("goal_grid", {"size": 3, "obs_mode": "xy"}, 2), BatchedGoalGrid)
-    maze = make_vector_env("mazerunner", {"size": 5, "randomized_actions": True}, 2)
-    assert isinstance(maze, BatchedMazeRunner)
-    assert isinstance(make_vector_env("package_delivery", {"time_limit": 9}, 2), BatchedPackageDelivery)
-    assert isinstance(make_vector_env("meta_frozen_lake", {"size": 3, "hard": True}, 2), BatchedMetaFrozenLake)
-    assert isinstance(make_vector_env("dark_key_door", {"random_start": False}, 2), BatchedDarkKeyToDoor)
+    assert batched_of(make_vector_env("tmaze", {"length": 3}, 2)) is TMaze
+    assert batched_of(make_vector_env("cue_recall", None, 2)) is CueRecall
+    assert batched_of(make_vector_env("goal_grid", {"size": 3, "obs_mode": "xy"}, 2)) is GoalGrid
+    assert batched_of(make_vector_env("mazerunner", {"size": 5, "randomized_actions": True}, 2)) is MazeRunner
+    assert batched_of(make_vector_env("package_delivery", {"time_limit": 9}, 2)) is PackageDelivery
+    assert batched_of(make_vector_env("meta_frozen_lake", {"size": 3, "hard": True}, 2)) is MetaFrozenLake
+    assert batched_of(make_vector_env("dark_key_door", {"random_start": False}, 2)) is DarkKeyToDoor
     # several episodes per rollout or a horizon: batched too, with the wrapper's settings
     multi = make_vector_env("tmaze", {"length": 3}, 2, episodes_per_rollout=2)
-    assert isinstance(multi, BatchedTMaze) and multi.get_attr("episodes_per_rollout") == (2, 2)
+    assert batched_of(multi) is TMaze and multi.get_attr("episodes_per_rollout") == (2, 2)
     long = make_vector_env("dark_key_door", {"size": 5}, 2, rollout_horizon=100)
-    assert isinstance(long, BatchedDarkKeyToDoor) and long.get_attr("rollout_horizon") == (100, 100)
-    assert isinstance(make_vector_env("mazerunner", {"size": 5}, 2, episodes_per_rollout=2), BatchedMazeRunner)
+    assert batched_of(long) is DarkKeyToDoor and long.get_attr("rollout_horizon") == (100, 100)
+    assert batched_of(make_vector_env("mazerunner", {"size": 5}, 2, episodes_per_rollout=2)) is MazeRunner
     with pytest.raises(ValueError, match="not both"):
-        BatchedTMaze(2, length=3, episodes_per_rollout=2, rollout_horizon=9)
+        BatchedTaskEnv(TMaze(length=3), 2, episodes_per_rollout=2, rollout_horizon=9)
     # a factory, rendering, a kwarg it does not know: the per-copy envs
     assert not isinstance(make_vector_env("tmaze", {"length": 3}, 2, factories=[TMaze]), BatchedTaskEnv)
     assert batched_env("tmaze", {"length": 3, "render_mode": "ansi"}, 2) is None
@@ -258,7 +238,7 @@ def test_used_only_where_it_gives_the_same_envs() -> None:
 
 
 def test_bad_actions_and_calls_are_refused() -> None:
-    env = BatchedTMaze(2, length=3)
+    env = BatchedTaskEnv(TMaze(length=3), 2)
     with pytest.raises(RuntimeError, match="before reset"):
         env.step(np.zeros(2, np.int64))
     env.reset(seed=0)
@@ -267,8 +247,10 @@ def test_bad_actions_and_calls_are_refused() -> None:
     with pytest.raises(ValueError, match="takes no options"):
         env.reset(options={"new_task": False})
     with pytest.raises(ValueError, match="must be >= 1"):
-        BatchedTMaze(0)
-    recall = BatchedCueRecall(2, delay=0, continuous=False, episodes_per_rollout=2)
+        BatchedTaskEnv(TMaze(), 0)
+    with pytest.raises(RuntimeError, match="holds 2 copies"):  # a task stepped as copies is not also one env
+        env.copies.reset()
+    recall = BatchedTaskEnv(CueRecall(delay=0, continuous=False), 2, episodes_per_rollout=2)
     recall.reset(seed=0)
     recall.step(np.array([0, 1]))  # both answer: their first episodes end
     obs, reward, *_ = recall.step(np.array([7, -1]))  # a bridge step ignores its action, as the wrapper does

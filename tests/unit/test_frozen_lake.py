@@ -13,21 +13,31 @@ from icrl.envs import Collector, RandomPolicy, TimestepWrapper
 from icrl.envs.tasks.frozen_lake import _MOVES, DOWN, LEFT, RIGHT, UP, MetaFrozenLake, lake_is_solvable
 
 
+def lake(env: MetaFrozenLake) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+    """The one copy's lake: holes [size, size], start and goal cells."""
+    return env.holes[0], cell_of(env.start[0]), cell_of(env.goal[0])
+
+
+def cell_of(row) -> tuple[int, int]:
+    return int(row[0]), int(row[1])
+
+
 def shortest_moves(env: MetaFrozenLake) -> list[int]:
     """Moves (before the hard-mode permutation) of a shortest hole-free path from start to goal."""
     n = env.size
-    prev = {env.start: None}
-    queue = deque([env.start])
+    holes, start, goal = lake(env)
+    prev = {start: None}
+    queue = deque([start])
     while queue:
         cell = queue.popleft()
-        if cell == env.goal:
+        if cell == goal:
             break
         for move, (dr, dc) in _MOVES.items():
             nxt = (cell[0] + dr, cell[1] + dc)
-            if 0 <= nxt[0] < n and 0 <= nxt[1] < n and not env.holes[nxt] and nxt not in prev:
+            if 0 <= nxt[0] < n and 0 <= nxt[1] < n and not holes[nxt] and nxt not in prev:
                 prev[nxt] = (cell, move)
                 queue.append(nxt)
-    moves, cell = [], env.goal
+    moves, cell = [], goal
     while prev[cell] is not None:
         cell, move = prev[cell]
         moves.append(move)
@@ -36,7 +46,7 @@ def shortest_moves(env: MetaFrozenLake) -> list[int]:
 
 def to_actions(env: MetaFrozenLake, moves: list[int]) -> list[int]:
     """Agent actions that produce `moves` under the env's (hidden) action permutation."""
-    inverse = {int(m): a for a, m in enumerate(env.action_map)}
+    inverse = {int(m): a for a, m in enumerate(env.action_map[0])}
     return [inverse[m] for m in moves]
 
 
@@ -52,7 +62,8 @@ def play(env, actions):
 
 
 def task_of(env: MetaFrozenLake):
-    return (env.holes.tobytes(), env.start, env.goal, tuple(env.action_map.tolist()))
+    holes, start, goal = lake(env)
+    return (holes.tobytes(), start, goal, tuple(env.action_map[0].tolist()))
 
 
 def test_spaces_and_checker():
@@ -80,13 +91,13 @@ def test_scripted_shortest_path_reaches_goal(hard):
         assert ret == 1.0 and len(steps) == len(moves)
         assert steps[-1][2] and not steps[-1][3] and steps[-1][4]["success"] == 1.0
         assert all("success" not in s[4] for s in steps[:-1])
-        assert np.array_equal(steps[-1][0], np.array(env.goal, np.float32) / 4)
+        assert np.array_equal(steps[-1][0], np.array(env.goal[0], np.float32) / 4)
 
 
 def test_hole_terminates_with_zero():
     env = MetaFrozenLake(size=3)
     env.reset(seed=0)
-    env.holes = np.array([[0, 1, 0], [0, 0, 0], [0, 0, 0]], bool)  # hand-built lake: hole right of start
+    env.holes[0] = np.array([[0, 1, 0], [0, 0, 0], [0, 0, 0]], bool)  # hand-built lake: hole right of start
     ret, steps = play(env, [DOWN, UP, RIGHT])
     assert ret == 0.0 and len(steps) == 3
     assert steps[-1][2] and not steps[-1][3] and steps[-1][4]["success"] == 0.0
@@ -109,8 +120,9 @@ def test_lakes_are_always_solvable_and_vary():
     tasks = set()
     for _ in range(200):
         env.reset()
-        assert lake_is_solvable(env.holes, env.start, env.goal)
-        assert not env.holes[env.start] and not env.holes[env.goal] and env.start != env.goal
+        holes, start, goal = lake(env)
+        assert lake_is_solvable(holes, start, goal)
+        assert not holes[start] and not holes[goal] and start != goal
         tasks.add(task_of(env))
     assert len(tasks) > 150
     assert lake_is_solvable(np.zeros((3, 3), bool), (0, 0), (2, 2))
@@ -158,16 +170,16 @@ def test_hard_mode_permutes_actions_and_keeps_them():
     perms = set()
     for seed in range(20):
         env.reset(seed=seed)
-        perm = tuple(env.action_map.tolist())
+        perm = tuple(env.action_map[0].tolist())
         assert sorted(perm) == [0, 1, 2, 3]
         perms.add(perm)
         for _ in range(3):
             env.reset(options={"new_task": False})
-            assert tuple(env.action_map.tolist()) == perm
+            assert tuple(env.action_map[0].tolist()) == perm
         # the effect is real: action a moves the agent by the permuted move (from the centre-ish cell (1, 1))
         for a in range(4):
             env.reset(options={"new_task": False})
-            env._pos = (1, 1)
+            env._pos[0] = (1, 1)
             obs, *_ = env.step(a)
             dr, dc = _MOVES[perm[a]]
             assert np.allclose(obs * 3, [1 + dr, 1 + dc])
@@ -175,7 +187,7 @@ def test_hard_mode_permutes_actions_and_keeps_them():
     easy = MetaFrozenLake(size=4)
     for seed in range(5):
         easy.reset(seed=seed)
-        assert easy.action_map.tolist() == [0, 1, 2, 3]
+        assert easy.action_map[0].tolist() == [0, 1, 2, 3]
 
 
 def test_render_modes():

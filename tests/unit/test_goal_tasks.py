@@ -10,6 +10,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from icrl.envs import Collector, RandomPolicy, make_env, make_vector_env
+from icrl.envs.tasks.goal_grid import GoalGrid
+from icrl.envs.tasks.instruction import InstructionProgress
 from icrl.envs.tasks.mazerunner import DOWN, LEFT, MOVES, RIGHT, STAY, UP, MazeRunner, carve_maze
 from icrl.envs.tasks.package_delivery import NO_OP, TURN_LEFT, TURN_RIGHT, PackageDelivery
 from icrl.types import ActionSpec
@@ -47,9 +49,19 @@ def open_maze(size: int) -> np.ndarray:
 
 def set_maze(env: MazeRunner, walls: np.ndarray, goals: list[tuple[int, int]]) -> dict:
     """Install a hand-built task and start an episode of it."""
-    env.walls, env.goals = walls, goals
+    env.set_task(0, walls, goals, env.action_map[0].copy())
     obs, info = env.reset(options={"new_task": False})
     return obs
+
+
+def cell(env: MazeRunner) -> tuple[int, int]:
+    """The one copy's cell."""
+    return int(env._pos[0, 0]), int(env._pos[0, 1])
+
+
+def goals_of(env: MazeRunner) -> list[tuple[int, int]]:
+    """The one copy's goal cells, in order."""
+    return [(int(r), int(c)) for r, c in env.goals[0]]
 
 
 def play(env: gym.Env, actions: list[int]) -> list[tuple]:
@@ -62,14 +74,11 @@ def play(env: gym.Env, actions: list[int]) -> list[tuple]:
 
 
 def relabel_rewards(goal0: np.ndarray, achieved: np.ndarray) -> tuple[np.ndarray, bool]:
-    """The contract's reward rule from the first goal observation and the achieved record [T+1, K]."""
-    goals = [int(g) for g in goal0 if g > 0]
-    c, rewards = 0, np.zeros(len(achieved) - 1, np.float32)
-    for t in range(1, len(achieved)):
-        while c < len(goals) and goals[c] in achieved[t]:
-            rewards[t - 1] += 1.0
-            c += 1
-    return rewards, c == len(goals)
+    """The rewards of the relabeler's rule (`InstructionProgress`) for the first goal observation and the
+    achieved record [T+1, K], and whether the instruction was completed."""
+    progress = InstructionProgress([int(g) for g in goal0 if g > 0], len(goal0))
+    rewards = [progress.update([int(t) for t in row if t > 0]) for row in achieved[1:]]
+    return np.array(rewards, np.float32), progress.done
 
 
 # --------------------------------------------------------------------------------------------- MazeRunner
@@ -83,8 +92,8 @@ def test_mazerunner_spaces_metadata_and_checker():
     assert goal_space.dtype == np.int64 and goal_space.shape == (3,) and goal_space.high.max() == 225
     obs, info = env.reset(seed=0)
     assert env.observation_space.contains(obs) and info == {"achieved": []}
-    assert list(obs["goal"]) == [r * 15 + c + 1 for r, c in env.goals]
-    assert MazeRunner(size=9).walls.shape == (9, 9)
+    assert list(obs["goal"]) == [r * 15 + c + 1 for r, c in goals_of(env)]
+    assert MazeRunner(size=9).walls.shape == (1, 9, 9)  # one copy's maze
     check_env(MazeRunner(size=7, num_goals=2), skip_render_check=True)
     check_env(MazeRunner(size=9, randomized_actions=True), skip_render_check=True)
 
@@ -121,41 +130,42 @@ def test_mazerunner_seeding_and_hidden_task():
     a, b = MazeRunner(size=9, randomized_actions=True), MazeRunner(size=9, randomized_actions=True)
     oa, _ = a.reset(seed=3)
     ob, _ = b.reset(seed=3)
-    assert (a.walls == b.walls).all() and a.goals == b.goals and (a.action_map == b.action_map).all()
+    assert (a.walls == b.walls).all() and (a.goals == b.goals).all() and (a.action_map == b.action_map).all()
     actions = np.random.default_rng(0).integers(0, 5, 60)
     for x, y in zip(play(a, actions), play(b, actions)):
         assert (x[0]["obs"] == y[0]["obs"]).all() and x[1:] == y[1:]
-    walls, goals, perm = a.walls.copy(), list(a.goals), a.action_map.copy()
+    walls, goals, perm = a.walls.copy(), a.goals.copy(), a.action_map.copy()
     obs, _ = a.reset(options={"new_task": False})  # same task, fresh episode
-    assert (a.walls == walls).all() and a.goals == goals and (a.action_map == perm).all()
-    assert (obs["goal"] == oa["goal"]).all() and a._pos == a.start and obs["obs"][-1] == 0.0
+    assert (a.walls == walls).all() and (a.goals == goals).all() and (a.action_map == perm).all()
+    assert (obs["goal"] == oa["goal"]).all() and cell(a) == a.start and obs["obs"][-1] == 0.0
     mazes = set()
     for _ in range(5):
         a.reset()  # a new rollout: a new task
-        mazes.add((a.walls.tobytes(), tuple(a.goals)))
+        mazes.add((a.walls.tobytes(), a.goals.tobytes()))
     assert len(mazes) == 5 and a.reset(seed=4) and not (a.walls == walls).all()
 
 
 def test_mazerunner_goals_in_order_rewards_achieved_and_zeroed_slots():
     env = MazeRunner(size=9)
     env.reset(seed=1)
-    obs = set_maze(env, env.walls, env.goals)
-    tokens = [env.token(g) for g in env.goals]
+    goals = goals_of(env)
+    obs = set_maze(env, env.walls[0], goals)
+    tokens = [env.token(g) for g in goals]
     assert list(obs["goal"]) == tokens
     rewards, cells = [], [env.start]
-    for i, goal in enumerate(env.goals):
-        moves = bfs_moves(env.walls, cells[-1], goal)
+    for i, goal in enumerate(goals):
+        moves = bfs_moves(env.walls[0], cells[-1], goal)
         for k, move in enumerate(moves):
             obs, r, term, trunc, info = env.step(move)
-            cells.append(env._pos)
-            assert info["achieved"] == [env.token(env._pos)]  # every step achieves the cell stood on
+            cells.append(cell(env))
+            assert info["achieved"] == [env.token(cell(env))]  # every step achieves the cell stood on
             rewards.append(r)
             if k < len(moves) - 1:  # on the way: no reward, slots unchanged
                 assert r == 0.0 and not term and "success" not in info
                 assert list(obs["goal"]) == [0] * i + tokens[i:]
         assert r == 1.0 and list(obs["goal"]) == [0] * (i + 1) + tokens[i + 1 :]
-        assert term == (i == len(env.goals) - 1) and not trunc
-    assert info["success"] == 1.0 and sum(rewards) == len(env.goals)
+        assert term == (i == len(goals) - 1) and not trunc
+    assert info["success"] == 1.0 and sum(rewards) == len(goals)
     assert [rr for rr in rewards if rr] == [1.0] * 3
 
 
@@ -182,12 +192,12 @@ def test_mazerunner_walls_block_and_sensors():
     # row, col, free run west / north / east / south over (size - 2), time
     np.testing.assert_allclose(obs["obs"], [5 / 6, 3 / 6, 2 / 5, 0, 2 / 5, 0, 0], atol=1e-6)
     obs, r, term, trunc, info = env.step(UP)
-    assert env._pos == (5, 3) and info["achieved"] == [env.token((5, 3))] and r == 0.0
+    assert cell(env) == (5, 3) and info["achieved"] == [env.token((5, 3))] and r == 0.0
     obs, *_ = env.step(DOWN)  # the border
-    assert env._pos == (5, 3) and obs["obs"][-1] == pytest.approx(2 / 100)
+    assert cell(env) == (5, 3) and obs["obs"][-1] == pytest.approx(2 / 100)
     env.step(LEFT)
     obs, *_ = env.step(STAY)
-    assert env._pos == (5, 2)
+    assert cell(env) == (5, 2)
     np.testing.assert_allclose(obs["obs"][:6], [5 / 6, 2 / 6, 1 / 5, 4 / 5, 3 / 5, 0], atol=1e-6)
 
 
@@ -205,19 +215,24 @@ def test_mazerunner_randomized_actions_follow_permutation():
     perms = set()
     for seed in range(6):
         env.reset(seed=seed)
-        perms.add(tuple(env.action_map.tolist()))
+        perms.add(tuple(env.action_map[0].tolist()))
     assert len(perms) > 1
     set_maze(env, open_maze(7), [(1, 1)])
-    up = int(np.flatnonzero(env.action_map == UP)[0])
+    up = int(np.flatnonzero(env.action_map[0] == UP)[0])
     env.step(up)
-    assert env._pos == (4, 3)
+    assert cell(env) == (4, 3)
 
 
 # --------------------------------------------------------------------------------------- Package Delivery
 def set_road(env: PackageDelivery, forks: dict[int, int], addresses: list[int], drop: int) -> dict:
-    env.forks, env.addresses, env.drop_action = forks, addresses, drop
+    env.set_task(0, forks, addresses, drop)
     obs, _ = env.reset(options={"new_task": False})
     return obs
+
+
+def forks_of(env: PackageDelivery) -> dict[int, int]:
+    """The one copy's forks: cell -> the correct turn."""
+    return {c: int(side) for c, side in enumerate(env.forks[0]) if side}
 
 
 def test_delivery_spaces_metadata_and_checker():
@@ -229,11 +244,12 @@ def test_delivery_spaces_metadata_and_checker():
     for seed in range(20):
         obs, info = env.reset(seed=seed)
         assert env.observation_space.contains(obs) and info == {"achieved": []}
-        k = len(env.addresses)
-        assert 2 <= k <= 4 and env.addresses == sorted(env.addresses)
-        assert list(obs["goal"]) == env.addresses + [0] * (4 - k)
-        assert not set(env.addresses) & set(env.forks) and 3 <= len(env.forks) <= 6
-        assert 0 not in env.forks
+        addresses, forks = env.instruction(), forks_of(env)
+        k = len(addresses)
+        assert 2 <= k <= 4 and addresses == sorted(addresses)
+        assert list(obs["goal"]) == addresses + [0] * (4 - k)
+        assert not set(addresses) & set(forks) and 3 <= len(forks) <= 6
+        assert 0 not in forks
     check_env(PackageDelivery(), skip_render_check=True)
     for bad in (
         {"length": 4},
@@ -249,17 +265,18 @@ def test_delivery_seeding_and_hidden_task():
     a, b = PackageDelivery(), PackageDelivery()
     a.reset(seed=5)
     b.reset(seed=5)
-    assert a.forks == b.forks and a.addresses == b.addresses and a.drop_action == b.drop_action
+    assert forks_of(a) == forks_of(b) and a.instruction() == b.instruction() and a.drop_action == b.drop_action
     actions = np.random.default_rng(1).integers(0, 8, 100)
     for x, y in zip(play(a, actions), play(b, actions)):
         assert (x[0]["obs"] == y[0]["obs"]).all() and x[1:] == y[1:]
-    task = (dict(a.forks), list(a.addresses), a.drop_action)
+    task = (forks_of(a), a.instruction(), int(a.drop_action[0]))
     a.reset(options={"new_task": False})
-    assert (a.forks, a.addresses, a.drop_action) == task and a._pos == 0 and a._packages == 3 * len(task[1])
+    assert (forks_of(a), a.instruction(), int(a.drop_action[0])) == task
+    assert a._pos[0] == 0 and a._packages[0] == 3 * len(task[1])
     tasks = set()
     for _ in range(5):
         a.reset(options={"new_task": True})
-        tasks.add((tuple(sorted(a.forks.items())), tuple(a.addresses), a.drop_action))
+        tasks.add((tuple(sorted(forks_of(a).items())), tuple(a.instruction()), int(a.drop_action[0])))
     assert len(tasks) == 5
 
 
@@ -269,20 +286,20 @@ def test_delivery_rules_rewards_and_achieved():
     obs = set_road(env, forks={3: TURN_LEFT}, addresses=[2, 5], drop=4)
     assert list(obs["goal"]) == [2, 5, 0] and obs["obs"][1] == pytest.approx(6 / 9)
     steps = play(env, [FORWARD, 6])  # the wrong drop action: back to the depot, nothing delivered
-    assert env._pos == 0 and steps[-1][4]["achieved"] == [] and env._packages == 6
+    assert env._pos[0] == 0 and steps[-1][4]["achieved"] == [] and env._packages[0] == 6
     steps = play(env, [4])  # dropping at the depot never delivers
-    assert env._pos == 0 and steps[-1][4]["achieved"] == []
+    assert env._pos[0] == 0 and steps[-1][4]["achieved"] == []
     steps = play(env, [FORWARD, FORWARD, 4])  # deliver at address 2
     obs, r, term, trunc, info = steps[-1]
     assert r == 1.0 and info["achieved"] == [2] and list(obs["goal"]) == [0, 5, 0] and not term
-    assert env._packages == 5
+    assert env._packages[0] == 5
     steps = play(env, [FORWARD, FORWARD, 4, NO_OP])  # at the fork: forward and drops do nothing
-    assert env._pos == 3 and all(s[4]["achieved"] == [] and s[1] == 0 for s in steps)
+    assert env._pos[0] == 3 and all(s[4]["achieved"] == [] and s[1] == 0 for s in steps)
     assert steps[-1][0]["obs"][2] == 1.0  # "at a fork"
     play(env, [TURN_RIGHT])  # the wrong side
-    assert env._pos == 0
+    assert env._pos[0] == 0
     steps = play(env, [FORWARD] * 3 + [TURN_LEFT, 4])  # a delivery to a non-address cell: no reward
-    assert env._pos == 4 and steps[-1][4]["achieved"] == [4] and steps[-1][1] == 0.0
+    assert env._pos[0] == 4 and steps[-1][4]["achieved"] == [4] and steps[-1][1] == 0.0
     steps = play(env, [FORWARD, 4])
     obs, r, term, trunc, info = steps[-1]
     assert r == 1.0 and term and not trunc and info["success"] == 1.0 and info["achieved"] == [5]
@@ -297,15 +314,15 @@ def test_delivery_out_of_order_budget_wrap_and_time_limit():
     assert steps[-1][4]["achieved"] == [5] and steps[-1][1] == 0.0
     assert list(steps[-1][0]["goal"]) == [2, 5]
     play(env, [3] * 5)  # use up the van (6 packages)
-    assert env._packages == 0
+    assert env._packages[0] == 0
     steps = play(env, [3])  # an empty van: back to the depot
-    assert env._pos == 0 and steps[-1][4]["achieved"] == []
+    assert env._pos[0] == 0 and steps[-1][4]["achieved"] == []
     play(env, [FORWARD] * 9)
-    assert env._pos == 9
+    assert env._pos[0] == 9
     play(env, [FORWARD])  # the end of the road wraps to the depot
-    assert env._pos == 0
+    assert env._pos[0] == 0
     steps = play(env, [NO_OP] * 100)
-    assert env._t == 40 and steps[-1][3] and not steps[-1][2] and steps[-1][4]["success"] == 0.0
+    assert env._time[0] == 40 and steps[-1][3] and not steps[-1][2] and steps[-1][4]["success"] == 0.0
 
 
 def test_render_modes():
@@ -324,11 +341,12 @@ def test_render_modes():
 
 # --------------------------------------------------------------------------------- vector env + collector
 @pytest.mark.parametrize(
-    "name, kwargs", [("mazerunner", {"size": 7, "num_goals": 2}), ("package_delivery", {"time_limit": 60})]
+    "name, kwargs",
+    [("mazerunner", {"size": 7, "num_goals": 2}), ("package_delivery", {"time_limit": 60}), ("goal_grid", {})],
 )
 def test_collect_through_vector_env(name, kwargs):
-    assert type(make_env(name, kwargs)).__name__ in ("MazeRunner", "PackageDelivery")
-    venv = make_vector_env(name, kwargs, num_envs=2)  # the batched form (icrl.envs.batched_goals)
+    assert type(make_env(name, kwargs)) in (MazeRunner, PackageDelivery, GoalGrid)
+    venv = make_vector_env(name, kwargs, num_envs=2)  # every copy stepped at once (icrl.envs.batched)
     spec = ActionSpec.from_space(venv.single_action_space)
     rollouts, stats = Collector(venv, spec, seed=0).collect_rollouts(RandomPolicy(spec, 0), 4)
     assert len(rollouts) == 4 and len(stats) == 4
@@ -338,7 +356,7 @@ def test_collect_through_vector_env(name, kwargs):
         assert goal.dtype == np.int64 and (goal[0] > 0).any()
         assert r.achieved is not None and r.achieved.shape == (len(r.time), 1)
         assert (r.achieved[0] == -1).all()  # the reset achieves nothing
-        if name == "mazerunner":
+        if name != "package_delivery":
             assert (r.achieved[1:] > 0).all()  # every step achieves the agent's cell
         rewards, success = relabel_rewards(goal[0], r.achieved)
         np.testing.assert_array_equal(rewards, r.reward)  # the record reproduces the env's rewards
@@ -349,7 +367,7 @@ def test_collect_through_vector_env(name, kwargs):
 def test_multi_episode_rollout_keeps_the_task():
     venv = make_vector_env(
         "mazerunner", {"size": 7, "num_goals": 2, "time_limit": 15}, 1, episodes_per_rollout=2
-    )  # the batched form (icrl.envs.batched_goals), as for one episode per rollout
+    )  # every copy stepped at once, as for one episode per rollout
     spec = ActionSpec.from_space(venv.single_action_space)
     (rollout,), _ = Collector(venv, spec, seed=0).collect_rollouts(RandomPolicy(spec, 1), 1)
     starts = np.flatnonzero(rollout.reset)
@@ -365,15 +383,17 @@ class Oracle:
         self.envs = [e.unwrapped for e in venv.envs]
 
     def _action(self, env) -> int:
+        current = int(env._current[0])
         if isinstance(env, MazeRunner):
-            if env._progress.current >= env.num_goals:
+            if current >= env.num_goals:
                 return STAY
-            move = bfs_moves(env.walls, env._pos, env.goals[env._progress.current])[0]
-            return int(np.flatnonzero(env.action_map == move)[0])
-        if env._pos in env.forks:
-            return env.forks[env._pos]
-        if env._progress.current < len(env.addresses) and env._pos == env.addresses[env._progress.current]:
-            return env.drop_action
+            move = bfs_moves(env.walls[0], cell(env), goals_of(env)[current])[0]
+            return int(np.flatnonzero(env.action_map[0] == move)[0])
+        pos, forks, addresses = int(env._pos[0]), forks_of(env), env.instruction()
+        if pos in forks:
+            return forks[pos]
+        if current < len(addresses) and pos == addresses[current]:
+            return int(env.drop_action[0])
         return FORWARD
 
     def act(self, ts, new_rollout):

@@ -29,8 +29,17 @@ def play(env, actions):
 
 
 def place(env: DarkKeyToDoor, agent, key, door) -> None:
-    """Hand-build a scenario (after a reset)."""
-    env._pos, env.key, env.door, env.has_key = agent, key, door, False
+    """Hand-build a scenario (after a reset): the one copy's row of the task's arrays."""
+    env._pos[0], env.key[0], env.door[0], env.has_key[0] = agent, key, door, False
+
+
+def room(env: DarkKeyToDoor) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The one copy's key and door cells."""
+    return cell(env.key[0]), cell(env.door[0])
+
+
+def cell(row) -> tuple[int, int]:
+    return int(row[0]), int(row[1])
 
 
 def test_spaces_and_checker():
@@ -39,7 +48,7 @@ def test_spaces_and_checker():
     assert env.observation_space.shape == (2,)
     obs, _ = env.reset(seed=0)
     assert env.observation_space.contains(obs)
-    np.testing.assert_allclose(obs * 8, env._pos)
+    np.testing.assert_allclose(obs * 8, env._pos[0])
     obs, _ = DarkKeyToDoor(size=5, obs_mode="onehot").reset(seed=0)
     assert obs.shape == (25,) and obs.sum() == 1
     check_env(DarkKeyToDoor(size=5), skip_render_check=True)
@@ -83,20 +92,20 @@ def test_time_limit_truncates_without_success():
 def test_key_is_dropped_between_episodes_and_task_kept():
     env = DarkKeyToDoor(size=6)
     env.reset(seed=4)
-    key, door = env.key, env.door
+    key, door = room(env)
     starts = set()
     for _ in range(30):
         env.reset(options={"new_task": False})
-        assert (env.key, env.door) == (key, door) and not env.has_key
-        assert env._pos not in (key, door)
-        starts.add(env._pos)
+        assert room(env) == (key, door) and not env.has_key[0]
+        assert cell(env._pos[0]) not in (key, door)
+        starts.add(cell(env._pos[0]))
         # the key pays again in every episode
-        ret, _ = play(env, path_to(env._pos, key))
+        ret, _ = play(env, path_to(cell(env._pos[0]), key))
         assert ret == 1.0
     assert len(starts) >= 5  # the start is random per episode
     fixed = DarkKeyToDoor(size=9, random_start=False)
     fixed.reset(seed=0)
-    fixed.key, fixed.door = (0, 0), (8, 8)
+    fixed.key[0], fixed.door[0] = (0, 0), (8, 8)
     assert {fixed.reset(options={"new_task": False})[0].tobytes() for _ in range(5)} == {
         np.array([0.5, 0.5], np.float32).tobytes()
     }
@@ -108,8 +117,8 @@ def test_task_changes_across_rollouts():
     tasks = set()
     for options in [None, {"new_task": True}, {"new_task": True}, None, {"new_task": True}]:
         env.reset(options=options)
-        tasks.add((env.key, env.door))
-        assert env.key != env.door
+        tasks.add(room(env))
+        assert room(env)[0] != room(env)[1]
     assert len(tasks) >= 2
 
 
@@ -126,7 +135,7 @@ def test_seeding_is_deterministic():
                 if term or trunc:
                     break
             out.append(env.reset(options={"new_task": False})[0])
-        return (env.key, env.door), np.concatenate(out)
+        return room(env), np.concatenate(out)
 
     a, b, c = rollout(11), rollout(11), rollout(12)
     assert a[0] == b[0] and np.array_equal(a[1], b[1])
@@ -161,7 +170,7 @@ def test_collector_rollout_horizon_keeps_task():
             for i in range(2):
                 if new_rollout[i]:
                     seen[i].append(set())
-                seen[i][-1].add((inner[i].key, inner[i].door))
+                seen[i][-1].add(room(inner[i]))
             return super().act(ts, new_rollout)
 
     col = Collector(venv, spec, seed=0)

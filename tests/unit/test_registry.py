@@ -1,5 +1,5 @@
-"""The task registry (icrl.envs.registry) is the one place a built-in task is declared: its kwargs are its
-per-copy env's signature, its batched form takes exactly those, and `icrl envs` and the batched path read it."""
+"""The task registry (icrl.envs.registry) is the one place a built-in task is declared: its kwargs are its env's
+signature, its batched form (a task on arrays) takes exactly those, and `icrl envs` and the batched path read it."""
 
 import ast
 import inspect
@@ -13,8 +13,7 @@ from icrl.envs.batched import BatchedTaskEnv
 from icrl.envs.registry import ENV_FAMILIES, TASKS, batched_env, has_batched_form
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLLOUT_PARAMS = {"num_envs", "episodes_per_rollout", "rollout_horizon"}
-BATCHED = sorted(name for name, task in TASKS.items() if task.batched is not None)
+BATCHED = sorted(name for name, task in TASKS.items() if task.on_arrays)
 
 
 def test_the_eight_batched_tasks_and_their_families():
@@ -28,12 +27,14 @@ def test_the_eight_batched_tasks_and_their_families():
 
 @pytest.mark.parametrize("name", BATCHED)
 def test_a_batched_form_takes_exactly_the_per_copy_kwargs(name):
-    """The accepted kwargs are the per-copy signature's (render_mode aside), and the batched class's own
-    signature names the same ones (beyond the rollout settings)."""
+    """The accepted kwargs are the task's signature's (render_mode aside: a vector env that renders keeps its
+    one-copy envs), and the batched form builds with every one of them."""
     task = TASKS[name]
     per_copy = set(inspect.signature(task.make).parameters)
     assert task.kwargs() == per_copy and task.batched_kwargs() == per_copy - {"render_mode"}
-    assert set(inspect.signature(task.batched).parameters) - ROLLOUT_PARAMS == task.batched_kwargs()
+    defaults = {k: p.default for k, p in inspect.signature(task.make).parameters.items() if k != "render_mode"}
+    venv = batched_env(name, defaults, 2)
+    assert isinstance(venv, BatchedTaskEnv) and type(venv.copies) is task.make
 
 
 @pytest.mark.parametrize("name", [n for n in TASKS if n.startswith("popgym/")][:1] + ["bandit", "crafter"])

@@ -136,7 +136,7 @@ def test_active_cue_visible_only_on_cue_cell():
         actions = [RIGHT, LEFT, LEFT, LEFT, UP, RIGHT, LEFT, RIGHT, RIGHT, RIGHT, RIGHT]
         _, hist, _ = play(env, actions, seed)
         positions = [1, 2, 1, 0, 0, 0, 1, 0, 1, 2, 3, 4]
-        goal = 0 if env.goal_up else 1
+        goal = 0 if env.goal_up[0] else 1
         for obs, pos in zip(hist, positions):
             if pos == 0:
                 assert obs[goal] == 1 and obs[1 - goal] == 0
@@ -155,7 +155,7 @@ def test_active_skipping_the_cue_can_only_guess():
         assert all(o[:2].sum() == 0 for o in hist)
         wins += steps[-1][3]["success"] == 1.0
         # each right step before the cue is seen is penalised
-        assert ret == pytest.approx(float(env.goal_up) - (length - 1) / env.horizon)
+        assert ret == pytest.approx(float(env.goal_up[0]) - (length - 1) / env.horizon)
     assert len(seen) == 1 and 0 < wins < 40
 
 
@@ -189,8 +189,8 @@ def test_active_tasks_seeding_render_and_checker():
     assert goals == [_goal(s) for s in range(20)] and 0 < sum(goals) < 20
     env = TMazeActive(length=3)
     env.reset(seed=3)
-    g = env.goal_up
-    assert all(env.reset(options={"new_task": False}) and env.goal_up == g for _ in range(10))
+    g = bool(env.goal_up[0])
+    assert all(env.reset(options={"new_task": False}) and env.goal_up[0] == g for _ in range(10))
     check_env(TMazeActive(length=3), skip_render_check=True)
     wrapped = TimestepWrapper(TMazeActive(length=3))
     assert wrapped.reset(seed=0)[0]["obs"]["obs"].shape == (4,) and wrapped.action_spec.dim == 4
@@ -216,4 +216,4 @@ def test_active_tasks_seeding_render_and_checker():
 def _goal(seed: int) -> bool:
     env = TMazeActive(length=3)
     env.reset(seed=seed)
-    return env.goal_up
+    return bool(env.goal_up[0])

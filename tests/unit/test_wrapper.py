@@ -305,32 +305,37 @@ def test_action_to_vector_cleans_policy_outputs() -> None:
     assert ActionSpec("continuous", 2).zero_vector(3).shape == (3, 2)
 
 
-def test_rollout_clock_is_the_one_timestep_state_machine():
-    """RolloutClock, which TimestepWrapper and icrl.load's predict both run: a new task zeroes time and the
-    episode index, the next episode of the same task counts the episode on and keeps time, both zero the
-    previous action and reward and set the reset flag; `rollout_over` is the one end-of-rollout rule."""
-    from icrl.envs.wrapper import RolloutClock
+def test_rollout_clocks_are_the_one_timestep_state_machine():
+    """RolloutClocks, which TimestepWrapper, icrl.load's predict and the batched tasks run: a new task zeroes
+    time and the episode index, the next episode of the same task counts the episode on and keeps time, both
+    zero the previous action and reward and set the reset flag, for the rows given only; `rollout_over` is the
+    one end-of-rollout rule."""
+    from icrl.envs.clock import RolloutClocks
 
     spec = ActionSpec("discrete", 3)
-    obs = {"obs": np.zeros(1, np.float32)}
-    clock = RolloutClock(spec, episodes_per_rollout=2)
-    clock.start(new_task=True)
-    ts = clock.timestep(obs, 5.0, cont=False)
-    assert (ts["reset"], ts["prev_reward"], ts["time"]) == (1, 0.0, 0) and not ts["prev_action"].any()
+    clock = RolloutClocks(spec, 2, episodes_per_rollout=2)
+    clock.start(np.arange(2), new_task=True)
+    ts = clock.timestep(np.array([5.0, 5.0]), cont=np.array([False, False]))
+    assert ts["reset"].tolist() == [1, 1] and ts["prev_reward"].tolist() == [0, 0] and ts["time"].tolist() == [0, 0]
+    assert not ts["prev_action"].any()
     assert ts["prev_reward"].dtype == np.float32 and ts["time"].dtype == np.int64 and ts["reset"].dtype == np.int8
-    clock.acted(spec.to_vector(np.array(2)))
-    ts = clock.timestep(obs, 0.5, cont=True)
-    assert (ts["reset"], ts["prev_reward"], ts["time"]) == (0, 0.5, 1) and ts["prev_action"].tolist() == [0, 0, 1]
-    assert not clock.rollout_over()  # the first of two episodes
-    clock.acted(spec.to_vector(np.array(0)))
-    clock.start(new_task=False)  # the next episode of the same task: time counts on
-    ts = clock.timestep(obs, 2.0, cont=False)
-    assert (ts["reset"], ts["prev_reward"], ts["time"], clock.episode) == (1, 0.0, 2, 1) and not ts["prev_action"].any()
-    assert clock.rollout_over()
-    clock.start(new_task=True)
-    assert (clock.time, clock.episode) == (0, 0) and not clock.rollout_over()
-    horizon = RolloutClock(spec, rollout_horizon=2)
-    horizon.acted(spec.zero_vector())
-    assert not horizon.rollout_over()
-    horizon.acted(spec.zero_vector())
-    assert horizon.rollout_over()  # time reached the horizon
+    clock.acted(spec.to_vector(np.array([2, 1])))
+    ts = clock.timestep(np.array([0.5, 1.0]), cont=np.array([True, True]))
+    assert ts["reset"].tolist() == [0, 0] and ts["prev_reward"].tolist() == [0.5, 1.0] and ts["time"].tolist() == [1, 1]
+    assert ts["prev_action"].tolist() == [[0, 0, 1], [0, 1, 0]]
+    assert not clock.rollout_over().any()  # the first of two episodes
+    clock.acted(spec.to_vector(np.array([0, 0])))
+    clock.start(np.array([True, False]), new_task=False)  # env 0's next episode of the same task: time counts on
+    ts = clock.timestep(np.array([2.0, 3.0]), cont=np.array([False, True]))
+    assert ts["reset"].tolist() == [1, 0] and ts["prev_reward"].tolist() == [0.0, 3.0] and ts["time"].tolist() == [2, 2]
+    assert clock.episode.tolist() == [1, 0] and ts["prev_action"].tolist() == [[0, 0, 0], [1, 0, 0]]
+    assert clock.rollout_over().tolist() == [True, False]
+    clock.start(np.array([0]), new_task=True)
+    assert (clock.time.tolist(), clock.episode.tolist()) == ([0, 2], [0, 0]) and not clock.rollout_over().any()
+    horizon = RolloutClocks(spec, 1, rollout_horizon=2)
+    horizon.acted(spec.zero_vector(1))
+    assert not horizon.rollout_over()[0]
+    horizon.acted(spec.zero_vector(1))
+    assert horizon.rollout_over()[0]  # time reached the horizon
+    with np.errstate(over="raise"):  # beyond float32: inf without a warning, for the collector's guard
+        assert np.isinf(horizon.timestep(np.array([1e300]), np.array([True]))["prev_reward"][0])

@@ -20,17 +20,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.tasks.grid import (
-    RenderModes,
-    move,
-    position_obs,
-    position_space,
-    time_limit_reached,
-    wants_new_task,
-)
+from icrl.envs.batched import ArrayTask, StepArrays
+from icrl.envs.tasks.grid import position_rows, position_space
 
 LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
 _MOVES = {LEFT: (0, -1), DOWN: (1, 0), RIGHT: (0, 1), UP: (-1, 0)}  # (d_row, d_col)
+_MOVE_ROWS = np.array([_MOVES[m] for m in range(4)], np.int64)  # [4, 2]
 
 
 def lake_is_solvable(holes: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> bool:
@@ -55,7 +50,7 @@ def lake_is_solvable(holes: np.ndarray, start: tuple[int, int], goal: tuple[int,
     return False
 
 
-class MetaFrozenLake(RenderModes, gym.Env):
+class MetaFrozenLake(ArrayTask):
     """A hidden random lake per task; observation = the agent's position only (not the map).
 
     kwargs:
@@ -102,78 +97,73 @@ class MetaFrozenLake(RenderModes, gym.Env):
         self.render_mode = render_mode
         self.observation_space = position_space(self.size, obs_mode, "MetaFrozenLake")
         self.action_space = gym.spaces.Discrete(4)
-        # Task (hidden): holes [size, size] bool, start, goal, action permutation (agent action -> move).
-        self.holes = np.zeros((self.size, self.size), dtype=bool)
-        self.start = (0, 0)
-        self.goal = (self.size - 1, self.size - 1)
-        self.action_map = np.arange(4)
-        self._pos = self.start
-        self._t = 0
-        self._has_task = False
+        self._copies(1)
 
-    # --------------------------------------------------------------------------------------------- task
-    def _sample_task(self) -> None:
-        rng, n = self.np_random, self.size
-        while True:
-            if self.random_corners:
-                a, b = rng.choice(n * n, size=2, replace=False)
-                start, goal = divmod(int(a), n), divmod(int(b), n)
-            else:
-                start, goal = (0, 0), (n - 1, n - 1)
-            holes = rng.random((n, n)) < self.hole_prob
-            holes[start] = holes[goal] = False
-            if lake_is_solvable(holes, start, goal):
-                break
-        self.holes, self.start, self.goal = holes, start, goal
-        self.action_map = rng.permutation(4) if self.hard else np.arange(4)
-        self._has_task = True
+    def _allocate(self, n: int) -> None:
+        s = self.size
+        self.holes = np.zeros((n, s, s), bool)  # [N, S, S] the hidden task: True = hole
+        self.start = np.zeros((n, 2), np.int64)  # [N, 2] (row, col)
+        self.goal = np.full((n, 2), s - 1, np.int64)  # [N, 2]
+        self.action_map = np.tile(np.arange(4), (n, 1))  # [N, 4] agent action -> move
+        self._pos = np.zeros((n, 2), np.int64)  # [N, 2]
 
-    def _obs(self) -> np.ndarray:
-        return position_obs(self._pos, self.size, self.obs_mode)
+    def _draw_tasks(self, rows: np.ndarray) -> None:
+        n = self.size
+        for i in rows.tolist():
+            rng = self._rng(i)
+            while True:  # lakes drawn until solvable
+                if self.random_corners:
+                    a, b = rng.choice(n * n, size=2, replace=False)
+                    start, goal = divmod(int(a), n), divmod(int(b), n)
+                else:
+                    start, goal = (0, 0), (n - 1, n - 1)
+                holes = rng.random((n, n)) < self.hole_prob
+                holes[start] = holes[goal] = False
+                if lake_is_solvable(holes, start, goal):
+                    break
+            self.holes[i], self.start[i], self.goal[i] = holes, start, goal
+            self.action_map[i] = rng.permutation(4) if self.hard else np.arange(4)
 
-    # ---------------------------------------------------------------------------------------------- API
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
-        if wants_new_task(options, seed, self._has_task):
-            self._sample_task()
-        self._pos, self._t = self.start, 0
-        return self._obs(), {}
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        self._pos[rows] = self.start[rows]
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        action = int(action)
-        if not 0 <= action < 4:
-            raise ValueError(f"MetaFrozenLake action must be in [0, 4), got {action}")
-        self._t += 1
-        self._pos = move(self._pos, _MOVES[int(self.action_map[action])], self.size)
-        reward, terminated, info = 0.0, False, {}
-        if self._pos == self.goal:
-            reward, terminated, info["success"] = 1.0, True, 1.0
-        elif self.holes[self._pos]:
-            terminated, info["success"] = True, 0.0
-        truncated = time_limit_reached(terminated, self._t, self.max_episode_steps, info)
-        return self._obs(), reward, terminated, truncated, info
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {"obs": position_rows(self._pos, self.size, self.obs_mode)}  # a Box: TimestepWrapper's key "obs"
+
+    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
+        rows = np.arange(self.num_copies)
+        move = _MOVE_ROWS[self.action_map[rows, actions]]  # [N, 2]
+        self._pos = np.clip(self._pos + move, 0, self.size - 1)  # the border stops the agent
+        at_goal = (self._pos == self.goal).all(1)
+        in_hole = ~at_goal & self.holes[rows, self._pos[:, 0], self._pos[:, 1]]
+        terminated = at_goal | in_hole
+        truncated = ~terminated & (self._time >= self.max_episode_steps)
+        success = np.where(at_goal, 1.0, np.where(in_hole | truncated, 0.0, np.nan))
+        return StepArrays(at_goal.astype(np.float64), terminated, success, truncated)
 
     def _ansi(self) -> str:
+        (sr, sc), (gr, gc), (ar, ac) = self.start[0], self.goal[0], self._pos[0]
         rows = []
         for r in range(self.size):
-            row = ["H" if self.holes[r, c] else "." for c in range(self.size)]
-            row[self.start[1]] = "S" if r == self.start[0] else row[self.start[1]]
-            row[self.goal[1]] = "G" if r == self.goal[0] else row[self.goal[1]]
-            if r == self._pos[0]:
-                row[self._pos[1]] = "A"
+            row = ["H" if self.holes[0, r, c] else "." for c in range(self.size)]
+            row[sc] = "S" if r == sr else row[sc]
+            row[gc] = "G" if r == gr else row[gc]
+            if r == ar:
+                row[ac] = "A"
             rows.append("".join(row))
-        perm = f" actions={self.action_map.tolist()}" if self.hard else ""
-        return "\n".join(rows) + f"\nt={self._t}{perm}"
+        perm = f" actions={self.action_map[0].tolist()}" if self.hard else ""
+        return "\n".join(rows) + f"\nt={int(self._time[0])}{perm}"
 
     def _frame(self, cell: int = 16) -> np.ndarray:
         """[size * cell, size * cell, 3] uint8: ice light blue, holes dark, start grey, goal green, agent
         blue (red once in a hole)."""
+        holes, pos = self.holes[0], tuple(self._pos[0])
         img = np.zeros((self.size, self.size, 3), np.uint8)
         img[:] = (200, 230, 250)
-        img[self.holes] = (20, 30, 60)
-        img[self.start] = (170, 170, 170)
-        img[self.goal] = (80, 200, 80)
-        img[self._pos] = (230, 60, 40) if self.holes[self._pos] else (40, 90, 230)
+        img[holes] = (20, 30, 60)
+        img[tuple(self.start[0])] = (170, 170, 170)
+        img[tuple(self.goal[0])] = (80, 200, 80)
+        img[pos] = (230, 60, 40) if holes[pos] else (40, 90, 230)
         frame = np.kron(img, np.ones((cell, cell, 1), np.uint8))
         frame[::cell, :] = frame[:, ::cell] = 255  # grid lines
         return frame

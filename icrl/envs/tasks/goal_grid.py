@@ -16,13 +16,14 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.tasks.grid import move, position_obs, position_space
-from icrl.envs.tasks.instruction import InstructionProgress, score_step
+from icrl.envs.tasks.grid import position_rows, position_space
+from icrl.envs.tasks.instruction import InstructionTask
 
 MOVES = ((0, -1), (-1, 0), (0, 1), (1, 0))  # left, up, right, down
+_MOVES = np.array(MOVES, np.int64)  # [4, 2] (d_row, d_col)
 
 
-class GoalGrid(gym.Env):
+class GoalGrid(InstructionTask):
     """Visit `num_goals` cells of an open room in the order the instruction gives.
 
     Kwargs:
@@ -30,6 +31,7 @@ class GoalGrid(gym.Env):
       num_goals: instruction length k (distinct cells, never the start cell; 1 <= k < size**2).
       time_limit: steps before truncation (default 3 * size * num_goals).
       obs_mode: "onehot" (default) or "xy" position observation.
+      render_mode: "ansi" (the room as text) or None.
     Observation: {"pos": position, "goal": int64 [k] tokens, completed sub-goals zeroed}.
     Every reset samples a new start cell and instruction.
     """
@@ -37,7 +39,8 @@ class GoalGrid(gym.Env):
     metadata = {"render_modes": ["ansi"], "achieved_slots": 1}
 
     def __init__(
-        self, size: int = 5, num_goals: int = 3, time_limit: int | None = None, obs_mode: str = "onehot"
+        self, size: int = 5, num_goals: int = 3, time_limit: int | None = None, obs_mode: str = "onehot",
+        render_mode: str | None = None,
     ):
         if size < 2 or not 1 <= num_goals < size**2:
             raise ValueError(
@@ -47,6 +50,7 @@ class GoalGrid(gym.Env):
         self.time_limit = int(time_limit) if time_limit is not None else 3 * self.size * self.num_goals
         if self.time_limit < 1:
             raise ValueError(f"time_limit must be >= 1, got {time_limit}")
+        self.render_mode = render_mode
         self.metadata = {**self.metadata, "goal_vocab": self.size**2}
         self.observation_space = gym.spaces.Dict(
             {
@@ -55,36 +59,33 @@ class GoalGrid(gym.Env):
             }
         )
         self.action_space = gym.spaces.Discrete(4)
-        self.pos, self.t = (0, 0), 0
-        self.progress = InstructionProgress([1] * self.num_goals, self.num_goals)  # replaced at reset
+        self._copies(1)
 
-    def token(self, pos: tuple[int, int]) -> int:
-        return pos[0] * self.size + pos[1] + 1
+    def _allocate(self, n: int) -> None:
+        super()._allocate(n)
+        self._pos = np.zeros((n, 2), np.int64)  # [N, 2] (row, col)
 
-    def _obs(self) -> dict:
-        return {"pos": position_obs(self.pos, self.size, self.obs_mode), "goal": self.progress.goal()}
+    def _draw_tasks(self, rows: np.ndarray) -> None:
+        for i in rows.tolist():  # a start cell and the instruction's cells, distinct; token = cell + 1
+            cells = self._rng(i).choice(self.size**2, size=self.num_goals + 1, replace=False)
+            self._pos[i] = divmod(int(cells[0]), self.size)
+            self._set_instruction(i, cells[1:] + 1)
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        super().reset(seed=seed)
-        cells = self.np_random.choice(self.size**2, size=self.num_goals + 1, replace=False)
-        self.pos = divmod(int(cells[0]), self.size)
-        self.progress = InstructionProgress(cells[1:] + 1, self.num_goals)  # tokens: cell + 1
-        self.t = 0
-        return self._obs(), {"achieved": []}
+    def _draw_episodes(self, rows: np.ndarray) -> None:
+        self._draw_tasks(rows)  # every reset a new start and instruction
 
-    def step(self, action: int) -> tuple[dict, float, bool, bool, dict]:
-        self.pos = move(self.pos, MOVES[int(action)], self.size)
-        self.t += 1
-        reward, terminated, truncated, info = score_step(
-            self.progress, [self.token(self.pos)], self.t, self.time_limit
-        )
-        return self._obs(), reward, terminated, truncated, info
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {"goal": self._goal(), "pos": position_rows(self._pos, self.size, self.obs_mode)}
 
-    def render(self) -> str:
+    def _act(self, actions: np.ndarray) -> np.ndarray:
+        self._pos = np.clip(self._pos + _MOVES[actions], 0, self.size - 1)  # walls stop the agent
+        return self._pos[:, 0] * self.size + self._pos[:, 1] + 1  # every step achieves the agent's cell
+
+    def _ansi(self) -> str:
         rows = [["." for _ in range(self.size)] for _ in range(self.size)]
-        for i, g in enumerate(self.progress.goal()):
+        for i, g in enumerate(self._goal()[0].tolist()):
             if g:
-                r, c = divmod(int(g) - 1, self.size)
+                r, c = divmod(g - 1, self.size)
                 rows[r][c] = str(i + 1)
-        rows[self.pos[0]][self.pos[1]] = "A"
+        rows[self._pos[0, 0]][self._pos[0, 1]] = "A"
         return "\n".join("".join(r) for r in rows)

@@ -1,16 +1,21 @@
-"""The one implementation of the goal-conditioned reward rule (docs/CONTRACTS.md, docs/design.md §7).
+"""The goal-conditioned reward rule (docs/CONTRACTS.md, docs/design.md §7): `InstructionProgress`, and its
+array form `InstructionTask` that the built-in goal tasks score with.
 
-Every built-in goal task scores its instruction with `InstructionProgress`, and the hindsight relabeler
-(icrl/data/relabel.py) replays stored achievement records through the same class, so a relabeled rollout
-gets exactly the rewards, goal observations and terminals the env would have produced.
+The hindsight relabeler (icrl/data/relabel.py) replays stored achievement records through
+`InstructionProgress`, so a relabeled rollout gets exactly the rewards, goal observations and terminals the env
+would have produced: the built-in tasks, which achieve one token per step, score by the same rule on arrays
+(tests/unit/test_goal_tasks.py replays their rollouts through `InstructionProgress`).
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterable
 from typing import SupportsInt
 
 import numpy as np
+
+from icrl.envs.batched import ArrayTask, StepArrays
 
 
 class InstructionProgress:
@@ -52,16 +57,50 @@ class InstructionProgress:
         return completed
 
 
-def score_step(
-    progress: InstructionProgress, achieved: list[int], t: int, time_limit: int
-) -> tuple[float, bool, bool, dict]:
-    """A goal env's step outcome under the contract: (reward, terminated, truncated, info) for a step that
-    achieved `achieved` and is the t-th of the episode. Success 1 when the instruction is complete, 0 when the
-    time limit cuts it first."""
-    info: dict = {"achieved": list(achieved)}
-    reward = float(progress.update(achieved))
-    terminated = progress.done
-    truncated = not terminated and t >= time_limit
-    if terminated or truncated:
-        info["success"] = float(terminated)
-    return reward, terminated, truncated, info
+class InstructionTask(ArrayTask):
+    """The instruction side of the built-in goal tasks, every copy at once: the instruction [N, k] (0 padded),
+    its progress and the step's score, by `InstructionProgress`'s rule for steps that achieve one token at
+    most (`metadata["achieved_slots"] = 1`). A subclass sets `time_limit` and the observation's "goal" [k],
+    draws its tasks (`_set_instruction` for each row), moves the copies in `_act(actions)` -> [N] int64, the
+    token each copy's step achieved (-1: none), and shows `_goal()` as its "goal"; its `_allocate` and
+    `_reset_rows` call these."""
+
+    time_limit: int
+
+    def _allocate(self, n: int) -> None:
+        slots = int(self.observation_space["goal"].shape[0])  # type: ignore[index]
+        self._tokens = np.zeros((n, slots), np.int64)  # [N, k] the instruction, unused slots 0
+        self._length = np.ones(n, np.int64)  # [N] goals in the instruction
+        self._current = np.zeros(n, np.int64)  # [N] index of the current sub-goal
+        self._slot = np.arange(slots)  # [k]
+
+    def _set_instruction(self, i: int, tokens: Iterable[SupportsInt]) -> None:
+        goals = [int(t) for t in tokens]
+        self._tokens[i] = 0
+        self._tokens[i, : len(goals)] = goals
+        self._length[i] = len(goals)
+
+    def instruction(self, i: int = 0) -> list[int]:
+        """Copy i's instruction: its goal tokens in order."""
+        return self._tokens[i, : self._length[i]].tolist()
+
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        self._current[rows] = 0
+
+    def _goal(self) -> np.ndarray:
+        """[N, k] int64: the instructions with completed slots zeroed (`InstructionProgress.goal`)."""
+        return np.where(self._slot >= self._current[:, None], self._tokens, 0)
+
+    @abstractmethod
+    def _act(self, actions: np.ndarray) -> np.ndarray:
+        """Move every copy by its action; [N] int64: the token each copy's step achieved (-1: none)."""
+
+    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
+        token = self._act(actions)  # [N]
+        current = np.minimum(self._current, self._slot.size - 1)
+        hit = (self._current < self._length) & (self._tokens[np.arange(self.num_copies), current] == token)
+        self._current += hit  # a step achieving one token completes one slot at most
+        terminated = self._current >= self._length
+        truncated = ~terminated & (self._time >= self.time_limit)
+        success = np.where(terminated, 1.0, np.where(truncated, 0.0, np.nan))
+        return StepArrays(hit.astype(np.float64), terminated, success, truncated, token[:, None])

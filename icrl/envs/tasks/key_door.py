@@ -15,20 +15,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.tasks.grid import (
-    RenderModes,
-    move,
-    position_obs,
-    position_space,
-    time_limit_reached,
-    wants_new_task,
-)
+from icrl.envs.batched import ArrayTask, StepArrays
+from icrl.envs.tasks.grid import position_rows, position_space
 
 UP, DOWN, LEFT, RIGHT, STAY = 0, 1, 2, 3, 4
-_MOVES = {UP: (-1, 0), DOWN: (1, 0), LEFT: (0, -1), RIGHT: (0, 1), STAY: (0, 0)}  # (d_row, d_col)
+_MOVES = np.array([(-1, 0), (1, 0), (0, -1), (0, 1), (0, 0)], np.int64)  # [5, 2] (d_row, d_col) per action
 
 
-class DarkKeyToDoor(RenderModes, gym.Env):
+class DarkKeyToDoor(ArrayTask):
     """Hidden key and door per task; observation = the agent's position only (the room is dark).
 
     kwargs:
@@ -71,80 +65,71 @@ class DarkKeyToDoor(RenderModes, gym.Env):
         self.render_mode = render_mode
         self.observation_space = position_space(self.size, obs_mode, "DarkKeyToDoor")
         self.action_space = gym.spaces.Discrete(5)
-        # Task (hidden)
-        self.key = (0, 0)
-        self.door = (self.size - 1, self.size - 1)
-        self._has_task = False
-        # Episode state
-        self._pos = (0, 0)
-        self.has_key = False
-        self._t = 0
+        self._copies(1)
 
-    def _cell(self, index: int) -> tuple[int, int]:
-        r, c = divmod(int(index), self.size)
-        return r, c
+    def _allocate(self, n: int) -> None:
+        self.key = np.zeros((n, 2), np.int64)  # [N, 2] the hidden task
+        self.door = np.full((n, 2), self.size - 1, np.int64)  # [N, 2]
+        self._pos = np.zeros((n, 2), np.int64)  # [N, 2]
+        self.has_key = np.zeros(n, bool)  # [N]
 
-    def _sample_task(self) -> None:
-        a, b = self.np_random.choice(self.size**2, size=2, replace=False)
-        self.key, self.door = self._cell(a), self._cell(b)
-        self._has_task = True
+    def _draw_tasks(self, rows: np.ndarray) -> None:
+        for i in rows.tolist():  # the key and the door, then the first episode's start
+            a, b = self._rng(i).choice(self.size**2, size=2, replace=False)
+            self.key[i], self.door[i] = divmod(int(a), self.size), divmod(int(b), self.size)
+        self._draw_episodes(rows)
 
-    def _sample_start(self) -> tuple[int, int]:
+    def _draw_episodes(self, rows: np.ndarray) -> None:
+        """Every episode's start: a random cell that is neither the key nor the door (a fixed start: the one
+        nearest the centre)."""
         n = self.size
-        taken = {self.key[0] * n + self.key[1], self.door[0] * n + self.door[1]}
-        free = np.array([i for i in range(n * n) if i not in taken])
-        if self.random_start:
-            return self._cell(self.np_random.choice(free))
-        center = np.array([(n - 1) / 2, (n - 1) / 2])
-        dist = [np.abs(np.array(self._cell(i)) - center).sum() for i in free]
-        return self._cell(free[int(np.argmin(dist))])
+        for i in rows.tolist():
+            taken = {int(self.key[i, 0]) * n + int(self.key[i, 1]), int(self.door[i, 0]) * n + int(self.door[i, 1])}
+            free = np.array([c for c in range(n * n) if c not in taken])
+            if self.random_start:
+                cell = int(self._rng(i).choice(free))
+            else:
+                dist = np.abs(np.stack(divmod(free, n), 1) - (n - 1) / 2).sum(1)
+                cell = int(free[int(np.argmin(dist))])
+            self._pos[i] = divmod(cell, n)
 
-    def _obs(self) -> np.ndarray:
-        return position_obs(self._pos, self.size, self.obs_mode)
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        self.has_key[rows] = False  # the key is dropped between episodes (the start is drawn with the episode)
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
-        if wants_new_task(options, seed, self._has_task):
-            self._sample_task()
-        self._pos = self._sample_start()
-        self.has_key, self._t = False, 0
-        return self._obs(), {}
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {"obs": position_rows(self._pos, self.size, self.obs_mode)}
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        action = int(action)
-        if not 0 <= action < 5:
-            raise ValueError(f"DarkKeyToDoor action must be in [0, 5), got {action}")
-        self._t += 1
-        self._pos = move(self._pos, _MOVES[action], self.size)
-        reward, terminated, info = 0.0, False, {}
-        if self._pos == self.key and not self.has_key:
-            self.has_key, reward = True, 1.0
-        elif self._pos == self.door and self.has_key:
-            reward, terminated, info["success"] = 1.0, True, 1.0
-        truncated = time_limit_reached(terminated, self._t, self.episode_length, info)
-        return self._obs(), reward, terminated, truncated, info
+    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
+        self._pos = np.clip(self._pos + _MOVES[actions], 0, self.size - 1)  # walls stop the agent
+        pick = ~self.has_key & (self._pos == self.key).all(1)  # +1 the first time the key cell is reached
+        opened = self.has_key & (self._pos == self.door).all(1)  # the door with the key: +1, the end
+        self.has_key |= pick
+        truncated = ~opened & (self._time >= self.episode_length)
+        success = np.where(opened, 1.0, np.where(truncated, 0.0, np.nan))
+        return StepArrays((pick | opened).astype(np.float64), opened, success, truncated)
 
     def _ansi(self) -> str:
+        (kr, kc), (dr, dc), (ar, ac) = self.key[0], self.door[0], self._pos[0]
         rows = []
         for r in range(self.size):
             row = ["."] * self.size
-            if r == self.key[0] and not self.has_key:
-                row[self.key[1]] = "K"
-            if r == self.door[0]:
-                row[self.door[1]] = "D"
-            if r == self._pos[0]:
-                row[self._pos[1]] = "A"
+            if r == kr and not self.has_key[0]:
+                row[kc] = "K"
+            if r == dr:
+                row[dc] = "D"
+            if r == ar:
+                row[ac] = "A"
             rows.append("".join(row))
-        return "\n".join(rows) + f"\nt={self._t} has_key={self.has_key}"
+        return "\n".join(rows) + f"\nt={int(self._time[0])} has_key={bool(self.has_key[0])}"
 
     def _frame(self, cell: int = 12) -> np.ndarray:
         """[size * cell, size * cell, 3] uint8: floor grey, key yellow (until picked up), door brown (green
         once the key is held), agent blue. Shows what the agent does not see."""
         img = np.full((self.size, self.size, 3), 60, np.uint8)
-        if not self.has_key:
-            img[self.key] = (240, 210, 40)
-        img[self.door] = (80, 200, 80) if self.has_key else (150, 90, 40)
-        img[self._pos] = (40, 90, 230)
+        if not self.has_key[0]:
+            img[tuple(self.key[0])] = (240, 210, 40)
+        img[tuple(self.door[0])] = (80, 200, 80) if self.has_key[0] else (150, 90, 40)
+        img[tuple(self._pos[0])] = (40, 90, 230)
         frame = np.kron(img, np.ones((cell, cell, 1), np.uint8))
         frame[::cell, :] = frame[:, ::cell] = 30
         return frame

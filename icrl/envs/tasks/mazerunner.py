@@ -24,11 +24,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.tasks.grid import RenderModes, wants_new_task
-from icrl.envs.tasks.instruction import InstructionProgress, score_step
+from icrl.envs.tasks.instruction import InstructionTask
 
 LEFT, UP, RIGHT, DOWN, STAY = 0, 1, 2, 3, 4  # the official env's order: west, north, east, south, no-op
 MOVES = {LEFT: (0, -1), UP: (-1, 0), RIGHT: (0, 1), DOWN: (1, 0), STAY: (0, 0)}  # (d_row, d_col)
+_MOVES = np.array([MOVES[m] for m in range(5)], np.int64)  # [5, 2]
 _GOAL_COLOURS = np.array(
     [(230, 60, 40), (250, 170, 30), (40, 180, 90), (160, 70, 200), (30, 170, 200)], np.uint8
 )
@@ -70,17 +70,21 @@ def carve_maze(size: int, rng: np.random.Generator) -> np.ndarray:
     return walls
 
 
-def free_run(walls: np.ndarray, pos: tuple[int, int], delta: tuple[int, int]) -> int:
-    """How many open cells lie in a straight line from `pos` in direction `delta` before the first wall."""
-    r, c = pos[0] + delta[0], pos[1] + delta[1]
-    n = 0
-    while not walls[r, c]:  # the border is wall, so this stops inside the grid
-        n += 1
-        r, c = r + delta[0], c + delta[1]
-    return n
+def free_runs(walls: np.ndarray) -> np.ndarray:
+    """[M, S, S] bool walls -> [M, S, S, 4] int64: from each cell, the open cells in a straight line west,
+    north, east and south before the first wall (border cells, never stood on, get 0)."""
+    m, s, _ = walls.shape
+    runs = np.zeros((m, s, s, 4), np.int64)
+    for k in range(1, s):
+        runs[:, :, k, 0] = np.where(walls[:, :, k - 1], 0, runs[:, :, k - 1, 0] + 1)
+        runs[:, k, :, 1] = np.where(walls[:, k - 1, :], 0, runs[:, k - 1, :, 1] + 1)
+    for k in range(s - 2, -1, -1):
+        runs[:, :, k, 2] = np.where(walls[:, :, k + 1], 0, runs[:, :, k + 1, 2] + 1)
+        runs[:, k, :, 3] = np.where(walls[:, k + 1, :], 0, runs[:, k + 1, :, 3] + 1)
+    return runs
 
 
-class MazeRunner(RenderModes, gym.Env):
+class MazeRunner(InstructionTask):
     """Visit `num_goals` cells of a hidden random maze in the instructed order, sensing only locally.
 
     kwargs:
@@ -143,82 +147,76 @@ class MazeRunner(RenderModes, gym.Env):
         self.action_space = gym.spaces.Discrete(5)
         centre = size // 2 if (size // 2) % 2 == 1 else size // 2 - 1  # an odd column: a room
         self.start = (size - 2, centre)
-        # Task (hidden): walls [size, size] bool, goal cells (k), action permutation (agent action -> move).
-        self.walls = np.ones((size, size), dtype=bool)
-        self.goals: list[tuple[int, int]] = []
-        self.action_map = np.arange(5)
-        self._has_task = False
-        # Episode state
-        self._pos = self.start
-        self._t = 0
-        self._progress = InstructionProgress([1] * self.num_goals, self.num_goals)  # the real one at reset
+        self._copies(1)
 
-    # --------------------------------------------------------------------------------------------- task
     def token(self, cell: tuple[int, int]) -> int:
         """The goal token naming `cell`."""
         return int(cell[0]) * self.size + int(cell[1]) + 1
 
-    def _sample_task(self) -> None:
-        rng = self.np_random
-        self.walls = carve_maze(self.size, rng)
-        candidates = [(int(r), int(c)) for r, c in np.argwhere(~self.walls) if (r, c) != self.start]
-        picks = rng.choice(len(candidates), size=self.num_goals, replace=False)
-        self.goals = [candidates[int(i)] for i in picks]
-        self.action_map = rng.permutation(5) if self.randomized_actions else np.arange(5)
-        self._has_task = True
+    def _allocate(self, n: int) -> None:
+        super()._allocate(n)
+        s = self.size
+        self.walls = np.ones((n, s, s), bool)  # [N, S, S] the hidden task: True = wall
+        self.goals = np.zeros((n, self.num_goals, 2), np.int64)  # [N, k, 2] the instruction's cells
+        self.action_map = np.tile(np.arange(5), (n, 1))  # [N, 5] agent action -> move
+        self._runs = np.zeros((n, s, s, 4), np.int64)  # [N, S, S, 4] free run west, north, east, south
+        self._pos = np.tile(np.asarray(self.start, np.int64), (n, 1))  # [N, 2]
+
+    def _draw_tasks(self, rows: np.ndarray) -> None:
+        for i in rows.tolist():
+            rng = self._rng(i)
+            walls = carve_maze(self.size, rng)
+            candidates = [(int(r), int(c)) for r, c in np.argwhere(~walls) if (r, c) != self.start]
+            picks = rng.choice(len(candidates), size=self.num_goals, replace=False)
+            perm = rng.permutation(5) if self.randomized_actions else np.arange(5)
+            self.set_task(i, walls, [candidates[int(j)] for j in picks], perm)
+
+    def set_task(self, i: int, walls: np.ndarray, goals: list[tuple[int, int]], action_map: np.ndarray) -> None:
+        """Copy i's task: the maze [size, size] (True = wall, a walled border), the `num_goals` goal cells in
+        order and the action permutation; its next reset with `options={"new_task": False}` starts it (a
+        hand-built maze, as the tests use)."""
+        self.walls[i], self.goals[i], self.action_map[i] = walls, goals, action_map
+        self._runs[i] = free_runs(self.walls[i][None])[0]  # a step is a few gathers
+        self._set_instruction(i, [self.token(g) for g in goals])
+
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        super()._reset_rows(rows)
+        self._pos[rows] = self.start
 
     def _obs(self) -> dict[str, np.ndarray]:
-        n = self.size
-        runs = [free_run(self.walls, self._pos, MOVES[m]) for m in (LEFT, UP, RIGHT, DOWN)]
-        vec = [self._pos[0] / (n - 1), self._pos[1] / (n - 1), *(x / (n - 2) for x in runs)]
-        vec.append(self._t / self.time_limit)
-        return {"goal": self._progress.goal(), "obs": np.asarray(vec, dtype=np.float32)}
+        s = self.size
+        runs = self._runs[np.arange(self.num_copies), self._pos[:, 0], self._pos[:, 1]]  # [N, 4]
+        clock = (self._time / self.time_limit)[:, None]
+        vec = np.concatenate([self._pos / (s - 1), runs / (s - 2), clock], 1)
+        return {"goal": self._goal(), "obs": vec.astype(np.float32)}
 
-    # ---------------------------------------------------------------------------------------------- API
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        super().reset(seed=seed)
-        if wants_new_task(options, seed, self._has_task):
-            self._sample_task()
-        self._pos, self._t = self.start, 0
-        self._progress = InstructionProgress([self.token(g) for g in self.goals], self.num_goals)
-        return self._obs(), {"achieved": []}
-
-    def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
-        action = int(action)
-        if not 0 <= action < 5:
-            raise ValueError(f"MazeRunner action must be in [0, 5), got {action}")
-        self._t += 1
-        dr, dc = MOVES[int(self.action_map[action])]
-        target = (self._pos[0] + dr, self._pos[1] + dc)
-        if not self.walls[target]:  # the border is wall, so target stays inside the grid
-            self._pos = target
-        reward, terminated, truncated, info = score_step(
-            self._progress, [self.token(self._pos)], self._t, self.time_limit
-        )
-        return self._obs(), reward, terminated, truncated, info
+    def _act(self, actions: np.ndarray) -> np.ndarray:
+        rows = np.arange(self.num_copies)
+        target = self._pos + _MOVES[self.action_map[rows, actions]]  # the border is wall: stays inside
+        blocked = self.walls[rows, target[:, 0], target[:, 1]]
+        self._pos = np.where(blocked[:, None], self._pos, target)
+        return self._pos[:, 0] * self.size + self._pos[:, 1] + 1  # every step achieves the agent's cell
 
     # ------------------------------------------------------------------------------------------- render
     def _ansi(self) -> str:
-        grid = np.where(self.walls, "#", ".").astype("<U1")
+        grid = np.where(self.walls[0], "#", ".").astype("<U1")
         grid[self.start] = "S"
-        for i, g in enumerate(self.goals):
-            if i >= self._progress.current:
-                grid[g] = str(i + 1) if i < 9 else "G"
-        grid[self._pos] = "A"
-        perm = f" actions={self.action_map.tolist()}" if self.randomized_actions else ""
-        return (
-            "\n".join("".join(row) for row in grid)
-            + f"\nt={self._t} next_goal={self._progress.current + 1}{perm}"
-        )
+        current = int(self._current[0])
+        for i, g in enumerate(self.goals[0].tolist()):
+            if i >= current:
+                grid[tuple(g)] = str(i + 1) if i < 9 else "G"
+        grid[tuple(self._pos[0])] = "A"
+        perm = f" actions={self.action_map[0].tolist()}" if self.randomized_actions else ""
+        return "\n".join("".join(row) for row in grid) + f"\nt={int(self._time[0])} next_goal={current + 1}{perm}"
 
     def _frame(self, cell: int = 16) -> np.ndarray:
         """[size * cell, size * cell, 3] uint8: walls dark, corridors light, start grey, goals still to
         reach coloured by their order, agent blue."""
         img = np.full((self.size, self.size, 3), 235, np.uint8)
-        img[self.walls] = (40, 40, 50)
+        img[self.walls[0]] = (40, 40, 50)
         img[self.start] = (170, 170, 170)
-        for i, g in enumerate(self.goals):
-            if i >= self._progress.current:
-                img[g] = _GOAL_COLOURS[i % len(_GOAL_COLOURS)]
-        img[self._pos] = (40, 90, 230)
+        for i, g in enumerate(self.goals[0].tolist()):
+            if i >= self._current[0]:
+                img[tuple(g)] = _GOAL_COLOURS[i % len(_GOAL_COLOURS)]
+        img[tuple(self._pos[0])] = (40, 90, 230)
         return np.kron(img, np.ones((cell, cell, 1), np.uint8))

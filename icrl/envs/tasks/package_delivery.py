@@ -29,8 +29,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.tasks.grid import RenderModes, wants_new_task
-from icrl.envs.tasks.instruction import InstructionProgress, score_step
+from icrl.envs.tasks.instruction import InstructionTask
 
 FORWARD, TURN_LEFT, TURN_RIGHT = 0, 1, 2
 DROP_ACTIONS = (3, 4, 5, 6)  # exactly one of them delivers (hidden per task)
@@ -38,7 +37,7 @@ NO_OP = 7
 PACKAGES_PER_ADDRESS = 3
 
 
-class PackageDelivery(RenderModes, gym.Env):
+class PackageDelivery(InstructionTask):
     """Drive down a road with hidden fork sides and deliver packages to the instructed addresses in order.
 
     kwargs:
@@ -98,81 +97,72 @@ class PackageDelivery(RenderModes, gym.Env):
             }
         )
         self.action_space = gym.spaces.Discrete(8)
-        # Task (hidden): fork cell -> correct turn (TURN_LEFT / TURN_RIGHT), addresses, working drop action.
-        self.forks: dict[int, int] = {}
-        self.addresses: list[int] = []
-        self.drop_action = DROP_ACTIONS[0]
-        self._has_task = False
-        # Episode state
-        self._pos = 0
-        self._t = 0
-        self._packages = 0
-        self._progress = InstructionProgress([1], hi)  # the instruction's progress; the real one at reset
+        self._copies(1)
 
-    # --------------------------------------------------------------------------------------------- task
-    def _sample_task(self) -> None:
-        rng, n = self.np_random, self.length
-        num_forks = int(rng.integers((n // 5) // 2, n // 5 + 1))
-        fork_cells = rng.choice(np.arange(1, n), size=num_forks, replace=False)
-        self.forks = {int(c): int(rng.choice((TURN_LEFT, TURN_RIGHT))) for c in fork_cells}
-        free = np.array([c for c in range(1, n) if c not in self.forks])
-        k = int(rng.integers(self.min_packages, self.max_packages + 1))
-        self.addresses = sorted(int(c) for c in rng.choice(free, size=k, replace=False))
-        self.drop_action = int(rng.choice(DROP_ACTIONS))
-        self._has_task = True
+    def _allocate(self, n: int) -> None:
+        super()._allocate(n)
+        self.forks = np.zeros((n, self.length), np.int64)  # [N, L] the correct turn at forks, else 0
+        self.drop_action = np.full(n, DROP_ACTIONS[0], np.int64)  # [N] the working drop action
+        self._pos = np.zeros(n, np.int64)  # [N] cell
+        self._packages = np.zeros(n, np.int64)  # [N] packages left in the van
+
+    def _draw_tasks(self, rows: np.ndarray) -> None:
+        n = self.length
+        for i in rows.tolist():
+            rng = self._rng(i)
+            num_forks = int(rng.integers((n // 5) // 2, n // 5 + 1))
+            fork_cells = rng.choice(np.arange(1, n), size=num_forks, replace=False)
+            forks = {int(c): int(rng.choice((TURN_LEFT, TURN_RIGHT))) for c in fork_cells}
+            free = np.array([c for c in range(1, n) if c not in forks])
+            k = int(rng.integers(self.min_packages, self.max_packages + 1))
+            addresses = sorted(int(c) for c in rng.choice(free, size=k, replace=False))
+            self.set_task(i, forks, addresses, int(rng.choice(DROP_ACTIONS)))
+
+    def set_task(self, i: int, forks: dict[int, int], addresses: list[int], drop_action: int) -> None:
+        """Copy i's task: the forks (cell -> TURN_LEFT / TURN_RIGHT, the correct side), the addresses in order
+        and the working drop action; its next reset with `options={"new_task": False}` starts it."""
+        self.forks[i] = 0
+        for cell, side in forks.items():
+            self.forks[i, cell] = side
+        self._set_instruction(i, addresses)
+        self.drop_action[i] = drop_action
+
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        super()._reset_rows(rows)
+        self._pos[rows] = 0
+        self._packages[rows] = PACKAGES_PER_ADDRESS * self._length[rows]
 
     def _obs(self) -> dict[str, np.ndarray]:
-        vec = [
-            self._pos / (self.length - 1),
-            self._packages / (PACKAGES_PER_ADDRESS * self.max_packages),
-            float(self._pos in self.forks),
-        ]
-        return {"goal": self._progress.goal(), "obs": np.asarray(vec, dtype=np.float32)}
+        at_fork = self.forks[np.arange(self.num_copies), self._pos] > 0
+        packages = self._packages / (PACKAGES_PER_ADDRESS * self.max_packages)
+        vec = np.stack([self._pos / (self.length - 1), packages, at_fork.astype(np.float64)], 1)
+        return {"goal": self._goal(), "obs": vec.astype(np.float32)}
 
-    # ---------------------------------------------------------------------------------------------- API
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        super().reset(seed=seed)
-        if wants_new_task(options, seed, self._has_task):
-            self._sample_task()
-        self._pos, self._t = 0, 0
-        self._packages = PACKAGES_PER_ADDRESS * len(self.addresses)
-        self._progress = InstructionProgress(self.addresses, self.max_packages)  # unused slots padded with 0
-        return self._obs(), {"achieved": []}
-
-    def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
-        action = int(action)
-        if not 0 <= action < 8:
-            raise ValueError(f"PackageDelivery action must be in [0, 8), got {action}")
-        self._t += 1
-        achieved: list[int] = []  # a delivery achieves its address (scored below, docs/CONTRACTS.md)
-        fork = self.forks.get(self._pos)  # the correct turn here, None away from forks
-        if action == FORWARD:
-            if fork is None:
-                self._pos += 1
-        elif action in (TURN_LEFT, TURN_RIGHT):
-            if fork is not None:
-                self._pos = self._pos + 1 if action == fork else 0
-        elif action in DROP_ACTIONS:
-            if fork is None:
-                if action == self.drop_action and self._packages > 0 and self._pos > 0:
-                    self._packages -= 1
-                    achieved = [self._pos]
-                else:
-                    self._pos = 0
-        self._pos %= self.length  # the end of the road wraps to the depot
-        reward, terminated, truncated, info = score_step(self._progress, achieved, self._t, self.time_limit)
-        return self._obs(), reward, terminated, truncated, info
+    def _act(self, actions: np.ndarray) -> np.ndarray:
+        pos = self._pos
+        fork = self.forks[np.arange(self.num_copies), pos]  # [N] the correct turn here, 0 away from forks
+        at_fork = fork > 0
+        turn = at_fork & ((actions == TURN_LEFT) | (actions == TURN_RIGHT))
+        drop = ~at_fork & (actions >= DROP_ACTIONS[0]) & (actions <= DROP_ACTIONS[-1])  # nothing at a fork
+        deliver = drop & (actions == self.drop_action) & (self._packages > 0) & (pos > 0)
+        new = np.where(~at_fork & (actions == FORWARD), pos + 1, pos)
+        new = np.where(turn, np.where(actions == fork, pos + 1, 0), new)  # the wrong side: back to the depot
+        new = np.where(drop & ~deliver, 0, new)  # a failed drop: back to the depot
+        self._packages -= deliver
+        self._pos = new % self.length  # the end of the road wraps to the depot
+        return np.where(deliver, pos, -1)  # a delivery achieves its address
 
     # ------------------------------------------------------------------------------------------- render
     def _ansi(self) -> str:
         turns = {TURN_LEFT: "<", TURN_RIGHT: ">"}  # forks show their correct side
-        road = ["D"] + [turns.get(self.forks.get(c, -1), ".") for c in range(1, self.length)]
-        for i, a in enumerate(self.addresses):
-            if i >= self._progress.current:
+        road = ["D"] + [turns.get(int(t), ".") for t in self.forks[0, 1:]]
+        current = int(self._current[0])
+        for i, a in enumerate(self.instruction(0)):
+            if i >= current:
                 road[a] = str(i + 1) if i < 9 else "G"
         marker = [" "] * self.length
-        marker[self._pos] = "A"
-        status = f"t={self._t} packages={self._packages} drop_action={self.drop_action}"
+        marker[int(self._pos[0])] = "A"
+        status = f"t={int(self._time[0])} packages={int(self._packages[0])} drop_action={int(self.drop_action[0])}"
         return "\n".join(["".join(road), "".join(marker), status])
 
     def _frame(self, cell: int = 16) -> np.ndarray:
@@ -180,10 +170,7 @@ class PackageDelivery(RenderModes, gym.Env):
         grey) over a row marking the agent in blue."""
         img = np.full((2, self.length, 3), 235, np.uint8)
         img[0, 0] = (150, 150, 150)
-        for c in self.forks:
-            img[0, c] = (240, 150, 40)
-        for i, a in enumerate(self.addresses):
-            if i >= self._progress.current:
-                img[0, a] = (60, 180, 80)
-        img[1, self._pos] = (40, 90, 230)
+        img[0, self.forks[0] > 0] = (240, 150, 40)
+        img[0, [a for a in self._goal()[0].tolist() if a]] = (60, 180, 80)  # the addresses still to serve
+        img[1, int(self._pos[0])] = (40, 90, 230)
         return np.kron(img, np.ones((cell, cell, 1), np.uint8))

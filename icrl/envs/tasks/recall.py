@@ -14,9 +14,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from icrl.envs.batched import ArrayTask, StepArrays
 
-class CueRecall(gym.Env):
-    """Recall a ±1 cue after `delay` blank steps; kwargs: delay (int), continuous (bool)."""
+
+class CueRecall(ArrayTask):
+    """Recall a ±1 cue after `delay` blank steps; kwargs: delay (int), continuous (bool). Every reset draws a
+    new cue."""
 
     metadata = {"render_modes": []}
 
@@ -30,33 +33,43 @@ class CueRecall(gym.Env):
             self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
         else:
             self.action_space = gym.spaces.Discrete(2)
-        self._cue, self._t = 1.0, 0
+        self._copies(1)
 
     @staticmethod
     def recommended_context(delay: int = 5, **_: Any) -> int:
         """The whole episode: the answer (step `delay`) must still see the cue of step 0."""
         return int(delay) + 1
 
-    def _obs(self) -> np.ndarray:
+    def _allocate(self, n: int) -> None:
+        self._cue = np.ones(n, np.float64)  # [N] ±1, the hidden task
+        self._t = np.zeros(n, np.int64)  # [N] the task's own clock: it stops at the answer step
+
+    def _draw_tasks(self, rows: np.ndarray) -> None:
+        for i in rows.tolist():
+            self._cue[i] = float(self._rng(i).choice([-1.0, 1.0]))
+
+    def _draw_episodes(self, rows: np.ndarray) -> None:
+        self._draw_tasks(rows)  # every episode a new cue
+
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        self._t[rows] = 0
+
+    def _obs(self) -> dict[str, np.ndarray]:
         first = self._t == 0
-        return np.array([self._cue if first else 0.0, float(first), float(self._t == self.delay)], np.float32)
+        obs = np.stack([np.where(first, self._cue, 0.0), first, self._t == self.delay], 1).astype(np.float32)
+        return {"obs": obs}
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        self._cue = float(self.np_random.choice([-1.0, 1.0]))
-        self._t = 0
-        return self._obs(), {}
-
-    def step(self, action):
-        if self._t < self.delay:
-            self._t += 1
-            return self._obs(), 0.0, False, False, {}
+    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
+        answering = self._t >= self.delay  # blank steps count on until t = delay, then the answer (every
+        self._t += (~answering).astype(np.int64)  # earlier action is ignored)
         if self.continuous:
-            answer = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], -1.0, 1.0))
-            reward = 1.0 - abs(answer - self._cue) / 2.0
-            success = abs(answer - self._cue) < 0.2
+            answer = np.clip(actions.reshape(-1).astype(np.float64), -1.0, 1.0)
+            reward = 1.0 - np.abs(answer - self._cue) / 2.0
+            success = (np.abs(answer - self._cue) < 0.2).astype(np.float64)
         else:
-            answer = 1.0 if int(action) == 1 else -1.0
-            reward = float(answer == self._cue)
-            success = reward == 1.0
-        return self._obs(), reward, True, False, {"success": float(success)}
+            answer = np.where(actions == 1, 1.0, -1.0)
+            reward = (answer == self._cue).astype(np.float64)
+            success = reward.copy()
+        reward = np.where(answering, reward, 0.0)
+        success = np.where(answering, success, np.nan)
+        return StepArrays(reward, answering.copy(), success)

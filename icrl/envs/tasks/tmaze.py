@@ -10,7 +10,8 @@ Active T-Maze (`TMazeActive`, also from Ni et al. 2023): the cue is not shown fo
 while the agent stands on the cue cell 0, and the agent starts one step to its right (cell 1), so it must
 first walk LEFT to read the cue, then walk the corridor and choose - exploration for information, then
 recall. Both variants share one implementation; they differ in start cell, when the cue is visible, and
-which direction counts as progress.
+which direction counts as progress. The rules are written once, on arrays of copies (icrl.envs.batched): a
+`TMaze` is one copy, `make_vector_env` steps many at once.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from icrl.envs.tasks.grid import RenderModes
+from icrl.envs.batched import ArrayTask, StepArrays
 
 UP, DOWN, LEFT, RIGHT = 0, 1, 2, 3
 
 
-class TMaze(RenderModes, gym.Env):
+class TMaze(ArrayTask):
     """Passive T-Maze with observation `[cue_up, cue_down, in_corridor, at_junction]` (float32).
 
     Rewards: +1 for choosing the cued end at the junction, 0 for the other end, and `-1/horizon` for every
@@ -36,6 +37,8 @@ class TMaze(RenderModes, gym.Env):
     """
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+    start_pos = 0  # the cell the agent starts in
+    active = False  # the cue is visible only on cell 0 (TMazeActive), not at the first step
 
     def __init__(self, length: int = 10, horizon: int | None = None, render_mode: str | None = None):
         if int(length) < 1:
@@ -52,75 +55,58 @@ class TMaze(RenderModes, gym.Env):
         self.render_mode = render_mode
         self.observation_space = gym.spaces.Box(0.0, 1.0, (4,), np.float32)
         self.action_space = gym.spaces.Discrete(4)
-        self.goal_up = True
-        self._pos = self.start_pos
-        self._t = 0
-        self._seen_cue = False
-
-    # ---------------------------------------------------------------- what the variants override
-    start_pos = 0  # the cell the agent starts in
+        self._copies(1)
 
     @property
     def optimal_steps(self) -> int:
-        """Length of the optimal path: right x length, then the choice."""
-        return self.length + 1
+        """Length of the optimal path: right x length, then the choice (active: left to the cue first)."""
+        return self.length + 1 + self.start_pos
 
-    def _cue_visible(self) -> bool:
-        """Passive: the cue is in the very first observation only."""
-        return self._t == 0
+    def _allocate(self, n: int) -> None:
+        self.goal_up = np.ones(n, bool)  # [N] the hidden task
+        self._pos = np.full(n, self.start_pos, np.int64)  # [N] cell
+        self._seen_cue = np.zeros(n, bool)  # [N] the cue was visible (active: the cue cell was visited)
 
-    def _progress_direction(self) -> int:
-        """+1 (RIGHT) or -1 (LEFT): the move that is not penalised now. Passive: always right."""
-        return 1
+    def _cue_visible(self) -> np.ndarray:
+        """[N] passive: the very first observation only; active: while on the cue cell."""
+        return self._pos == 0 if self.active else self._time == 0
 
-    # --------------------------------------------------------------------------------- shared
-    def _obs(self) -> np.ndarray:
-        obs = np.zeros(4, dtype=np.float32)  # [cue_up, cue_down, in_corridor, at_junction]
-        if self._cue_visible():
-            obs[0 if self.goal_up else 1] = 1.0
-        if self._pos < self.length:
-            obs[2] = 1.0
-        else:
-            obs[3] = 1.0
-        return obs
+    def _draw_tasks(self, rows: np.ndarray) -> None:
+        for i in rows.tolist():  # the next episode of the same task keeps its goal
+            self.goal_up[i] = bool(self._rng(i).integers(2) == 0)
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
-        new_task = True if options is None else bool(options.get("new_task", True))
-        if new_task or seed is not None:
-            self.goal_up = bool(self.np_random.integers(2) == 0)
-        self._pos, self._t = self.start_pos, 0
-        self._seen_cue = self._cue_visible()
-        return self._obs(), {}
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        self._pos[rows] = self.start_pos
+        self._seen_cue[rows] = self.start_pos == 0  # the cue is seen where the agent starts
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        action = int(action)
-        if not 0 <= action < 4:
-            raise ValueError(f"{type(self).__name__} action must be in [0, 4), got {action}")
-        self._t += 1
-        reward, terminated, info = 0.0, False, {}
-        if self._pos == self.length and action in (UP, DOWN):
-            correct = (action == UP) == self.goal_up
-            reward = 1.0 if correct else 0.0
-            terminated = True
-            info["success"] = float(correct)
-        else:
-            progress = self._progress_direction()  # before moving: what counts as progress now
-            old = self._pos
-            if action == RIGHT and self._pos < self.length:
-                self._pos += 1
-            elif action == LEFT and self._pos > 0:
-                self._pos -= 1
-            if self._pos - old != progress:  # walls, up/down in the corridor, wrong way, right at the end
-                reward = -self.penalty
-            self._seen_cue = self._seen_cue or self._cue_visible()
-        if not terminated and self._t >= self.horizon:
-            # The step limit is part of the task (the official env ends every episode at its horizon): a
-            # termination, not a truncation. Bootstrapping here would regress on a state that is never
-            # itself a regression target (docs/design.md §10).
-            terminated = True
-            info["success"] = 0.0
-        return self._obs(), reward, terminated, False, info
+    def _obs(self) -> dict[str, np.ndarray]:
+        obs = np.zeros((self.num_copies, 4), np.float32)  # [N, 4]: [cue_up, cue_down, in_corridor, at_junction]
+        cue = self._cue_visible()
+        obs[cue & self.goal_up, 0] = 1.0
+        obs[cue & ~self.goal_up, 1] = 1.0
+        corridor = self._pos < self.length
+        obs[corridor, 2] = 1.0
+        obs[~corridor, 3] = 1.0
+        return {"obs": obs}  # a Box observation: TimestepWrapper's key "obs"
+
+    def _step_arrays(self, actions: np.ndarray) -> StepArrays:
+        choose = (self._pos == self.length) & ((actions == UP) | (actions == DOWN))  # [N] at the junction
+        correct = (actions == UP) == self.goal_up
+        progress = np.where(self._seen_cue, 1, -1) if self.active else 1  # before moving: RIGHT, or LEFT first
+        old = self._pos.copy()
+        move = ~choose
+        self._pos += (move & (actions == RIGHT) & (self._pos < self.length)).astype(np.int64)
+        self._pos -= (move & (actions == LEFT) & (old > 0)).astype(np.int64)
+        # walls, up/down in the corridor, the wrong way, right at the end: penalised
+        reward = np.where(choose, correct.astype(np.float64), 0.0)
+        reward = np.where(move & (self._pos - old != progress), -self.penalty, reward)
+        self._seen_cue |= move & self._cue_visible()
+        # The step limit is part of the task (the official env ends every episode at its horizon): a
+        # termination, not a truncation. Bootstrapping here would regress on a state that is never itself a
+        # regression target (docs/design.md §10).
+        timeout = ~choose & (self._time >= self.horizon)
+        success = np.where(choose, correct.astype(np.float64), np.where(timeout, 0.0, np.nan))
+        return StepArrays(reward, choose | timeout, success)
 
     @classmethod
     def recommended_exploration(cls, length: int = 10, horizon: int | None = None, **_: Any) -> dict[str, Any]:
@@ -167,25 +153,25 @@ class TMaze(RenderModes, gym.Env):
         row = ["."] * self.length + ["+"]
         if self.start_pos > 0:
             row[0] = "c"  # the cue cell of the active variant
-        row[self._pos] = "A"
-        return "".join(row) + f"  goal={'up' if self.goal_up else 'down'} t={self._t}"
+        row[int(self._pos[0])] = "A"
+        return "".join(row) + f"  goal={'up' if self.goal_up[0] else 'down'} t={int(self._time[0])}"
 
     def _frame(self, cell: int = 12) -> np.ndarray:
         """[3 * cell, (length + 1) * cell, 3] uint8: the corridor in the middle row, the two ends above and
         below the junction (the cued one tinted green), the agent in blue, and the cue above (green) or
         below (orange) cell 0 only when the agent sees it (passive: at t=0; active: while on cell 0; the
         active variant's cue cell is drawn darker)."""
+        up = bool(self.goal_up[0])
         img = np.full((3, self.length + 1, 3), 30, np.uint8)  # walls
         img[1, :] = 170  # corridor and junction
         img[0, self.length] = img[2, self.length] = 220  # the two ends
-        img[0 if self.goal_up else 2, self.length] = (150, 220, 150)
+        img[0 if up else 2, self.length] = (150, 220, 150)
         if self.start_pos > 0:
             img[1, 0] = 120  # the active variant's cue cell
-        if self._cue_visible():  # the cue, above or below cell 0
-            img[0 if self.goal_up else 2, 0] = (60, 200, 60) if self.goal_up else (240, 150, 40)
-        img[1, self._pos] = (40, 90, 230)
+        if self._cue_visible()[0]:  # the cue, above or below cell 0
+            img[0 if up else 2, 0] = (60, 200, 60) if up else (240, 150, 40)
+        img[1, int(self._pos[0])] = (40, 90, 230)
         return np.kron(img, np.ones((cell, cell, 1), np.uint8))
-
 
 
 class TMazeActive(TMaze):
@@ -204,14 +190,4 @@ class TMazeActive(TMaze):
     """
 
     start_pos = 1
-
-    @property
-    def optimal_steps(self) -> int:
-        """Left to the cue cell, right x length, then the choice."""
-        return self.length + 2
-
-    def _cue_visible(self) -> bool:
-        return self._pos == 0
-
-    def _progress_direction(self) -> int:
-        return 1 if self._seen_cue else -1
+    active = True
