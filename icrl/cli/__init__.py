@@ -28,7 +28,7 @@ __all__ = ["USAGE", "main", "parse", "tyro_error_line"]
 USAGE = """usage: icrl {train,eval,envs,plot,export,learn,collect,export-minari} ... | icrl --version
 
   icrl train [--preset NAME | --config FILE] [--env NAME] ...       train an agent (icrl train --help)
-  icrl eval RUN_DIR [--checkpoint PATH] [--rollouts N] [--seed S]   greedy evaluation of a run's weights
+  icrl eval RUN_DIR [--checkpoint PATH] [--rollouts N] [--seed S]   evaluation of a run's weights
             [--parallel-envs N] [--device D] [--video N]            (table on screen, RUN_DIR/eval.json)
             [--env NAME] [--env-kwargs JSON] [--trust-run-env]      the env to act in (default: the run's)
   icrl envs [FAMILY]                                                list the built-in tasks (or a family's)

@@ -11,7 +11,7 @@ from icrl.config.bounds import MAX_ROLLOUTS, bounded
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Greedy evaluation during training (and the defaults of `icrl eval`)."""
+    """Evaluation during training (and the defaults of `icrl eval`)."""
 
     eval_every: int = bounded(5, ge=1)
     """Evaluate every this many epochs (and after the last)."""
@@ -20,6 +20,9 @@ class EvalConfig:
     eval_max_steps: int = bounded(50_000, ge=1, le=10_000_000)
     """Evaluation stops a rollout after this many steps (counted as it stands, with a warning), so an env
     whose episodes never end cannot hang evaluation."""
+    eval_greedy: bool = True
+    """Evaluate the policy's most likely actions; off: actions sampled from the policy, as the official AMAGO
+    evaluates by default (its `sample_actions_val`), so the two libraries' curves compare like for like."""
     stop_at_return: float | None = None
     """Stop the run once --stop-patience evaluations in a row reach this eval return (e.g. 0.95; unset: run
     the whole budget). The run ends as at its last epoch: checkpointed, final weights and plot written."""

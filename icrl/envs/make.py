@@ -234,9 +234,10 @@ def make_vector_env(
     `factories`: build the copies with these callables (copy i uses factories[i % len]) instead of by name.
     The env is built once here first, so a bad name or kwarg fails in this process with a clear message
     instead of inside a worker.
-    `native`: a built-in task that has a batched form (`icrl.envs.registry.Task.batched`: the same timesteps,
-    rewards and infos under the same seed and rollout settings, every copy stepped at once) gets it, and so does a
-    family member whose family has a vector form (`EnvFamily.vector`: "xland/"); False always builds the per-copy envs.
+    `native`: a built-in task written on arrays (`icrl.envs.registry.Task.on_arrays`: the same timesteps, rewards
+    and infos under the same seed and rollout settings, every copy stepped at once) gets its batched form, and so
+    does a family member whose family has a vector form (`EnvFamily.vector`: "xland/"); False always builds
+    one-copy envs in a Sync or Async vector env.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")

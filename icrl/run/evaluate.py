@@ -77,14 +77,15 @@ def play(agent: Any, venv: Any, device: torch.device, rollouts: int, *, seed: in
 
 def eval_row(agent: Any, collector: Any, cfg: ExperimentConfig, device: torch.device, *, epoch: int,
              env_steps: int, updates: int, start: float) -> dict:
-    """The metrics row of one greedy evaluation (seeded by the epoch, so every run meets the same tasks)."""
+    """The metrics row of one evaluation (greedy unless `--no-eval-greedy`; seeded by the epoch, so every run meets
+    the same tasks)."""
     from icrl.run.reporting import Timer, row_head
     from icrl.seeding import derive_seed
 
     timer = Timer()
     with timer("eval"):
-        stats = evaluate(agent, collector, cfg.eval.eval_rollouts, device,
-                         seed=derive_seed(cfg.run.seed, "eval", epoch), max_steps=cfg.eval.eval_max_steps)
+        stats = evaluate(agent, collector, cfg.eval.eval_rollouts, device, derive_seed(cfg.run.seed, "eval", epoch),
+                         max_steps=cfg.eval.eval_max_steps, greedy=cfg.eval.eval_greedy)
     return {**row_head("eval", epoch, env_steps, updates, start), "time/eval_s": timer["eval"], **stats}
 
 
@@ -160,7 +161,8 @@ def evaluate_run(
     device: str = "cpu",
     override: EnvOverride = EnvOverride(),
 ) -> dict[str, Any]:
-    """Greedy evaluation of a run's weights; returns `summarize_episodes` plus provenance.
+    """Evaluation of a run's weights (greedy unless the run evaluated by sampling); returns `summarize_episodes`
+    plus provenance.
 
     The env is the run's when config.json names a built-in task or a registered id, else the one `override`
     names (--env) or allows (--trust-run-env): a run directory never makes icrl run code on its own.
@@ -186,7 +188,8 @@ def evaluate_run(
     venv = make_run_envs(e, n_envs)
     try:
         check_env_fits(venv, read_spaces(run_dir), e.env)
-        stats = play(agent, venv, dev, rollouts, seed=seed, max_steps=cfg.eval.eval_max_steps)
+        stats = play(agent, venv, dev, rollouts, seed=seed, max_steps=cfg.eval.eval_max_steps,
+                     deterministic=cfg.eval.eval_greedy)
     finally:
         venv.close()
     return {

@@ -2,7 +2,7 @@
 
     collect   the data source's env steps with the exploring policy, written into the replay (icrl.run.sources)
     update    as many updates as the data allows, each on a fresh batch of windows (icrl.agent.learner)
-    report    the epoch's train row; every --eval-every epochs, a greedy evaluation (icrl.run.evaluate)
+    report    the epoch's train row; every --eval-every epochs, an evaluation (icrl.run.evaluate)
     save      a checkpoint when due, when a callback stops the run or --checkpoint-seconds passed
 
 `epochs` is that loop; `fit` wraps it in resuming, the log and the finish; `train` (`icrl.train`) builds the run
@@ -208,7 +208,8 @@ class Evaluation:
         """The evaluation a run resumed after its last epoch returns (not logged: the log has its last one)."""
         cfg = self.cfg
         stats = evaluate(self.learner.agent, self.collector, cfg.eval.eval_rollouts, self.device,
-                         seed=derive_seed(cfg.run.seed, "eval", seed_epoch), max_steps=cfg.eval.eval_max_steps)
+                         seed=derive_seed(cfg.run.seed, "eval", seed_epoch), max_steps=cfg.eval.eval_max_steps,
+                         greedy=cfg.eval.eval_greedy)
         return {**row_head("eval", epoch, self.source.env_steps(), self.learner.updates, start), **stats}
 
 

@@ -300,3 +300,16 @@ def test_the_critic_reach_hint_names_the_knobs_only_where_the_reach_falls_short(
     assert not hint_critic_reach(ExperimentConfig(), 900, {**pendulum, "success_rate": 1.0})
     assert not hint_critic_reach(ExperimentConfig(), 900, {"return_mean": 0.0})
     assert capsys.readouterr().out == ""
+
+
+def test_evaluation_samples_from_the_policy_where_the_config_says(monkeypatch):
+    """--no-eval-greedy: the training-time evaluation samples its actions (as the official AMAGO evaluates), the
+    default takes the policy's most likely ones."""
+    from icrl.run import evaluate as ev
+
+    seen: list[bool] = []
+    monkeypatch.setattr(ev, "evaluate", lambda *a, greedy=True, **k: seen.append(greedy) or {})
+    for greedy in (True, False):
+        cfg = ExperimentConfig().replace(eval_greedy=greedy)
+        ev.eval_row(None, None, cfg, torch.device("cpu"), epoch=1, env_steps=0, updates=0, start=time.time())
+    assert seen == [True, False] and ExperimentConfig().eval.eval_greedy
