@@ -84,7 +84,7 @@ def _call(factory: Callable[..., gym.Env], name: str, kwargs: dict) -> gym.Env:
         bad = re.findall(r"keyword argument '([^']+)'", msg)
         which = f"{bad[0]!r}" if bad else f"one of {sorted(kwargs)}"
         raise ValueError(f"env {name!r} does not accept the keyword argument {which}: {msg}") from e
-    except ImportError:  # a missing optional package: its own message says what to install
+    except (ImportError, OSError):  # a missing optional package, file or download: its own message says what to do
         raise
     except (ValueError, KeyError, IndexError, AttributeError, AssertionError, ArithmeticError, MemoryError) as e:
         raise explain_constructor_error(name, kwargs, e) from e
