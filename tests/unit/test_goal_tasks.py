@@ -49,7 +49,7 @@ def open_maze(size: int) -> np.ndarray:
 
 def set_maze(env: MazeRunner, walls: np.ndarray, goals: list[tuple[int, int]]) -> dict:
     """Install a hand-built task and start an episode of it."""
-    env.set_task(0, walls, goals, env.action_map[0].copy())
+    env.set_tasks(np.array([0]), walls[None], np.array([goals]), env.action_map[:1].copy())
     obs, info = env.reset(options={"new_task": False})
     return obs
 

@@ -163,21 +163,24 @@ class MazeRunner(InstructionTask):
         self._pos = np.tile(np.asarray(self.start, np.int64), (n, 1))  # [N, 2]
 
     def _draw_tasks(self, rows: np.ndarray) -> None:
+        walls, goals, perms = [], [], []
         for i in rows.tolist():
             rng = self._rng(i)
-            walls = carve_maze(self.size, rng)
-            candidates = [(int(r), int(c)) for r, c in np.argwhere(~walls) if (r, c) != self.start]
+            walls.append(carve_maze(self.size, rng))
+            candidates = [(int(r), int(c)) for r, c in np.argwhere(~walls[-1]) if (r, c) != self.start]
             picks = rng.choice(len(candidates), size=self.num_goals, replace=False)
-            perm = rng.permutation(5) if self.randomized_actions else np.arange(5)
-            self.set_task(i, walls, [candidates[int(j)] for j in picks], perm)
+            goals.append([candidates[int(j)] for j in picks])
+            perms.append(rng.permutation(5) if self.randomized_actions else np.arange(5))
+        self.set_tasks(rows, np.stack(walls), np.array(goals, np.int64), np.stack(perms))
 
-    def set_task(self, i: int, walls: np.ndarray, goals: list[tuple[int, int]], action_map: np.ndarray) -> None:
-        """Copy i's task: the maze [size, size] (True = wall, a walled border), the `num_goals` goal cells in
-        order and the action permutation; its next reset with `options={"new_task": False}` starts it (a
-        hand-built maze, as the tests use)."""
-        self.walls[i], self.goals[i], self.action_map[i] = walls, goals, action_map
-        self._runs[i] = free_runs(self.walls[i][None])[0]  # a step is a few gathers
-        self._set_instruction(i, [self.token(g) for g in goals])
+    def set_tasks(self, rows: np.ndarray, walls: np.ndarray, goals: np.ndarray, action_maps: np.ndarray) -> None:
+        """The tasks of the copies `rows`: their mazes [R, size, size] (True = wall, a walled border), goal cells
+        [R, num_goals, 2] in order and action permutations [R, 5]; each copy's next reset with
+        `options={"new_task": False}` starts its task (a hand-built maze, as the tests use)."""
+        self.walls[rows], self.goals[rows], self.action_map[rows] = walls, goals, action_maps
+        self._runs[rows] = free_runs(self.walls[rows])  # every cell's free runs at once: a step is a few gathers
+        for i in np.asarray(rows).tolist():
+            self._set_instruction(i, [self.token(g) for g in self.goals[i]])
 
     def _reset_rows(self, rows: np.ndarray) -> None:
         super()._reset_rows(rows)
