@@ -930,7 +930,7 @@ def test_single_process_update_is_the_hand_run_step_bit_for_bit(kind, dtype, tmp
 
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])
 def test_the_conservative_term_enters_only_the_critic_loss_and_only_where_asked(kind, tmp_path):
-    """--conservative-coeff 0 (the default) computes AMAGO's loss; > 0 adds critic_weight x α x the term (CQL(H)) to
+    """--conservative-coeff 0 computes AMAGO's loss; > 0 adds critic_weight x α x the term (CQL(H)) to
     a discrete critic's loss, reaching the critic and the encoders, never the actor; continuous critics ignore it."""
     batch, obs_space, spec = real_batch(kind, tmp_path / "replay")
     agent = build_agent(obs_space, spec)
