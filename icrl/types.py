@@ -158,6 +158,15 @@ def agent_action_space(env_space: gym.Space) -> gym.Space:
     )
 
 
+def box_to_env(env_space: gym.spaces.Box, action: np.ndarray) -> np.ndarray:
+    """Agent actions [..., D] in [-1, 1] (clipped) -> linearly onto the Box's [low, high], exact at both ends, in
+    its dtype: one action or a batch of them."""
+    u = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+    low, high = env_space.low.astype(np.float64), env_space.high.astype(np.float64)
+    out = 0.5 * (1.0 - u) * low + 0.5 * (1.0 + u) * high  # exact low at -1 and high at +1
+    return np.clip(out, low, high).astype(env_space.dtype)
+
+
 def agent_to_env_action(env_space: gym.Space, action: Any) -> Any:
     """Agent action in storage format -> the action the wrapped env expects. Pure: no env state involved.
 
@@ -170,10 +179,7 @@ def agent_to_env_action(env_space: gym.Space, action: Any) -> Any:
             raise ValueError(f"discrete action {a} outside [0, {env_space.n})")
         return np.int64(a + int(env_space.start))
     if isinstance(env_space, gym.spaces.Box):
-        u = np.clip(np.asarray(action, dtype=np.float64).reshape(env_space.shape), -1.0, 1.0)  # [D]
-        low, high = env_space.low.astype(np.float64), env_space.high.astype(np.float64)
-        out = 0.5 * (1.0 - u) * low + 0.5 * (1.0 + u) * high  # exact low at -1 and high at +1
-        return np.clip(out, low, high).astype(env_space.dtype)
+        return box_to_env(env_space, np.asarray(action, dtype=np.float64).reshape(env_space.shape))
     if isinstance(env_space, gym.spaces.MultiBinary):
         return (np.asarray(action).reshape(env_space.shape) > 0).astype(np.int8)
     if isinstance(env_space, gym.spaces.MultiDiscrete):  # the joint id -> one entry per sub-action

@@ -15,7 +15,7 @@ generator, seeded as gymnasium seeds the copies of a `SyncVectorEnv` (seed + i)
 `rollout_horizon` H, docs/design.md §2) follow `TimestepWrapper`: an inner episode's final timestep, then a
 bridge step (the action ignored, the next episode of the same task starts with reset flag 1, time counting on),
 the rollout ending as its k-th episode does or truncated at H. The time, episode index and previous action are
-`RolloutClocks` (icrl.envs.clock), the state machine the wrapper runs too.
+`RolloutClocks` (icrl.envs.clock), the array form of the wrapper's `RolloutClock`.
 
 Goal-conditioned tasks (docs/CONTRACTS.md) add the timestep entry "achieved" ([N, K] int64, -1 padded) and the
 info key "achieved" (each copy's list of tokens, as every reset and step of the one-copy env reports it).
@@ -34,6 +34,7 @@ from gymnasium.vector.utils import batch_space
 from icrl.envs.clock import RolloutClocks
 from icrl.envs.tasks.grid import wants_new_task
 from icrl.envs.wrapper import TimestepWrapper
+from icrl.types import box_to_env
 
 
 class StepArrays(NamedTuple):
@@ -97,6 +98,9 @@ class CopyArrays(ABC):
         """Every copy's step on its env actions [N(, D)]."""
 
 
+_RENDERERS = {"rgb_array": "_frame", "ansi": "_ansi"}  # render_mode -> the ArrayTask method that draws it
+
+
 class ArrayTask(CopyArrays, gym.Env):
     """A built-in task written once, on arrays (`CopyArrays`); as a `gym.Env`, one copy: Gymnasium's `reset` and
     `step` run the array rules on row 0, with the env's own `np_random` as that row's generator, and
@@ -146,18 +150,22 @@ class ArrayTask(CopyArrays, gym.Env):
         truncated = out.truncated is not None and bool(out.truncated[0])
         return self._row_obs(), float(out.reward[0]), bool(out.terminated[0]), truncated, info
 
+    def _copies(self, n: int) -> ArrayTask:
+        """`CopyArrays._copies`, after checking `render_mode` against the modes the task declares."""
+        modes = self.metadata.get("render_modes", [])
+        if self.render_mode is not None and self.render_mode not in modes:
+            raise ValueError(f"{type(self).__name__} render_mode must be one of {modes} or None, got "
+                             f"{self.render_mode!r}")
+        super()._copies(n)
+        return self
+
     def render(self) -> str | np.ndarray | None:
-        if self.render_mode == "rgb_array":
-            return self._frame()
-        if self.render_mode == "ansi":
-            return self._ansi()
-        return None
-
-    def _ansi(self) -> str:
-        raise NotImplementedError(f"{type(self).__name__} has no text rendering")
-
-    def _frame(self) -> np.ndarray:
-        raise NotImplementedError(f"{type(self).__name__} has no image rendering")
+        """Row 0 drawn in `render_mode`: the task's `_frame()` for "rgb_array" (an [H, W, 3] uint8 image),
+        `_ansi()` for "ansi" (text); None without a mode. A task declares in `metadata["render_modes"]` the modes
+        it draws (checked when it is built)."""
+        if self.render_mode is None:
+            return None
+        return getattr(self, _RENDERERS[self.render_mode])()
 
     def _one_copy(self, what: str) -> None:
         if self.num_copies != 1:
@@ -199,7 +207,6 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
         self.spec = None
         self.render_mode = None
         self.action_spec = wrapped.action_spec
-        self._env_action_space = proto.action_space
         space = wrapped.observation_space
         assert isinstance(space, gym.spaces.Dict)
         self._obs_keys = list(space["obs"].spaces)  # type: ignore[attr-defined]  # flattened keys
@@ -307,14 +314,12 @@ class BatchedTaskEnv(gym.vector.VectorEnv):
 
     def _env_actions(self, stored: np.ndarray) -> np.ndarray:
         """Stored actions [N(, D)] -> the env's own, as `agent_to_env_action` maps one copy's: a Discrete's
-        ids shifted by its start, a Box's [-1, 1] mapped linearly onto its bounds."""
-        space = self._env_action_space
-        if isinstance(space, gym.spaces.Discrete):
-            return stored + int(space.start) if int(space.start) else stored
+        ids shifted by its start, a Box's [-1, 1] mapped onto its bounds (`box_to_env`)."""
+        space = self._proto.env_action_space
+        if isinstance(space, gym.spaces.Discrete) and int(space.start):
+            return stored + int(space.start)
         if isinstance(space, gym.spaces.Box):
-            u = np.clip(stored.astype(np.float64), -1.0, 1.0)  # [N, D]
-            low, high = space.low.astype(np.float64), space.high.astype(np.float64)
-            return np.clip(0.5 * (1.0 - u) * low + 0.5 * (1.0 + u) * high, low, high).astype(space.dtype)
+            return box_to_env(space, stored)
         return stored
 
     def _rollout_ends(self, terminated: np.ndarray, truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

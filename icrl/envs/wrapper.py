@@ -13,15 +13,15 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-# the action conversions (beside ActionSpec, icrl.types) are importable from here as before
+# RolloutClock (the timestep state machine) and the action conversions (beside ActionSpec, icrl.types) are
+# importable from here as before.
 from icrl.config.errors import first_line
-from icrl.envs.clock import RolloutClocks
+from icrl.envs.clock import RolloutClock
 from icrl.types import ActionSpec, action_to_vector, agent_action_space, agent_to_env_action
 
 SUPPORTED_OBS_SPACES = "Box (any rank), Discrete, MultiDiscrete, MultiBinary, and Dict / Tuple of these (nested)"
 # `time` is int64 but declared with an int32 bound: gymnasium cannot sample an int64 Box up to int64 max.
 _TIME_HIGH = np.iinfo(np.int32).max
-_ONE = np.zeros(1, np.int64)  # the row of a wrapper's one env in its clock
 
 ObsConverter = Callable[[Any], np.ndarray]
 
@@ -189,19 +189,13 @@ class TimestepWrapper(gym.Wrapper):
         )
         if self.achieved_slots:
             self.observation_space["achieved"] = gym.spaces.Box(-1, _TIME_HIGH, (self.achieved_slots,), np.int64)
-        self._clock = RolloutClocks(self.action_spec, 1, self.episodes_per_rollout, self.rollout_horizon)  # one env
+        self._clock = RolloutClock(self.action_spec, self.episodes_per_rollout, self.rollout_horizon)
         self._pending_reset = False  # last timestep was an inner episode's final obs
 
     @property
     def _t(self) -> int:
         """Actions taken in the current rollout: the time index of the current timestep."""
-        return int(self._clock.time[0])
-
-    def _start(self, new_task: bool) -> None:
-        self._clock.start(_ONE, new_task)
-
-    def _rollout_over(self) -> bool:
-        return bool(self._clock.rollout_over()[0])
+        return self._clock.time
 
     # ------------------------------------------------------------------------------------------- helpers
     def convert_obs(self, obs: Any) -> dict[str, np.ndarray]:
@@ -238,13 +232,12 @@ class TimestepWrapper(gym.Wrapper):
                         text)
 
     def _timestep(self, obs: Any, prev_reward: float, reset: bool, info: dict | None = None) -> dict:
-        """The timestep of raw observation `obs`, from the clock's time and previous action (`RolloutClocks`)."""
+        """The timestep of raw observation `obs`, from the clock's time and previous action (`RolloutClock`)."""
         try:
             converted = self._convert_obs(obs)
         except ValueError as e:
             raise self._env_error("step" if self._t else "reset", f"returned an {e}", e) from e
-        fields = self._clock.timestep(np.array([prev_reward]), np.array([not reset]))
-        ts: dict[str, Any] = {"obs": converted, **{k: v[0, ...] for k, v in fields.items()}}  # the one env's row
+        ts = self._clock.timestep(converted, prev_reward, cont=not reset)
         if self.achieved_slots:
             ts["achieved"] = self._achieved(info)  # [K] int64, -1 padded
         return ts
@@ -268,7 +261,7 @@ class TimestepWrapper(gym.Wrapper):
         """Hard reset: a new task (the inner env sees `new_task=True` in multi-episode mode)."""
         if self.multi_episode:
             options = {**(options or {}), "new_task": True}
-        self._start(new_task=True)
+        self._clock.start(new_task=True)
         obs, info = self._checked_reset(seed=seed, options=options)
         self._pending_reset = False
         return self._timestep(obs, 0.0, reset=True, info=info), info
@@ -295,16 +288,16 @@ class TimestepWrapper(gym.Wrapper):
             # Bridge step: the action taken on an inner episode's final obs is ignored; the next episode of
             # the same task starts with reset=1 and zero previous action and reward.
             obs, info = self._checked_reset(options={"new_task": False})
-            self._clock.acted(self.action_spec.zero_vector(1))  # the ignored action's step counts
-            self._start(new_task=False)
+            self._clock.acted(self.action_spec.zero_vector())  # the ignored action's step counts
+            self._clock.start(new_task=False)
             self._pending_reset = False
-            truncated = self.rollout_horizon is not None and self._rollout_over()
+            truncated = self.rollout_horizon is not None and self._clock.rollout_over()
             # the bridge step achieves nothing: a new episode's first observation is not an agent's doing
             ts = self._timestep(obs, 0.0, reset=True)
             return ts, 0.0, False, truncated, dict(info)
 
         env_action = agent_to_env_action(self._env_action_space, action)
-        self._clock.acted(action_to_vector(self.action_spec, action)[None])
+        self._clock.acted(action_to_vector(self.action_spec, action))
         obs, reward, terminated, truncated, info = self._checked_step(env_action)
         ts = self._timestep(obs, reward, reset=False, info=info)
         if "success" in info:
@@ -314,7 +307,7 @@ class TimestepWrapper(gym.Wrapper):
             info["episode_end"] = True
         if not self.multi_episode:
             return ts, reward, terminated, truncated, info
-        over = self._rollout_over()
+        over = self._clock.rollout_over()
         if self.rollout_horizon is not None:
             if over:
                 # The rollout ends on its time limit even if the inner episode terminated right here: the

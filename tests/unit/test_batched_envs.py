@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from icrl.envs.batched import BatchedTaskEnv
+from icrl.envs.clock import RolloutClock, RolloutClocks
 from icrl.envs.collect import Collector, RandomPolicy
 from icrl.envs.make import make_vector_env
 from icrl.envs.registry import TASKS, batched_env
@@ -171,6 +172,33 @@ def test_multi_episode_rollouts_step_as_the_per_copy_envs(
     wanted = ["inner episode ends", "bridge steps", "successes", ended]
     wanted += ["H at a bridge step or an episode's end"] if horizon else []
     assert all(seen[k] > 0 for k in wanted), seen
+
+
+def test_rollout_clocks_are_rolloutclock_on_arrays() -> None:
+    """The batched tasks' time, episode index and previous action (RolloutClocks) follow RolloutClock, the one
+    state machine: the same operations on N of them and on the array form give the same fields throughout."""
+    spec = ActionSpec("discrete", 3)
+    rng = np.random.default_rng(0)
+    n = 6
+    for rollout in ({}, {"episodes_per_rollout": 3}, {"rollout_horizon": 5}):
+        clocks, each = RolloutClocks(spec, n, **rollout), [RolloutClock(spec, **rollout) for _ in range(n)]
+        for _ in range(100):
+            vectors = spec.to_vector(rng.integers(0, 3, n))
+            clocks.acted(vectors)
+            for clock, vector in zip(each, vectors):
+                clock.acted(vector)
+            for new_task in (True, False):
+                rows = np.flatnonzero(rng.random(n) < 0.2)
+                clocks.start(rows, new_task)
+                for i in rows:
+                    each[i].start(new_task)
+            rewards, cont = rng.normal(size=n), rng.random(n) < 0.7
+            got = clocks.timestep(rewards, cont)
+            for i, clock in enumerate(each):
+                want = clock.timestep({}, float(rewards[i]), bool(cont[i]))
+                assert_same({k: got[k][i] for k in got}, {k: want[k] for k in got}, f"copy {i}")
+                assert (clocks.time[i], clocks.episode[i]) == (clock.time, clock.episode)
+            assert clocks.rollout_over().tolist() == [clock.rollout_over() for clock in each]
 
 
 @pytest.mark.parametrize(

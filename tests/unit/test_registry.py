@@ -3,8 +3,10 @@ signature, its batched form (a task on arrays) takes exactly those, and `icrl en
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from icrl.cli.commands import Envs
@@ -76,3 +78,23 @@ def test_no_other_module_names_the_built_in_tasks_in_a_table():
             if len(names) >= 2 and len(names) == len(items) and set(names) <= TASKS.keys():
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not offenders, f"task names listed outside icrl/envs/registry.py: {offenders}"
+
+
+@pytest.mark.parametrize("name", BATCHED)
+def test_a_task_on_arrays_draws_every_mode_it_declares_and_refuses_the_others(name):
+    task = TASKS[name]
+    modes = task.make.metadata["render_modes"]
+    if "render_mode" not in inspect.signature(task.make).parameters:
+        assert modes == [] and task.make().render() is None  # no mode to ask for
+        return
+    for mode in modes:
+        env = task.make(render_mode=mode)
+        env.reset(seed=0)
+        drawn = env.render()
+        if mode == "ansi":
+            assert isinstance(drawn, str) and "A" in drawn  # the agent is drawn
+        else:
+            assert isinstance(drawn, np.ndarray) and drawn.dtype == np.uint8 and drawn.ndim == 3 and drawn.shape[2] == 3
+    for mode in {"ansi", "rgb_array", "human"} - set(modes):
+        with pytest.raises(ValueError, match=re.escape(f"render_mode must be one of {modes!r}")):
+            task.make(render_mode=mode)

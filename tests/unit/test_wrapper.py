@@ -305,11 +305,40 @@ def test_action_to_vector_cleans_policy_outputs() -> None:
     assert ActionSpec("continuous", 2).zero_vector(3).shape == (3, 2)
 
 
-def test_rollout_clocks_are_the_one_timestep_state_machine():
-    """RolloutClocks, which TimestepWrapper, icrl.load's predict and the batched tasks run: a new task zeroes
-    time and the episode index, the next episode of the same task counts the episode on and keeps time, both
-    zero the previous action and reward and set the reset flag, for the rows given only; `rollout_over` is the
-    one end-of-rollout rule."""
+def test_rollout_clock_is_the_one_timestep_state_machine():
+    """RolloutClock, which TimestepWrapper runs: a new task zeroes time and the
+    episode index, the next episode of the same task counts the episode on and keeps time, both zero the
+    previous action and reward and set the reset flag; `rollout_over` is the one end-of-rollout rule."""
+    from icrl.envs.wrapper import RolloutClock
+
+    spec = ActionSpec("discrete", 3)
+    obs = {"obs": np.zeros(1, np.float32)}
+    clock = RolloutClock(spec, episodes_per_rollout=2)
+    clock.start(new_task=True)
+    ts = clock.timestep(obs, 5.0, cont=False)
+    assert (ts["reset"], ts["prev_reward"], ts["time"]) == (1, 0.0, 0) and not ts["prev_action"].any()
+    assert ts["prev_reward"].dtype == np.float32 and ts["time"].dtype == np.int64 and ts["reset"].dtype == np.int8
+    clock.acted(spec.to_vector(np.array(2)))
+    ts = clock.timestep(obs, 0.5, cont=True)
+    assert (ts["reset"], ts["prev_reward"], ts["time"]) == (0, 0.5, 1) and ts["prev_action"].tolist() == [0, 0, 1]
+    assert not clock.rollout_over()  # the first of two episodes
+    clock.acted(spec.to_vector(np.array(0)))
+    clock.start(new_task=False)  # the next episode of the same task: time counts on
+    ts = clock.timestep(obs, 2.0, cont=False)
+    assert (ts["reset"], ts["prev_reward"], ts["time"], clock.episode) == (1, 0.0, 2, 1) and not ts["prev_action"].any()
+    assert clock.rollout_over()
+    clock.start(new_task=True)
+    assert (clock.time, clock.episode) == (0, 0) and not clock.rollout_over()
+    horizon = RolloutClock(spec, rollout_horizon=2)
+    horizon.acted(spec.zero_vector())
+    assert not horizon.rollout_over()
+    horizon.acted(spec.zero_vector())
+    assert horizon.rollout_over()  # time reached the horizon
+
+
+def test_rollout_clocks_move_only_the_rows_given():
+    """RolloutClocks, which icrl.load's predict and the batched tasks run: RolloutClock's rules, for the rows
+    given only; a reward beyond float32 becomes inf without a warning."""
     from icrl.envs.clock import RolloutClocks
 
     spec = ActionSpec("discrete", 3)
