@@ -40,6 +40,9 @@ class ModelConfig:
     """Dropout on the Transformer's input embedding (timestep embedding + time-position embedding)."""
     tstep_hidden: int = bounded(128, ge=1)
     """Hidden width of the timestep encoder's MLP, and the feature width of each image key's CNN."""
+    time_freqs: int = bounded(4, ge=0, le=64)
+    """Sinusoids of the rollout time (periods from 4 steps to `max_time`) among the timestep encoder's inputs,
+    beside the linear time feature. 0: the linear feature alone (docs/results.md, the bandit)."""
     normalize_obs: bool = True
     """Normalise vector observations with running mean / variance (updated from every training batch), so
     tasks whose observations differ in scale by orders of magnitude need no hand-made scaling."""

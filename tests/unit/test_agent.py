@@ -134,6 +134,13 @@ def build_agent(obs_space, spec, traj: str = "transformer", max_seq_len: int = S
     return Agent(obs_space, spec, model_cfg(traj, max_seq_len, **(model_kw or {})), loss)
 
 
+def test_time_freqs_sets_the_timestep_encoders_time_inputs():
+    space = gym.spaces.Dict({"obs": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)})
+    spec = ActionSpec.from_space(gym.spaces.Discrete(2))
+    width = {f: build_agent(space, spec, model_kw={"time_freqs": f}).tstep_encoder.mlp[0].in_features for f in (0, 4)}
+    assert width[4] - width[0] == 8  # a sine and a cosine per frequency
+
+
 # ------------------------------------------------------------------------------------------ gradient helpers
 def groups(agent: Agent) -> dict[str, list[torch.nn.Parameter]]:
     return {

@@ -106,6 +106,19 @@ def test_time_reset_action_and_reward_are_inputs() -> None:
         assert (enc(changed) - base).abs().max() > 1e-5, field
 
 
+@pytest.mark.parametrize("freqs", [0, 4])
+def test_time_features_are_the_linear_time_and_the_asked_sinusoids(freqs: int) -> None:
+    """`time_freqs` sinusoids beside the linear feature; with none the time still enters (linearly)."""
+    space = gym.spaces.Dict({"obs": vec_box(4)})
+    enc = TimestepEncoder(space, A, d_out=16, hidden=32, max_time=100, n_time_freqs=freqs).eval()
+    ts = sample_timesteps(space)
+    feats = enc.time_features(ts.time)
+    assert feats.shape == (*ts.shape, 1 + 2 * freqs)
+    torch.testing.assert_close(feats[..., 0], ts.time.float() / 100)
+    changed = Timesteps(**{**vars(ts), "time": ts.time + 7})
+    assert (enc(changed) - enc(ts)).abs().max() > 1e-5
+
+
 def test_normalization_uses_only_masked_in_steps() -> None:
     space = gym.spaces.Dict({"a": vec_box(2), "b": vec_box(3)})
     enc = TimestepEncoder(space, A, d_out=8)
