@@ -106,3 +106,24 @@ def test_builds_by_name_with_the_timestep_wrapper() -> None:
         done = term or trunc
         steps += 1
     assert steps == 7
+
+
+def test_the_probes_histories_carry_the_posterior_of_their_own_pulls() -> None:
+    """benchmarks/bandit_probe.py: step t's inputs are pull t-1 and its reward, and the posterior mean of each arm
+    counts exactly the pulls before t (uniform prior)."""
+    from benchmarks.bandit_probe import _r, random_histories
+
+    ts, post = random_histories(n=5, arms=3, horizon=12, seed=1)
+    assert ts.shape == (5, 12) and post.shape == (5, 12, 3)
+    np.testing.assert_allclose(post[:, 0], 0.5)  # nothing pulled yet
+    pulls = ts.prev_action[:, 1:].argmax(-1).numpy()  # [5, 11]: pull t-1, read at step t
+    rewards = ts.prev_reward[:, 1:].numpy()
+    for i in range(5):
+        for t in range(1, 12):
+            for a in range(3):
+                mine = pulls[i, :t] == a
+                expected = (1 + rewards[i, :t][mine].sum()) / (2 + mine.sum())
+                assert post[i, t, a] == pytest.approx(expected)
+    assert ts.reset[:, 0].all() and not ts.reset[:, 1:].any()
+    x = np.random.default_rng(0).normal(size=(4, 7, 3))
+    assert _r(x, x) == pytest.approx(1.0) and _r(x, -x) == pytest.approx(-1.0)
