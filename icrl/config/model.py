@@ -42,7 +42,10 @@ class ModelConfig:
     """Hidden width of the timestep encoder's MLP, and the feature width of each image key's CNN."""
     time_freqs: int = bounded(4, ge=0, le=64)
     """Sinusoids of the rollout time (periods from 4 steps to `max_time`) among the timestep encoder's inputs,
-    beside the linear time feature. 0: the linear feature alone (docs/results.md, the bandit)."""
+    beside the linear time feature. They slow a critic that must learn a statistic of the history's contents (the
+    bandit's: ~200 updates later than without) and hand a task whose lag is one of the periods its answer
+    (RepeatPreviousEasy, lag 4); with 0, `--pos-emb rope` gives attention relative positions at every lag
+    (docs/results.md, "The bandit: where the late start is")."""
     normalize_obs: bool = True
     """Normalise vector observations with running mean / variance (updated from every training batch), so
     tasks whose observations differ in scale by orders of magnitude need no hand-made scaling."""

@@ -143,7 +143,7 @@ class TimestepEncoder(nn.Module):
 
     Inputs concatenated per timestep: normalised vector observations, one CNN feature vector per image
     key (pixels / 255), an optional goal embedding, the previous action, symlog(previous reward), time
-    features (time / max_time and sinusoids of a few periods) and the reset flag. An MLP
+    features (time / max_time and sinusoids of `n_time_freqs` periods) and the reset flag. An MLP
     (Linear -> LayerNorm -> Leaky ReLU -> Linear -> LayerNorm) maps them to `d_out`.
 
     Args:
@@ -157,6 +157,9 @@ class TimestepEncoder(nn.Module):
             timesteps: `normalization_moments`).
         goal_embedder: optional module mapping obs["goal"] [B, L, K] long -> [B, L, goal_embedder.d_out].
             Without it, a "goal" key is ignored.
+        n_time_freqs: sinusoids of the time, periods spaced geometrically from 4 steps to max_time. They cost the
+            bandit's critic ~200 updates to learn its history's statistic and give RepeatPreviousEasy its lag of
+            4 steps for free (docs/results.md, "The bandit: where the late start is"); 0 leaves the linear feature.
     """
 
     time_freqs: torch.Tensor  # buffer, registered in __init__
