@@ -1,10 +1,11 @@
 """`benchmarks/bandit_probe.py`'s measurement on the official AMAGO's bandit checkpoints, for a side-by-side reading.
 
-Runs *inside the official AMAGO's virtualenv* (`benchmarks/parity.py --setup-amago`); imports nothing from icrl. It
-builds the agent exactly as `amago_meta_rl.py` does (the same command-line arguments), then, instead of training,
-loads each checkpoint and prints one JSON line: per discount, the correlation of the critic's Q(h, a) with the
-posterior mean of each arm on random-pull histories (`bandit_probe.py` explains the measure), and the same for the
-policy's log-probabilities.
+Runs *inside the official AMAGO's virtualenv* (`benchmarks/parity.py --setup-amago`) and imports nothing from icrl:
+its histories and measure are `bandit_probe.py`'s (whose icrl imports sit in the functions only icrl's side calls),
+so both sides read the same draws. It builds the agent exactly as `amago_meta_rl.py` does (the same command-line
+arguments), then, instead of training, loads each checkpoint and prints one JSON line: per discount, the correlation
+of the critic's Q(h, a) with the posterior mean of each arm on random-pull histories (`bandit_probe.py` explains the
+measure), and the same for the policy's log-probabilities.
 
     # a run that keeps a checkpoint per epoch (policy_epoch_K.pt holds the weights after (K + 1) x 100 updates)
     python benchmarks/parity_amago_run.py benchmarks/amago_meta_rl.py --env bandit ... --ckpt_interval 1
@@ -22,32 +23,18 @@ import numpy as np
 import torch
 from amago.experiment import Experiment
 
+# the same draws and measure as icrl's side (run as a script, benchmarks/ is on the path; that module imports
+# icrl only where icrl's side uses it)
+from bandit_probe import centred_correlation, random_pulls
 
-def random_histories(n: int = 256, arms: int = 2, horizon: int = 50, seed: int = 0):
-    """The histories of `bandit_probe.random_histories` (same generator, same draws) in the official layout:
-    obs [n, H, 1], rl2s [n, H, 1 + arms] (previous reward, then previous action), time [n, H, 1], posterior."""
-    rng = np.random.default_rng(seed)
-    p = rng.uniform(size=(n, arms))
-    pulls = rng.integers(0, arms, size=(n, horizon))
-    reward = (rng.uniform(size=(n, horizon)) < np.take_along_axis(p, pulls, 1)).astype(np.float32)
-    onehot = np.eye(arms, dtype=np.float32)[pulls]
-    prev_action = np.zeros((n, horizon, arms), np.float32)
-    prev_action[:, 1:] = onehot[:, :-1]
-    prev_reward = np.zeros((n, horizon, 1), np.float32)
-    prev_reward[:, 1:, 0] = reward[:, :-1]
-    wins = np.cumsum(onehot * reward[..., None], 1) - onehot * reward[..., None]
-    tries = np.cumsum(onehot, 1) - onehot
-    posterior = (1 + wins) / (2 + tries)
-    obs = np.broadcast_to(((horizon - np.arange(horizon)) / horizon).astype(np.float32)[None, :, None],
-                          (n, horizon, 1)).copy()
+
+def official_inputs(n: int = 256, arms: int = 2, horizon: int = 50, seed: int = 0):
+    """`random_pulls` in the official layout: obs [n, H, 1], rl2s [n, H, 1 + arms] (previous reward, then
+    previous action), time [n, H, 1], and the posterior."""
+    h = random_pulls(n, arms, horizon, seed)
+    rl2s = np.concatenate([h.prev_reward[..., None], h.prev_action], -1)
     time = np.arange(horizon)[None, :, None].repeat(n, 0)
-    return obs, np.concatenate([prev_reward, prev_action], -1), time, posterior
-
-
-def _r(x: np.ndarray, y: np.ndarray) -> float:
-    x = (x - x.mean(-1, keepdims=True)).ravel()
-    y = (y - y.mean(-1, keepdims=True)).ravel()
-    return float(np.corrcoef(x, y)[0, 1])
+    return h.pulls_left[..., None], rl2s, time, h.posterior
 
 
 def main() -> None:
@@ -57,7 +44,7 @@ def main() -> None:
         raise SystemExit(f"no checkpoint matches {pattern}")
 
     def probe_instead_of_learning(self: Experiment) -> None:
-        obs, rl2s, time, posterior = random_histories()
+        obs, rl2s, time, posterior = official_inputs()
         policy = self.policy
         arms = rl2s.shape[-1] - 1
         for ckpt in checkpoints:
@@ -77,8 +64,8 @@ def main() -> None:
             post = posterior[:, 1:]
             print(json.dumps({
                 "checkpoint": ckpt.rsplit("/", 1)[-1],
-                "q_r": [round(_r(q_all[..., g, :], post), 3) for g in range(G)],
-                "policy_r": round(_r(logp, post), 3),
+                "q_r": [round(centred_correlation(q_all[..., g, :], post), 3) for g in range(G)],
+                "policy_r": round(centred_correlation(logp, post), 3),
                 "greedy_picks_best_posterior": round(float((logp.argmax(-1) == post.argmax(-1)).mean()), 3),
             }), flush=True)
         raise SystemExit(0)

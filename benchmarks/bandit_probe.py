@@ -18,17 +18,27 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 
-import icrl
-from icrl.types import Timesteps
+if TYPE_CHECKING:  # icrl is imported where it is used: the official side (amago_bandit_probe.py) has no icrl
+    from icrl.types import Timesteps
 
 
-def random_histories(n: int, arms: int, horizon: int, seed: int = 0) -> tuple[Timesteps, np.ndarray]:
-    """n rollouts of uniformly random pulls on tasks p ~ U(0, 1)^arms, as the agent sees them, and the posterior
-    mean of every arm before each step: posterior [n, horizon, arms]."""
+class RandomPulls(NamedTuple):
+    """n rollouts of uniformly random pulls on tasks p ~ U(0, 1)^arms, as an agent sees them (step t carries pull
+    t-1 and its reward), and the posterior mean of every arm before each step. numpy only, so both libraries'
+    probes read the same draws."""
+
+    prev_action: np.ndarray  # [n, H, arms] float32 one-hot, zeros at t = 0
+    prev_reward: np.ndarray  # [n, H] float32
+    pulls_left: np.ndarray  # [n, H] float32: the bandit's observation, (H - t) / H
+    posterior: np.ndarray  # [n, H, arms] float64: (1 + wins) / (2 + tries) over the pulls before t
+
+
+def random_pulls(n: int, arms: int, horizon: int, seed: int = 0) -> RandomPulls:
     rng = np.random.default_rng(seed)
     p = rng.uniform(size=(n, arms))
     pulls = rng.integers(0, arms, size=(n, horizon))
@@ -40,17 +50,24 @@ def random_histories(n: int, arms: int, horizon: int, seed: int = 0) -> tuple[Ti
     prev_reward[:, 1:] = reward[:, :-1]
     wins = np.cumsum(onehot * reward[..., None], 1) - onehot * reward[..., None]  # before step t: steps < t
     tries = np.cumsum(onehot, 1) - onehot
-    posterior = (1 + wins) / (2 + tries)
-    obs = ((horizon - np.arange(horizon)) / horizon).astype(np.float32)  # pulls left, as BernoulliBandit
+    pulls_left = np.broadcast_to(((horizon - np.arange(horizon)) / horizon).astype(np.float32), (n, horizon))
+    return RandomPulls(prev_action, prev_reward, pulls_left.copy(), (1 + wins) / (2 + tries))
+
+
+def random_histories(n: int, arms: int, horizon: int, seed: int = 0) -> tuple[Timesteps, np.ndarray]:
+    """`random_pulls` as icrl's Timesteps [n, horizon], and the posterior [n, horizon, arms]."""
+    from icrl.types import Timesteps
+
+    h = random_pulls(n, arms, horizon, seed)
     reset = np.zeros((n, horizon), bool)
     reset[:, 0] = True
-    ts = Timesteps(obs={"obs": torch.from_numpy(np.broadcast_to(obs[None, :, None], (n, horizon, 1)).copy())},
-                   prev_action=torch.from_numpy(prev_action), prev_reward=torch.from_numpy(prev_reward),
+    ts = Timesteps(obs={"obs": torch.from_numpy(h.pulls_left[..., None])},
+                   prev_action=torch.from_numpy(h.prev_action), prev_reward=torch.from_numpy(h.prev_reward),
                    time=torch.arange(horizon).repeat(n, 1), reset=torch.from_numpy(reset))
-    return ts, posterior
+    return ts, h.posterior
 
 
-def _r(x: np.ndarray, y: np.ndarray) -> float:
+def centred_correlation(x: np.ndarray, y: np.ndarray) -> float:
     """Pearson correlation of two arrays whose last dim is the arm, each centred over the arms first."""
     x = (x - x.mean(-1, keepdims=True)).ravel()
     y = (y - y.mean(-1, keepdims=True)).ravel()
@@ -59,6 +76,8 @@ def _r(x: np.ndarray, y: np.ndarray) -> float:
 
 @torch.no_grad()
 def probe(path: Path, ts: Timesteps, posterior: np.ndarray) -> dict:
+    import icrl
+
     agent = icrl.load(str(path)).agent
     agent.eval()
     s = agent(ts)  # [n, H, d]
@@ -66,8 +85,8 @@ def probe(path: Path, ts: Timesteps, posterior: np.ndarray) -> dict:
     logits = agent.actor(s).logits[..., -1, :].numpy()[:, 1:]  # [n, H-1, A] of the acting discount
     post = posterior[:, 1:]
     return {
-        "q_r": [round(_r(q[..., g, :], post), 3) for g in range(q.shape[-2])],  # per discount
-        "policy_r": round(_r(logits, post), 3),
+        "q_r": [round(centred_correlation(q[..., g, :], post), 3) for g in range(q.shape[-2])],  # per discount
+        "policy_r": round(centred_correlation(logits, post), 3),
         "policy_logit_sd": round(float((logits - logits.mean(-1, keepdims=True)).std()), 3),
         "greedy_picks_best_posterior": round(float((logits.argmax(-1) == post.argmax(-1)).mean()), 3),
         "popart_sigma": [round(float(v), 3) for v in agent.popart.sigma.flatten()],

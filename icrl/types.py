@@ -179,7 +179,7 @@ def agent_to_env_action(env_space: gym.Space, action: Any) -> Any:
             raise ValueError(f"discrete action {a} outside [0, {env_space.n})")
         return np.int64(a + int(env_space.start))
     if isinstance(env_space, gym.spaces.Box):
-        return box_to_env(env_space, np.asarray(action, dtype=np.float64).reshape(env_space.shape))
+        return box_to_env(env_space, np.asarray(action).reshape(env_space.shape))
     if isinstance(env_space, gym.spaces.MultiBinary):
         return (np.asarray(action).reshape(env_space.shape) > 0).astype(np.int8)
     if isinstance(env_space, gym.spaces.MultiDiscrete):  # the joint id -> one entry per sub-action

@@ -26,8 +26,8 @@ def rollout_over(episode: Any, time: Any, episodes_per_rollout: int, rollout_hor
 
 class RolloutClock:
     """The timestep state machine of docs/design.md §2 for one env: the time index its next timestep gets, the
-    index of its episode inside the rollout, and its previous action. One implementation for both drivers:
-    `TimestepWrapper` runs one while it steps the env (`icrl.policy` runs `RolloutClocks` for the caller's N envs).
+    index of its episode inside the rollout, and its previous action, as Python scalars: `TimestepWrapper` runs one
+    while it steps the env (the array form, `RolloutClocks`, serves N envs at once).
 
     `start(new_task=True)` before a timestep that starts a new task: time and episode go to 0;
     `start(new_task=False)` before one that starts the next episode of the same task: the episode index counts

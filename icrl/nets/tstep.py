@@ -157,9 +157,8 @@ class TimestepEncoder(nn.Module):
             timesteps: `normalization_moments`).
         goal_embedder: optional module mapping obs["goal"] [B, L, K] long -> [B, L, goal_embedder.d_out].
             Without it, a "goal" key is ignored.
-        n_time_freqs: sinusoids of the time, periods spaced geometrically from 4 steps to max_time. They cost the
-            bandit's critic ~200 updates to learn its history's statistic and give RepeatPreviousEasy its lag of
-            4 steps for free (docs/results.md, "The bandit: where the late start is"); 0 leaves the linear feature.
+        n_time_freqs: sinusoids of the time, periods spaced geometrically from 4 steps to max_time; 0 leaves the
+            linear feature alone (what they cost and give: `ModelConfig.time_freqs`).
     """
 
     time_freqs: torch.Tensor  # buffer, registered in __init__

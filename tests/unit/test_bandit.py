@@ -111,7 +111,8 @@ def test_builds_by_name_with_the_timestep_wrapper() -> None:
 def test_the_probes_histories_carry_the_posterior_of_their_own_pulls() -> None:
     """benchmarks/bandit_probe.py: step t's inputs are pull t-1 and its reward, and the posterior mean of each arm
     counts exactly the pulls before t (uniform prior)."""
-    from benchmarks.bandit_probe import _r, random_histories
+    from benchmarks.bandit_probe import centred_correlation as _r
+    from benchmarks.bandit_probe import random_histories
 
     ts, post = random_histories(n=5, arms=3, horizon=12, seed=1)
     assert ts.shape == (5, 12) and post.shape == (5, 12, 3)
