@@ -25,7 +25,7 @@ from amago.experiment import Experiment
 
 # the same draws and measure as icrl's side (run as a script, benchmarks/ is on the path; that module imports
 # icrl only where icrl's side uses it)
-from bandit_probe import centred_correlation, random_pulls
+from bandit_probe import arm_offset, centred_correlation, random_pulls
 
 
 def official_inputs(n: int = 256, arms: int = 2, horizon: int = 50, seed: int = 0):
@@ -65,7 +65,9 @@ def main() -> None:
             print(json.dumps({
                 "checkpoint": ckpt.rsplit("/", 1)[-1],
                 "q_r": [round(centred_correlation(q_all[..., g, :], post), 3) for g in range(G)],
+                **arm_offset(q_all[..., -1, :]),
                 "policy_r": round(centred_correlation(logp, post), 3),
+                "policy_logit_sd": round(float((logp - logp.mean(-1, keepdims=True)).std()), 3),
                 "greedy_picks_best_posterior": round(float((logp.argmax(-1) == post.argmax(-1)).mean()), 3),
             }), flush=True)
         raise SystemExit(0)

@@ -9,7 +9,10 @@ first, compares with that posterior: for each discount, the Pearson correlation 
 mean, centred over the arms) with the posterior means (centred the same way), and the same for the acting
 policy's logits. A critic that reads its history tracks the posterior (r near 1; the reachable value is below
 1, since Q also carries what later pulls will add); one that does not gives r near 0. So the probe says whether a
-slow start is the critic's representation of the history or the policy's reading of the critic. One JSON line per
+slow start is the critic's representation of the history or the policy's reading of the critic. The acting
+discount's Q is also split into a preference between the arms that no history moves and the spread of what the
+history moves (`arm_offset`): a policy that plays one arm everywhere follows the first while the second is
+small. One JSON line per
 checkpoint (`RUN_DIR/checkpoints/ckpt-N`, written with `--checkpoint-every`).
 """
 
@@ -74,6 +77,15 @@ def centred_correlation(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(x, y)[0, 1]) if x.std() > 0 and y.std() > 0 else 0.0
 
 
+def arm_offset(q: np.ndarray) -> dict:
+    """Q [..., A] of one discount, centred over the arms, split in two: `q_arm_offset` [A], its mean over every
+    history (a preference between arms that no history moves: the critic's initialisation, or a lean of the data),
+    and `q_history_sd`, the spread of the rest (what the history moves), in the same units."""
+    qc = q - q.mean(-1, keepdims=True)
+    offset = qc.reshape(-1, qc.shape[-1]).mean(0)
+    return {"q_arm_offset": [round(float(v), 3) for v in offset], "q_history_sd": round(float((qc - offset).std()), 3)}
+
+
 @torch.no_grad()
 def probe(path: Path, ts: Timesteps, posterior: np.ndarray) -> dict:
     import icrl
@@ -86,6 +98,7 @@ def probe(path: Path, ts: Timesteps, posterior: np.ndarray) -> dict:
     post = posterior[:, 1:]
     return {
         "q_r": [round(centred_correlation(q[..., g, :], post), 3) for g in range(q.shape[-2])],  # per discount
+        **arm_offset(q[..., -1, :]),
         "policy_r": round(centred_correlation(logits, post), 3),
         "policy_logit_sd": round(float((logits - logits.mean(-1, keepdims=True)).std()), 3),
         "greedy_picks_best_posterior": round(float((logits.argmax(-1) == post.argmax(-1)).mean()), 3),

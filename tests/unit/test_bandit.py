@@ -128,3 +128,19 @@ def test_the_probes_histories_carry_the_posterior_of_their_own_pulls() -> None:
     assert ts.reset[:, 0].all() and not ts.reset[:, 1:].any()
     x = np.random.default_rng(0).normal(size=(4, 7, 3))
     assert _r(x, x) == pytest.approx(1.0) and _r(x, -x) == pytest.approx(-1.0)
+
+
+def test_the_probes_arm_offset_splits_a_fixed_preference_from_what_the_history_moves() -> None:
+    """benchmarks/bandit_probe.py: Q = (a history-independent preference between the arms) + (a part that moves with
+    the history); `arm_offset` returns the first, centred over the arms, and the spread of the second."""
+    from benchmarks.bandit_probe import arm_offset
+
+    rng = np.random.default_rng(0)
+    moved = rng.normal(size=(200, 9, 2))
+    moved -= moved.mean((0, 1))  # no preference left in the moving part
+    q = moved + np.array([3.0, 2.5])  # arm 0 preferred by 0.5 everywhere, on top of a common level
+    out = arm_offset(q)
+    assert out["q_arm_offset"] == pytest.approx([0.25, -0.25], abs=1e-3)
+    centred = moved - moved.mean(-1, keepdims=True)
+    assert out["q_history_sd"] == pytest.approx(float(centred.std()), abs=1e-3)
+    assert arm_offset(np.ones((4, 5, 3)))["q_history_sd"] == 0.0
