@@ -1,0 +1,116 @@
+"""Does a discrete-action run's policy follow its history, or a preference between actions that no history moves?
+
+    python benchmarks/action_offset_probe.py RUN_DIR     # a run of `icrl train` with --checkpoint-every 1
+
+`bandit_probe.py` asks the bandit's critic about the one statistic the bandit has; any other discrete task has no
+such known statistic, but the failure it found has a signature of its own: early on, the critic's Q(h, a) carries a
+part that is the same for every history (its initialisation, or a lean of the data), the policy learns that part
+first, plays one action everywhere, and the data it then collects leans the same way. This probe plays `--rollouts`
+episodes of uniformly random actions on the run's own env (the data of the first epochs, where ε is near 1; one
+rollout per episode, at most the run's context long), and reports per checkpoint:
+
+* `q_arm_offset` / `q_history_sd` (`bandit_probe.arm_offset`): the acting discount's Q (ensemble mean, PopArt
+  units, centred over the actions) split into its mean over every step of every history, per action, and the
+  spread of the rest;
+* `policy_mean_probs` (the acting policy's mean probability of each action), `policy_entropy` (its mean, nats),
+  `greedy_share` (how often each action is the policy's argmax), `policy_prob_sd` (the spread over histories of
+  the policy's probabilities: near 0 when it plays the same everywhere).
+
+One JSON line per checkpoint (`RUN_DIR/checkpoints/ckpt-N`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repo root, for `from benchmarks import`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.bandit_probe import arm_offset  # noqa: E402
+
+if TYPE_CHECKING:
+    from icrl.types import Timesteps
+
+
+def random_rollouts(run_dir: Path, n: int, seed: int) -> list[Timesteps]:
+    """n episodes of uniformly random actions on the run's env, each as Timesteps [1, T] (T <= the context)."""
+    from icrl.envs.make import make_wrapped_env
+
+    cfg = json.loads((run_dir / "config.json").read_text())
+    env = make_wrapped_env(cfg["env"]["env"], json.loads(cfg["env"]["env_kwargs"] or "{}"))
+    if not isinstance(env.action_space, gym.spaces.Discrete):
+        raise SystemExit(f"the run's env has {env.action_space} actions: this probe reads discrete ones only")
+    context = int(cfg["model"]["max_seq_len"])
+    env.action_space.seed(seed)
+    rollouts = []
+    for i in range(n):
+        ts, _ = env.reset(seed=seed + i)
+        steps = [ts]
+        while len(steps) < context:
+            ts, _, term, trunc, _ = env.step(env.action_space.sample())
+            if term or trunc:
+                break
+            steps.append(ts)
+        rollouts.append(_as_timesteps(steps))
+    env.close()
+    return rollouts
+
+
+def _as_timesteps(steps: list[dict]) -> Timesteps:
+    """One episode's wrapper timesteps (dicts of [...] arrays) -> Timesteps [1, T, ...]."""
+    from icrl.types import Timesteps
+
+    def stack(key: str, dtype: type) -> torch.Tensor:
+        return torch.from_numpy(np.stack([s[key] for s in steps]).astype(dtype))[None]
+
+    return Timesteps(obs={k: torch.from_numpy(np.stack([s["obs"][k] for s in steps]))[None] for k in steps[0]["obs"]},
+                     prev_action=stack("prev_action", np.float32), prev_reward=stack("prev_reward", np.float32),
+                     time=stack("time", np.int64), reset=stack("reset", np.bool_))
+
+
+@torch.no_grad()
+def probe(path: Path, rollouts: list[Timesteps]) -> dict:
+    import icrl
+
+    agent = icrl.load(str(path)).agent
+    agent.eval()
+    q, probs = [], []
+    for ts in rollouts:
+        s = agent(ts)  # [1, T, d]
+        q.append(agent.critic.every_action(s).mean(-3)[0, :, -1].numpy())  # [T, A]: acting discount
+        probs.append(agent.actor(s).probs[0, :, -1].numpy())  # [T, A]
+    q_all, p = np.concatenate(q), np.concatenate(probs)  # [N, A]
+    entropy = -(p * np.log(np.clip(p, 1e-12, 1.0))).sum(-1)
+    return {
+        **arm_offset(q_all),
+        "policy_mean_probs": [round(float(v), 3) for v in p.mean(0)],
+        "policy_prob_sd": round(float(p.std(0).mean()), 3),
+        "policy_entropy": round(float(entropy.mean()), 3),
+        "greedy_share": [round(float(v), 3) for v in np.bincount(p.argmax(-1), minlength=p.shape[-1]) / len(p)],
+        "popart_sigma": round(float(agent.popart.sigma.flatten()[-1]), 4),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--rollouts", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    checkpoints = sorted((args.run_dir / "checkpoints").glob("ckpt-*"))
+    if not checkpoints:
+        raise SystemExit(f"{args.run_dir}/checkpoints holds no ckpt-N folder: train with --checkpoint-every 1")
+    rollouts = random_rollouts(args.run_dir, args.rollouts, args.seed)
+    for ckpt in checkpoints:
+        print(json.dumps({"checkpoint": ckpt.name, **probe(ckpt, rollouts)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
