@@ -16,7 +16,8 @@ rollout per episode, at most the run's context long), and reports per checkpoint
   `greedy_share` (how often each action is the policy's argmax), `policy_prob_sd` (the spread over histories of
   the policy's probabilities: near 0 when it plays the same everywhere).
 
-One JSON line per checkpoint (`RUN_DIR/checkpoints/ckpt-N`).
+One JSON line per checkpoint (`RUN_DIR/checkpoints/ckpt-N`). The critic's preference can change sign between
+checkpoints while the policy keeps following it: `action_offset_trace.py` reads it on every 5th update's batch.
 """
 
 from __future__ import annotations
