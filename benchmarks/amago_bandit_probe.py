@@ -7,6 +7,7 @@ arguments), then, instead of training, loads each checkpoint and prints one JSON
 of the critic's Q(h, a) with the posterior mean of each arm on random-pull histories (`bandit_probe.py` explains the
 measure), and the same for the policy's log-probabilities.
 
+    # both with TORCH_COMPILE_DISABLE=1, as the parity harness runs the official code (inductor fails on these CPUs)
     # a run that keeps a checkpoint per epoch (policy_epoch_K.pt holds the weights after (K + 1) x 100 updates)
     python benchmarks/parity_amago_run.py benchmarks/amago_meta_rl.py --env bandit ... --ckpt_interval 1
     # the probe: the checkpoints' glob, then the same amago_meta_rl.py arguments (with another --run_name)

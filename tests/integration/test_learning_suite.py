@@ -151,3 +151,18 @@ def test_the_held_out_meta_rl_env_is_a_plain_gymnasium_env_on_a_known_scale():
     assert len(means) == 400 and abs(np.mean(random)) < 5.0 and 31.0 < np.mean(best) < 37.0  # std of a mean ~1.2
     with pytest.raises(ValueError, match="arms >= 2"):
         GaussianArms(arms=1)
+
+
+def test_every_committed_variant_records_flags_the_suite_can_rerun():
+    """`--variant NAME` with no --flags reruns NAME's cases with the flags in its flags.txt: every committed one must
+    parse as shell words and make a valid command with them (prose there once broke a rerun)."""
+    import shlex
+
+    from icrl.cli import parse
+
+    recorded = sorted((suite.OUT / "variants").glob("*/flags.txt"))
+    assert recorded
+    for said in recorded:
+        flags = tuple(shlex.split(said.read_text()))
+        cmd = suite.CASES["tmaze20"].command(0, Path("unused"), flags)
+        parse(cmd[cmd.index("train"):]).config.validate(check_device=False)
