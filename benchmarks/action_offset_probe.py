@@ -34,7 +34,7 @@ import torch
 
 if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repo root, for `from benchmarks import`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.bandit_probe import arm_offset  # noqa: E402
+from benchmarks.bandit_probe import arm_offset, run_checkpoints  # noqa: E402
 
 if TYPE_CHECKING:
     from icrl.types import Timesteps
@@ -105,9 +105,7 @@ def main() -> None:
     p.add_argument("--rollouts", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    checkpoints = sorted((args.run_dir / "checkpoints").glob("ckpt-*"))
-    if not checkpoints:
-        raise SystemExit(f"{args.run_dir}/checkpoints holds no ckpt-N folder: train with --checkpoint-every 1")
+    checkpoints = run_checkpoints(args.run_dir)
     rollouts = random_rollouts(args.run_dir, args.rollouts, args.seed)
     for ckpt in checkpoints:
         print(json.dumps({"checkpoint": ckpt.name, **probe(ckpt, rollouts)}), flush=True)

@@ -86,6 +86,14 @@ def arm_offset(q: np.ndarray) -> dict:
     return {"q_arm_offset": [round(float(v), 3) for v in offset], "q_history_sd": round(float((qc - offset).std()), 3)}
 
 
+def run_checkpoints(run_dir: Path) -> list[Path]:
+    """A run's checkpoints, oldest first; a clear exit where it kept none."""
+    checkpoints = sorted((run_dir / "checkpoints").glob("ckpt-*"))
+    if not checkpoints:
+        raise SystemExit(f"{run_dir}/checkpoints holds no ckpt-N folder: train with --checkpoint-every 1")
+    return checkpoints
+
+
 @torch.no_grad()
 def probe(path: Path, ts: Timesteps, posterior: np.ndarray) -> dict:
     import icrl
@@ -116,10 +124,7 @@ def main() -> None:
     kwargs = json.loads(cfg["env"]["env_kwargs"] or "{}")
     ts, posterior = random_histories(args.histories, int(kwargs.get("arms", 2)), int(kwargs.get("horizon", 50)),
                                      args.seed)
-    checkpoints = sorted((args.run_dir / "checkpoints").glob("ckpt-*"))
-    if not checkpoints:
-        raise SystemExit(f"{args.run_dir}/checkpoints holds no ckpt-N folder: train with --checkpoint-every 1")
-    for ckpt in checkpoints:
+    for ckpt in run_checkpoints(args.run_dir):
         print(json.dumps({"checkpoint": ckpt.name, **probe(ckpt, ts, posterior)}), flush=True)
 
 
