@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -37,57 +36,37 @@ if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repo 
 from benchmarks.bandit_probe import arm_offset, run_checkpoints  # noqa: E402
 
 if TYPE_CHECKING:
-    from icrl.types import Timesteps
+    from icrl.types import Batch
 
 
-def random_rollouts(run_dir: Path, n: int, seed: int) -> list[Timesteps]:
-    """n episodes of uniformly random actions on the run's env, each as Timesteps [1, T] (T <= the context)."""
-    from icrl.envs.make import make_wrapped_env
+def random_rollouts(run_dir: Path, n: int, seed: int) -> Batch:
+    """n rollouts of uniformly random actions on the run's env (the library's collector and `RandomPolicy`), as one
+    Batch of windows [n, the run's context] from each rollout's start; the probe reads the steps with an action."""
+    from icrl.data.collate import collate_windows
+    from icrl.envs.collect import Collector, RandomPolicy
+    from icrl.envs.make import make_vector_env
+    from icrl.types import ActionSpec
 
     cfg = json.loads((run_dir / "config.json").read_text())
-    env = make_wrapped_env(cfg["env"]["env"], json.loads(cfg["env"]["env_kwargs"] or "{}"))
-    if not isinstance(env.action_space, gym.spaces.Discrete):
-        raise SystemExit(f"the run's env has {env.action_space} actions: this probe reads discrete ones only")
-    context = int(cfg["model"]["max_seq_len"])
-    env.action_space.seed(seed)
-    rollouts = []
-    for i in range(n):
-        ts, _ = env.reset(seed=seed + i)
-        steps = [ts]
-        while len(steps) < context:
-            ts, _, term, trunc, _ = env.step(env.action_space.sample())
-            if term or trunc:
-                break
-            steps.append(ts)
-        rollouts.append(_as_timesteps(steps))
-    env.close()
-    return rollouts
-
-
-def _as_timesteps(steps: list[dict]) -> Timesteps:
-    """One episode's wrapper timesteps (dicts of [...] arrays) -> Timesteps [1, T, ...]."""
-    from icrl.types import Timesteps
-
-    def stack(key: str, dtype: type) -> torch.Tensor:
-        return torch.from_numpy(np.stack([s[key] for s in steps]).astype(dtype))[None]
-
-    return Timesteps(obs={k: torch.from_numpy(np.stack([s["obs"][k] for s in steps]))[None] for k in steps[0]["obs"]},
-                     prev_action=stack("prev_action", np.float32), prev_reward=stack("prev_reward", np.float32),
-                     time=stack("time", np.int64), reset=stack("reset", np.bool_))
+    venv = make_vector_env(cfg["env"]["env"], json.loads(cfg["env"]["env_kwargs"] or "{}"), num_envs=1)
+    spec = ActionSpec.from_space(venv.single_action_space)
+    if spec.kind != "discrete":
+        raise SystemExit(f"the run's env has {spec.kind} actions: this probe reads discrete ones only")
+    rollouts, _ = Collector(venv, spec, seed=seed).collect_rollouts(RandomPolicy(spec, seed=seed), n, seed=seed)
+    venv.close()
+    return collate_windows([(r, 0) for r in rollouts], int(cfg["model"]["max_seq_len"]), spec)
 
 
 @torch.no_grad()
-def probe(path: Path, rollouts: list[Timesteps]) -> dict:
+def probe(path: Path, batch: Batch) -> dict:
     import icrl
 
     agent = icrl.load(str(path)).agent
     agent.eval()
-    q, probs = [], []
-    for ts in rollouts:
-        s = agent(ts)  # [1, T, d]
-        q.append(agent.critic.every_action(s).mean(-3)[0, :, -1].numpy())  # [T, A]: acting discount
-        probs.append(agent.actor(s).probs[0, :, -1].numpy())  # [T, A]
-    q_all, p = np.concatenate(q), np.concatenate(probs)  # [N, A]
+    s = agent(batch.inputs)  # [n, L, d]
+    acted = batch.has_action & batch.mask  # [n, L]: every step of a rollout but its last (and no padding)
+    q_all = agent.critic.every_action(s).mean(-3)[..., -1, :][acted].numpy()  # [N, A]: acting discount
+    p = agent.actor(s).probs[..., -1, :][acted].numpy()  # [N, A]
     entropy = -(p * np.log(np.clip(p, 1e-12, 1.0))).sum(-1)
     return {
         **arm_offset(q_all),
@@ -106,9 +85,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     checkpoints = run_checkpoints(args.run_dir)
-    rollouts = random_rollouts(args.run_dir, args.rollouts, args.seed)
+    batch = random_rollouts(args.run_dir, args.rollouts, args.seed)
     for ckpt in checkpoints:
-        print(json.dumps({"checkpoint": ckpt.name, **probe(ckpt, rollouts)}), flush=True)
+        print(json.dumps({"checkpoint": ckpt.name, **probe(ckpt, batch)}), flush=True)
 
 
 if __name__ == "__main__":

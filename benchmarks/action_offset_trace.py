@@ -3,7 +3,7 @@ on the update's own batch, what the acting policy is taught and what it plays.
 
     python benchmarks/action_offset_trace.py OUT.jsonl train --env ... --run-dir RUN_DIR [any icrl train flag]
 
-Every `--every` updates (before the update) one JSON line: `batch_dq` (Q(·, 1) - Q(·, 0) of the acting discount,
+Every 5th update (before it) one JSON line: `batch_dq` (Q(·, 1) - Q(·, 0) of the acting discount,
 ensemble mean, PopArt units, over the batch's steps with an action), `batch_dq_piw` (the same weighted by
 π(0|h) π(1|h): what the critic-driven term's gradient reads), `batch_p1` (π(1|h) averaged over those steps) and
 `data_a1` (the batch's share of action 1). Two-action tasks; a checkpoint's snapshot can miss what the policy
@@ -27,8 +27,6 @@ def main() -> None:
     if len(sys.argv) < 3 or sys.argv[2] != "train":
         raise SystemExit(__doc__)
     every = 5
-    out = open(sys.argv[1], "w")  # noqa: SIM115 (open for the whole run)
-
     from icrl.agent import learner
     from icrl.cli import main as icrl_main
 
@@ -60,7 +58,8 @@ def main() -> None:
         return step(self, batch)
 
     learner.Learner._step = traced  # type: ignore[method-assign]
-    icrl_main(sys.argv[2:])
+    with open(sys.argv[1], "w") as out:
+        icrl_main(sys.argv[2:])
 
 
 if __name__ == "__main__":

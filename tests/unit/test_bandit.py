@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks.bandit_baselines import (
     bayes_optimal_return,
@@ -148,17 +149,17 @@ def test_the_probes_arm_offset_splits_a_fixed_preference_from_what_the_history_m
 
 
 def test_the_action_offset_probes_random_rollouts_are_the_runs_env_cut_at_its_context(tmp_path) -> None:
-    """benchmarks/action_offset_probe.py plays the run's own env (config.json) with random actions, one Timesteps
-    [1, T] per episode, T at most the run's context; each step carries the previous step's action."""
+    """benchmarks/action_offset_probe.py plays the run's own env (config.json) with random actions, one window
+    [1, T] per rollout from its start, T at most the run's context; each step carries the previous step's action."""
     from benchmarks.action_offset_probe import random_rollouts
 
     config = {"env": {"env": "bandit", "env_kwargs": '{"arms": 3, "horizon": 6}'}, "model": {"max_seq_len": 4}}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    rollouts = random_rollouts(tmp_path, n=3, seed=0)
-    assert len(rollouts) == 3
-    for ts in rollouts:
-        assert ts.shape == (1, 4) and ts.prev_action.shape == (1, 4, 3)
-        assert ts.time[0].tolist() == [0, 1, 2, 3] and ts.reset[0].tolist() == [True, False, False, False]
-        assert ts.prev_action[0, 0].sum() == 0 and (ts.prev_action[0, 1:].sum(-1) == 1).all()
+    batch = random_rollouts(tmp_path, n=3, seed=0)
+    ts = batch.inputs
+    assert ts.shape == (3, 4) and ts.prev_action.shape == (3, 4, 3) and batch.has_action.all()
+    assert (ts.time == torch.arange(4)).all() and ts.reset[:, 0].all() and not ts.reset[:, 1:].any()
+    assert (ts.prev_action[:, 0].sum(-1) == 0).all() and (ts.prev_action[:, 1:].sum(-1) == 1).all()
     (tmp_path / "config.json").write_text(json.dumps({**config, "model": {"max_seq_len": 50}}))
-    assert all(ts.shape == (1, 6) for ts in random_rollouts(tmp_path, n=2, seed=0))  # the episode ends first
+    batch = random_rollouts(tmp_path, n=2, seed=0)  # the episode ends first: 6 pulls, then the final timestep
+    assert ((batch.has_action & batch.mask).sum(1) == 6).all() and (batch.mask.sum(1) == 7).all()
