@@ -5,7 +5,9 @@ on the update's own batch, what the acting policy is taught and what it plays.
 
 Every 5th update (before it) one JSON line: `batch_dq` (Q(·, 1) - Q(·, 0) of the acting discount,
 ensemble mean, PopArt units, over the batch's steps with an action), `batch_dq_piw` (the same weighted by
-π(0|h) π(1|h): what the critic-driven term's gradient reads), `batch_p1` (π(1|h) averaged over those steps) and
+π(0|h) π(1|h): what the critic-driven term's gradient reads), `batch_dq_member_sd` (the standard
+deviation of that difference over the critic ensemble's members, averaged over the batch's steps), `batch_p1`
+(π(1|h) averaged over those steps) and
 `data_a1` (the batch's share of action 1). Two-action tasks; a checkpoint's snapshot can miss what the policy
 follows between checkpoints (docs/results.md, PositionOnlyCartPoleEasy), this does not.
 """
@@ -40,15 +42,18 @@ def main() -> None:
             agent.eval()
             with torch.no_grad():
                 s = agent(batch.inputs)  # [B, L, d]
-                q = agent.critic.every_action(s).mean(-3)[..., -1, :]  # [B, L, A]: acting discount, ensemble mean
+                q_c = agent.critic.every_action(s)[..., -1, :]  # [B, L, C, A]: acting discount, every member
+                q = q_c.mean(-2)  # [B, L, A]: ensemble mean
                 p = agent.actor(s).probs[..., -1, :]  # [B, L, A]
                 if q.shape[-1] != 2:
                     raise SystemExit(f"the trace reads two-action tasks; this one has {q.shape[-1]} actions")
                 m = (batch.has_action & batch.mask).float()  # [B, L]
                 w = p[..., 0] * p[..., 1] * m
                 dq = q[..., 1] - q[..., 0]
+                dq_sd = (q_c[..., 1] - q_c[..., 0]).std(-1)  # [B, L]: how far the members disagree on it
                 row = {"update": count, "batch_dq": float((m * dq).sum() / m.sum()),
                        "batch_dq_piw": float((w * dq).sum() / w.sum()),
+                       "batch_dq_member_sd": float((m * dq_sd).sum() / m.sum()),
                        "batch_p1": float((m * p[..., 1]).sum() / m.sum()),
                        "data_a1": float((m * batch.action[..., 1].float()).sum() / m.sum())}
             agent.train(was_training)
