@@ -56,7 +56,7 @@ class Agent(nn.Module):
         self.tstep_encoder = TimestepEncoder(
             obs_space, spec.dim, d_out=d, hidden=model.tstep_hidden, max_time=model.max_time, cnn=model.cnn,
             normalize_obs=model.normalize_obs, clip_obs=model.clip_obs, goal_embedder=goal_embedder(obs_space, model),
-            n_time_freqs=model.time_freqs,
+            n_time_freqs=model.time_freqs, reward_action=model.reward_action_input,
         )
         self.traj_encoder = make_traj_encoder(model.traj_encoder, d, **traj_encoder_kwargs(model))
         num_gammas = len(loss.gammas)

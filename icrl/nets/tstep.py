@@ -143,7 +143,8 @@ class TimestepEncoder(nn.Module):
 
     Inputs concatenated per timestep: normalised vector observations, one CNN feature vector per image
     key (pixels / 255), an optional goal embedding, the previous action, symlog(previous reward), time
-    features (time / max_time and sinusoids of `n_time_freqs` periods) and the reset flag. An MLP
+    features (time / max_time and sinusoids of `n_time_freqs` periods), the reset flag and, with
+    `reward_action`, the previous action times symlog(previous reward). An MLP
     (Linear -> LayerNorm -> Leaky ReLU -> Linear -> LayerNorm) maps them to `d_out`.
 
     Args:
@@ -159,6 +160,8 @@ class TimestepEncoder(nn.Module):
             Without it, a "goal" key is ignored.
         n_time_freqs: sinusoids of the time, periods spaced geometrically from 4 steps to max_time; 0 leaves the
             linear feature alone (what they cost and give: `ModelConfig.time_freqs`).
+        reward_action: also the previous action times symlog(previous reward), A more inputs: which action paid
+            (why: `ModelConfig.reward_action_input`).
     """
 
     time_freqs: torch.Tensor  # buffer, registered in __init__
@@ -175,9 +178,10 @@ class TimestepEncoder(nn.Module):
         goal_embedder: nn.Module | None = None,
         n_time_freqs: int = 4,
         clip_obs: float = 10.0,
+        reward_action: bool = False,
     ):
         super().__init__()
-        self.d_out, self.max_time = d_out, max_time
+        self.d_out, self.max_time, self.reward_action = d_out, max_time, reward_action
         self.vector_keys: list[str] = []
         self.image_keys: list[str] = []
         boxes: dict[str, gym.spaces.Box] = {}
@@ -209,7 +213,8 @@ class TimestepEncoder(nn.Module):
         self.register_buffer("time_freqs", 2 * math.pi / periods, persistent=False)  # [n_freq]
 
         d_time = 1 + 2 * n_time_freqs
-        d_in = self.vector_dim + hidden * len(self.image_keys) + goal_dim + action_dim + 1 + d_time + 1
+        d_action = action_dim * (2 if reward_action else 1)  # the previous action, and its product with the reward
+        d_in = self.vector_dim + hidden * len(self.image_keys) + goal_dim + d_action + 1 + d_time + 1
         self.mlp = nn.Sequential(
             nn.Linear(d_in, hidden), nn.LayerNorm(hidden), nn.LeakyReLU(),
             nn.Linear(hidden, d_out), nn.LayerNorm(d_out),
@@ -239,12 +244,10 @@ class TimestepEncoder(nn.Module):
             parts.append(cnn(img).view(B, L, -1))
         if self.goal_embedder is not None:
             parts.append(self.goal_embedder(ts.obs[GOAL_KEY]))
-        parts += [
-            ts.prev_action.float(),
-            symlog(ts.prev_reward.float()).unsqueeze(-1),
-            self.time_features(ts.time),
-            ts.reset.float().unsqueeze(-1),
-        ]
+        prev_action, prev_reward = ts.prev_action.float(), symlog(ts.prev_reward.float()).unsqueeze(-1)
+        parts += [prev_action, prev_reward, self.time_features(ts.time), ts.reset.float().unsqueeze(-1)]
+        if self.reward_action:
+            parts.append(prev_action * prev_reward)  # [B, L, A], last (as the records in docs/results.md ran it)
         return self.mlp(torch.cat(parts, dim=-1))
 
     def normalization_moments(

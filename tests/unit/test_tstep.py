@@ -106,6 +106,22 @@ def test_time_reset_action_and_reward_are_inputs() -> None:
         assert (enc(changed) - base).abs().max() > 1e-5, field
 
 
+def test_reward_action_inputs_are_the_previous_action_times_the_symlog_reward() -> None:
+    """`reward_action` appends A inputs, last: prev_action x symlog(prev_reward), zero where the reward is."""
+    space = gym.spaces.Dict({"obs": vec_box(4)})
+    plain = TimestepEncoder(space, A, d_out=16, hidden=32)
+    enc = TimestepEncoder(space, A, d_out=16, hidden=32, reward_action=True).eval()
+    first = enc.mlp[0]
+    assert isinstance(first, nn.Linear) and first.in_features == plain.mlp[0].in_features + A
+    seen: list[torch.Tensor] = []
+    first.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+    ts = sample_timesteps(space)
+    ts.prev_reward[0, 2] = 0.0
+    enc(ts)
+    torch.testing.assert_close(seen[0][..., -A:], ts.prev_action * symlog(ts.prev_reward).unsqueeze(-1))
+    assert (seen[0][0, 2, -A:] == 0).all() and (seen[0][..., :-A] != 0).any()
+
+
 @pytest.mark.parametrize("freqs", [0, 4])
 def test_time_features_are_the_linear_time_and_the_asked_sinusoids(freqs: int) -> None:
     """`time_freqs` sinusoids beside the linear feature; with none the time still enters (linearly)."""
