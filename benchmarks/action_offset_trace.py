@@ -7,8 +7,9 @@ Every 5th update (before it) one JSON line: `batch_dq` (Q(·, 1) - Q(·, 0) of t
 ensemble mean, PopArt units, over the batch's steps with an action), `batch_dq_piw` (the same weighted by
 π(0|h) π(1|h): what the critic-driven term's gradient reads), `batch_dq_member_sd` (the standard deviation of
 that difference over the critic ensemble's members, averaged over the batch's steps), `batch_p1` (π(1|h)
-averaged over those steps) and `data_a1` (the batch's share of action 1). Two-action tasks; a checkpoint's snapshot can miss what the policy
-follows between checkpoints (docs/results.md, PositionOnlyCartPoleEasy), this does not.
+averaged over those steps) and `data_a1` (the batch's share of action 1). Two-action tasks; a checkpoint's
+snapshot can miss what the policy follows between checkpoints (docs/results.md, PositionOnlyCartPoleEasy), this
+does not.
 """
 
 from __future__ import annotations
