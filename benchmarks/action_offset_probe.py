@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repo 
 from benchmarks.bandit_probe import arm_offset, run_checkpoints  # noqa: E402
 
 if TYPE_CHECKING:
+    from icrl.agent.model import Agent
     from icrl.types import Batch
 
 
@@ -57,16 +58,23 @@ def random_rollouts(run_dir: Path, n: int, seed: int) -> Batch:
     return collate_windows([(r, 0) for r in rollouts], int(cfg["model"]["max_seq_len"]), spec)
 
 
+def acting_discount(agent: Agent, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the acting (last) discount makes of a batch: every critic member's Q of every action [B, L, C, A]
+    (PopArt units), the policy's π [B, L, A], and the steps with an action [B, L] (a rollout's last and padding
+    have none). Shared with `action_offset_trace.py`, which reads it on each traced update's batch."""
+    s = agent(batch.inputs)  # [B, L, d]
+    return agent.critic.every_action(s)[..., -1, :], agent.actor(s).probs[..., -1, :], batch.has_action & batch.mask
+
+
 @torch.no_grad()
 def probe(path: Path, batch: Batch) -> dict:
     import icrl
 
     agent = icrl.load(str(path)).agent
     agent.eval()
-    s = agent(batch.inputs)  # [n, L, d]
-    acted = batch.has_action & batch.mask  # [n, L]: every step of a rollout but its last (and no padding)
-    q_all = agent.critic.every_action(s).mean(-3)[..., -1, :][acted].numpy()  # [N, A]: acting discount
-    p = agent.actor(s).probs[..., -1, :][acted].numpy()  # [N, A]
+    q_members, probs, acted = acting_discount(agent, batch)
+    q_all = q_members.mean(-2)[acted].numpy()  # [N, A]: ensemble mean
+    p = probs[acted].numpy()  # [N, A]
     entropy = -(p * np.log(np.clip(p, 1e-12, 1.0))).sum(-1)
     return {
         **arm_offset(q_all),

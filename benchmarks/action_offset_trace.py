@@ -22,6 +22,7 @@ import torch
 
 if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repo root, for `import icrl`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.action_offset_probe import acting_discount  # noqa: E402
 from icrl.types import Batch  # noqa: E402
 
 
@@ -41,13 +42,11 @@ def main() -> None:
             agent, was_training = self.agent, self.agent.training
             agent.eval()
             with torch.no_grad():
-                s = agent(batch.inputs)  # [B, L, d]
-                q_c = agent.critic.every_action(s)[..., -1, :]  # [B, L, C, A]: acting discount, every member
+                q_c, p, acted = acting_discount(agent, batch)  # [B, L, C, A], [B, L, A], [B, L]
                 q = q_c.mean(-2)  # [B, L, A]: ensemble mean
-                p = agent.actor(s).probs[..., -1, :]  # [B, L, A]
                 if q.shape[-1] != 2:
                     raise SystemExit(f"the trace reads two-action tasks; this one has {q.shape[-1]} actions")
-                m = (batch.has_action & batch.mask).float()  # [B, L]
+                m = acted.float()  # [B, L]
                 w = p[..., 0] * p[..., 1] * m
                 dq = q[..., 1] - q[..., 0]
                 dq_sd = (q_c[..., 1] - q_c[..., 0]).std(-1)  # [B, L]: how far the members disagree on it
