@@ -75,7 +75,7 @@ def compute_loss(
                 q_all = read.normalized_per_action(agent.critic.every_action(s.detach()))  # [B, L, C, G, A]
     loss_c, metrics = read.loss(out_sa, y, valid)
     if q_all is not None and per_action and cfg.conservative_coeff:  # CQL(H) on every action's value (method.md)
-        gap = conservative_term(q_all, action, valid)
+        gap = conservative_term(q_all, action, valid, cfg.conservative_temperature)
         loss_c, metrics["conservative"] = loss_c + cfg.conservative_coeff * gap, gap.detach()
 
     dist = agent.actor(s)  # batch [B, L, G]; the actor's gradient reaches the encoder through here

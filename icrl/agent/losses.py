@@ -129,20 +129,25 @@ def critic_loss(
     return loss, {"critic_loss": loss.detach(), **_value_metrics(q_sa, y_norm, err, m)}
 
 
-def conservative_term(q_all: torch.Tensor, action: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """CQL(H)'s term, logsumexp_a Q(s_t, a) - Q(s_t, a_t), masked mean over real transitions × C × G.
+def conservative_term(
+    q_all: torch.Tensor, action: torch.Tensor, valid: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """CQL(H)'s term, τ · logsumexp_a (Q(s_t, a) / τ) - Q(s_t, a_t), masked mean over real transitions × C × G.
 
     q_all [B, L, C, G, A]: a discrete critic's PopArt-normalised values of every action (differentiable);
-    action [B, L, G, A]: a_t one-hot per discount; valid [B, L] bool. Its gradient lowers every action in
-    proportion to softmax_a Q and raises the stored one, so an action the replay never holds at a state is pushed
-    down until it falls below the stored ones, while a stored action's value is still fitted by the TD error. The
-    values are in PopArt's units, so the term's weight means the same whatever the rewards' scale.
+    action [B, L, G, A]: a_t one-hot per discount; valid [B, L] bool; temperature τ > 0 (1: CQL(H)'s). Its
+    gradient lowers every action in proportion to softmax_a (Q / τ) and raises the stored one, so an action the
+    replay never holds at a state is pushed down until it falls below the stored ones, while a stored action's value
+    is still fitted by the TD error. A small τ puts the lowering on the actions valued above the stored one only
+    (docs/method.md). The values are in PopArt's units, so the term's weight means the same whatever the rewards'
+    scale.
     """
     C, G = q_all.shape[-3:-1]
     m = valid.bool()[..., None, None]  # [B, L, 1, 1]
     q_all = torch.where(m.unsqueeze(-1), q_all, q_all.new_zeros(()))  # padding (even NaN) never reaches a gradient
     q_data = (q_all * action.unsqueeze(-3)).sum(-1)  # [B, L, C, G]
-    gap = torch.where(m, torch.logsumexp(q_all, dim=-1) - q_data, q_all.new_zeros(()))
+    soft_max = torch.logsumexp(q_all / temperature, dim=-1) * temperature  # [B, L, C, G]; exact at τ = 1
+    gap = torch.where(m, soft_max - q_data, q_all.new_zeros(()))
     return gap.sum() / (valid.sum().clamp_min(1) * C * G)
 
 

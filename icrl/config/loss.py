@@ -64,6 +64,12 @@ class LossConfig:
     extrapolated from neighbouring states' (a solved T-Maze fell back when they were; docs/method.md, "Departures
     from AMAGO's learning rule"). 0 is AMAGO's critic loss; continuous, multi-binary and `discrete_action_input`
     critics ignore it."""
+    conservative_temperature: float = bounded(1.0, gt=0.0)
+    """The conservative term's temperature τ: τ · logsumexp_a (Q(s_t, a) / τ) − Q(s_t, a_t). Its gradient lowers
+    every action by softmax_a (Q / τ) and raises the stored one, summing to the same α whatever τ. 1 is CQL(H)'s;
+    a smaller τ lowers mainly the actions valued above the stored one, so it still pushes an action the replay never
+    holds below the stored ones but no longer favours a stored action for being stored more often (docs/method.md,
+    "The conservative term's temperature")."""
     critic_weight: float = bounded(10.0, gt=0.0)
     """Weight of the critic loss against the actor loss."""
     critic_kind: Literal["regression", "twohot"] = "regression"

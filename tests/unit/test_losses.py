@@ -215,6 +215,33 @@ def test_conservative_term_values_padding_and_what_it_pushes():
     assert torch.all(grad[stored] < 0) and torch.all(grad[~stored & real] > 0)
 
 
+def test_conservative_term_temperature():
+    """τ · logsumexp(Q / τ) - Q(a_t): τ = 1 is CQL(H)'s term; the gradient's lowering sums to 1 per entry whatever τ,
+    and at a small τ it falls on the actions valued above the stored one, not on those below it."""
+    B, L, C, G, A = 2, 3, 2, 2, 4
+    q = torch.randn(B, L, C, G, A)
+    action = F.one_hot(torch.randint(0, A, (B, L)), A).float().unsqueeze(-2).expand(B, L, G, A)
+    valid = torch.ones(B, L, dtype=torch.bool)
+    torch.testing.assert_close(conservative_term(q, action, valid, 1.0), conservative_term(q, action, valid))
+    q_data = (q * action.unsqueeze(2)).sum(-1)  # [B, L, C, G]
+    expected = (0.5 * torch.logsumexp(q / 0.5, -1) - q_data).mean()
+    torch.testing.assert_close(conservative_term(q, action, valid, 0.5), expected)
+
+    # one state, three actions: stored = 1 (value 0), above it = 0 (value 1), below it = 2 (value -1)
+    q1 = torch.tensor([1.0, 0.0, -1.0]).view(1, 1, 1, 1, 3).requires_grad_(True)
+    a1 = F.one_hot(torch.tensor([[1]]), 3).float().unsqueeze(-2)  # [1, 1, 1, 3]
+    one = torch.ones(1, 1, dtype=torch.bool)
+    grads = {}
+    for tau in (1.0, 0.1):
+        q1.grad = None
+        conservative_term(q1, a1, one, tau).backward()
+        grads[tau] = q1.grad.flatten().clone()
+        torch.testing.assert_close(grads[tau].sum(), torch.tensor(0.0))  # lowering and raising balance
+    assert grads[0.1][0] > grads[1.0][0] > 0  # the action valued above the stored one is lowered more
+    assert 0 < grads[0.1][2] < 1e-4 < grads[1.0][2]  # the one below it is left nearly alone
+    assert grads[0.1][1] < grads[1.0][1] < 0  # the stored one is raised
+
+
 # ---------------------------------------------------------------- actor loss values
 
 
