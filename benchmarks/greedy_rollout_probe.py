@@ -29,13 +29,16 @@ def same_observation(a: object, b: object) -> bool:
 def probe(run_dir: Path, episodes: int, seed: int) -> dict:
     import icrl
     from icrl.envs.make import make_env
+    from icrl.envs.user import run_env_config
+    from icrl.types import ActionSpec
 
-    cfg = json.loads((run_dir / "config.json").read_text())["env"]
-    kwargs = json.loads(cfg["env_kwargs"]) if isinstance(cfg["env_kwargs"], str) else cfg["env_kwargs"] or {}
-    env = make_env(cfg["env"], kwargs)
-    n_actions = int(env.action_space.n)  # type: ignore[attr-defined]
     policy = icrl.load(str(run_dir))
-    actions = np.zeros(n_actions, dtype=np.int64)
+    env_cfg = run_env_config(policy.config, run_dir).env  # refuses a run env that names code, as `icrl eval` does
+    env = make_env(env_cfg.env, env_cfg.kwargs)
+    spec = ActionSpec.from_space(env.action_space)
+    if spec.kind != "discrete":
+        raise SystemExit(f"the run's env has {spec.kind} actions: this probe reads discrete ones only")
+    actions = np.zeros(spec.dim, dtype=np.int64)
     unchanged = steps = 0
     ends = {"reward": 0, "terminated": 0, "truncated": 0}
     for ep in range(episodes):
