@@ -46,16 +46,18 @@ def random_rollouts(run_dir: Path, n: int, seed: int) -> Batch:
     from icrl.data.collate import collate_windows
     from icrl.envs.collect import Collector, RandomPolicy
     from icrl.envs.make import make_vector_env
+    from icrl.envs.user import run_env_config
+    from icrl.run.load import load_config
     from icrl.types import ActionSpec
 
-    cfg = json.loads((run_dir / "config.json").read_text())
-    venv = make_vector_env(cfg["env"]["env"], json.loads(cfg["env"]["env_kwargs"] or "{}"), num_envs=1)
+    cfg = run_env_config(load_config(run_dir), run_dir)  # refuses a run env that names code, as `icrl eval` does
+    venv = make_vector_env(cfg.env.env, cfg.env.kwargs, num_envs=1)
     spec = ActionSpec.from_space(venv.single_action_space)
     if spec.kind != "discrete":
         raise SystemExit(f"the run's env has {spec.kind} actions: this probe reads discrete ones only")
     rollouts, _ = Collector(venv, spec, seed=seed).collect_rollouts(RandomPolicy(spec, seed=seed), n, seed=seed)
     venv.close()
-    return collate_windows([(r, 0) for r in rollouts], int(cfg["model"]["max_seq_len"]), spec)
+    return collate_windows([(r, 0) for r in rollouts], cfg.model.max_seq_len, spec)
 
 
 def acting_discount(agent: Agent, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
