@@ -115,6 +115,7 @@ class OwnEnvs:
         self.episodes: list[EpisodeStats] = []
         self.said: set[str] = set()  # the hints said so far (`hint`): each only once
         self.steps0, self.policy_s0 = 0, 0.0  # at the epoch's start
+        self.online_epochs = 0  # the online epochs this process collected: a resumed run's envs start new episodes
 
     @staticmethod
     def prepare(cfg: ExperimentConfig, world_size: int) -> ExperimentConfig:
@@ -152,6 +153,7 @@ class OwnEnvs:
             self.agent.eval()
             rollouts, self.episodes = self.collector.collect(
                 self.policy, self.steps_per_rank if epoch > self.offline_epochs else 0)
+            self.online_epochs += epoch > self.offline_epochs
         with timer("replay_write"):
             for rollout in rollouts:
                 self.replay.write(rollout)
@@ -162,9 +164,9 @@ class OwnEnvs:
         """Rank 0 says the hints that apply after `epoch` (icrl.run.hints), each once."""
         if not self.replicas.is_main:
             return
-        offline = self.offline_epochs
-        if ("stored" not in self.said and not rollouts and epoch > offline and self.replay.num_rollouts() == 0
-                and hint_nothing_stored(self.cfg, epoch, (epoch - offline) * self.plan.steps_per_env,
+        if ("stored" not in self.said and not rollouts and epoch > self.offline_epochs
+                and self.replay.num_rollouts() == 0
+                and hint_nothing_stored(self.cfg, epoch, self.online_epochs * self.plan.steps_per_env,
                                         last=epoch == self.num_epochs())):
             self.said.add("stored")
         if "context" not in self.said and hint_short_context(self.cfg, rollouts):

@@ -4,6 +4,7 @@ notice when rollouts outlast the context."""
 from __future__ import annotations
 
 import json
+import shutil
 
 from helpers import run_icrl
 
@@ -36,3 +37,19 @@ def test_the_nothing_stored_hint_waits_while_rollouts_can_still_be_filling_the_c
     said = [line for line in " ".join((out.stdout + out.stderr).split()).split("icrl: ")
             if "finished no rollout" in line]
     assert len(said) == 1 and said[0].startswith("epoch 4 finished no rollout"), said
+
+
+def test_a_resumed_run_counts_the_nothing_stored_hints_steps_from_its_own_start(tmp_path):
+    """A resumed run whose replay is gone (deleted to save disk) starts its envs afresh: the hint names the steps
+    its envs took since the resume, not the run's whole count, and waits as a new run does."""
+    small = ["--env", "tmaze", "--env-kwargs", '{"length": 12}', "--d-model", "8", "--heads", "1", "--layers", "1",
+             "--head-hidden", "8", "--steps-per-epoch", "16", "--eval-rollouts", "1", "--run-dir", tmp_path / "r"]
+    out = run_icrl("train", *small, "--total-env-steps", "256")
+    assert out.returncode == 0, out.stderr
+    shutil.rmtree(tmp_path / "r" / "replay")
+    out = run_icrl("train", *small, "--total-env-steps", "320", "--resume")
+    assert out.returncode == 0, out.stderr
+    said = [line for line in " ".join((out.stdout + out.stderr).split()).split("icrl: ")
+            if "finished no rollout" in line]
+    assert len(said) == 1, said
+    assert said[0].startswith("epoch 20 finished no rollout: no episode ended within the 8 steps"), said
