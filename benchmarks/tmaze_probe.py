@@ -35,25 +35,38 @@ from icrl.types import Timesteps
 UP, DOWN = 0, 1
 
 
-def replay_counts(run: Path) -> dict:
-    out = {"rollouts": 0, "reached_junction": 0, "chose": 0, "correct": 0}
-    per_cue: dict[str, int] = {}
-    for f in list_rollout_files(run / "replay" / "fifo"):
-        r = load_rollout(f.path)
-        obs = r.obs["obs"]  # [T+1, 4]: cue_up, cue_down, in_corridor, at_junction
-        out["rollouts"] += 1
-        at = np.nonzero(obs[:, 3] > 0.5)[0]
-        if not len(at):
-            continue
-        out["reached_junction"] += 1
-        t = int(at[0])
-        if t < len(r.action) and int(r.action[t]) in (UP, DOWN):
-            cue_up, a = bool(obs[0, 0] > 0.5), int(r.action[t])
-            out["chose"] += 1
-            out["correct"] += int((a == UP) == cue_up)
-            key = f"cue_{'up' if cue_up else 'down'}->{'up' if a == UP else 'down'}"
-            per_cue[key] = per_cue.get(key, 0) + 1
-    return {**out, "choices": dict(sorted(per_cue.items()))}
+def replay_counts(run: Path, blocks: int = 1) -> dict:
+    """The counts over the whole replay, and with `blocks` > 1 per consecutive block of rollouts in the order they
+    were written (file names start with their write time): what the replay held from each stage of the run."""
+    files = sorted(list_rollout_files(run / "replay" / "fifo"), key=lambda f: f.path.name)
+    per_rollout = [_junction_choice(load_rollout(f.path)) for f in files]
+    result = _count(per_rollout)
+    if blocks > 1:
+        size = -(-len(per_rollout) // blocks)
+        result["blocks"] = [_count(per_rollout[i:i + size]) for i in range(0, len(per_rollout), size)]
+    return result
+
+
+def _junction_choice(r) -> str | None:
+    """"cue_X->Y" for a rollout that chose Y at the junction under cue X, "" for one that reached it without
+    choosing, None for one that never reached it."""
+    obs = r.obs["obs"]  # [T+1, 4]: cue_up, cue_down, in_corridor, at_junction
+    at = np.nonzero(obs[:, 3] > 0.5)[0]
+    if not len(at):
+        return None
+    t = int(at[0])
+    if t >= len(r.action) or int(r.action[t]) not in (UP, DOWN):
+        return ""
+    cue_up, a = bool(obs[0, 0] > 0.5), int(r.action[t])
+    return f"cue_{'up' if cue_up else 'down'}->{'up' if a == UP else 'down'}"
+
+
+def _count(choices: list[str | None]) -> dict:
+    made = [c for c in choices if c]
+    correct = sum(c in ("cue_up->up", "cue_down->down") for c in made)
+    per_cue = {k: made.count(k) for k in sorted(set(made))}
+    return {"rollouts": len(choices), "reached_junction": sum(c is not None for c in choices), "chose": len(made),
+            "correct": correct, "choices": per_cue}
 
 
 def optimal_walk(length: int, cue_up: bool) -> Timesteps:
@@ -163,13 +176,15 @@ def main() -> None:
                    help="probe this checkpoint folder (a copy of RUN_DIR/checkpoints/ckpt-N) "
                    "instead of the run's latest weights")
     p.add_argument("--no-replay", action="store_true", help="skip the replay counts")
+    p.add_argument("--blocks", type=int, default=1,
+                   help="also count the replay in this many consecutive blocks of rollouts, oldest first")
     args = p.parse_args()
     cfg = json.loads((args.run_dir / "config.json").read_text())
     length = int(json.loads(cfg["env"]["env_kwargs"])["length"])
     # loaded once: the critic probe, PopArt and the gradients read it
     agent = icrl.load(str(args.checkpoint or args.run_dir)).agent
     result = {"run_dir": str(args.run_dir), "checkpoint": str(args.checkpoint) if args.checkpoint else None,
-              "length": length, "replay": None if args.no_replay else replay_counts(args.run_dir),
+              "length": length, "replay": None if args.no_replay else replay_counts(args.run_dir, args.blocks),
               "critic": critic_at_junction(agent, length), "greedy": greedy_path(agent, length)}
     result["popart_sigma"] = [round(float(x), 4) for x in agent.popart.sigma]
     if args.gradients:
