@@ -1,7 +1,8 @@
 """Does a run's replay keep it where it is? Resume one of its checkpoints with part of the replay it held then.
 
-A stuck run (T-Maze 500 at chance for 340,000 env steps, its critic ranking the junction's actions right) can be
-stuck in its weights or in what its replay holds. This copies RUN_DIR's checkpoint N into a new run dir with the
+A run that stays at chance (T-Maze 500 seed 1 with --reward-action-input, 60,000 to 400,000 env steps) may be held
+by its weights or by what its replay holds; resuming a checkpoint with and without that replay tells which
+(docs/results.md, "Traced with its checkpoints"). This copies RUN_DIR's checkpoint N into a new run dir with the
 replay that checkpoint had (the first `total_rollouts` rollouts the run wrote, oldest first), minus what `--keep`
 drops, resumes it with `icrl train --resume` for `--env-steps` more, and prints its evaluations as one JSON line.
 
@@ -46,11 +47,12 @@ def prepare(run: Path, epoch: int, keep: str, out: Path) -> dict:
     if out.exists():
         raise SystemExit(f"{out} exists: choose a new --out")
     state = json.loads((ckpt / "state.json").read_text())
+    written = state["collector"]["total_rollouts"]  # the run's first `written` rollouts: the replay it held then
     fifo = sorted(list_rollout_files(run / "replay" / "fifo"), key=lambda f: f.path.name)  # write order
-    held = [f.path.name for f in fifo][: state["collector"]["total_rollouts"]]
-    if len(fifo) < state["collector"]["total_rollouts"]:
-        raise SystemExit(f"{run / 'replay'} holds {len(fifo)} rollouts, fewer than the checkpoint's "
-                         f"{state['collector']['total_rollouts']}: was the replay kept (and never evicted)?")
+    if len(fifo) < written:
+        raise SystemExit(f"{run / 'replay'} holds {len(fifo)} rollouts, fewer than the {written} the checkpoint had "
+                         "written: was the replay kept (and never evicted)?")
+    held = [f.path.name for f in fifo[:written]]
     (out / "checkpoints").mkdir(parents=True)
     (out / "replay" / "fifo").mkdir(parents=True)
     for name in ("config.json", "spaces.json", "plan.json"):
