@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from icrl.data.storage import list_rollout_files
+from icrl.run.checkpoint import checkpoint_epoch, list_checkpoints, read_checkpoint
 
 
 def replay_subset(names: list[str], keep: str) -> list[str]:
@@ -41,14 +42,15 @@ def replay_subset(names: list[str], keep: str) -> list[str]:
 
 def prepare(run: Path, epoch: int, keep: str, out: Path) -> dict:
     """OUT as RUN_DIR stood at checkpoint `epoch`, with the replay subset; returns the checkpoint's state."""
-    ckpt = run / "checkpoints" / f"ckpt-{epoch:06d}"
-    if not ckpt.is_dir():
-        raise SystemExit(f"{ckpt} does not exist: keep it with --keep-checkpoints / --checkpoint-every")
+    ckpt = next((p for p in list_checkpoints(run) if checkpoint_epoch(p) == epoch), None)
+    if ckpt is None:
+        raise SystemExit(f"{run} has no checkpoint of epoch {epoch}: "
+                         "keep it with --keep-checkpoints / --checkpoint-every")
     if out.exists():
         raise SystemExit(f"{out} exists: choose a new --out")
-    state = json.loads((ckpt / "state.json").read_text())
+    _, _, state = read_checkpoint(ckpt)
     written = state["collector"]["total_rollouts"]  # the run's first `written` rollouts: the replay it held then
-    fifo = sorted(list_rollout_files(run / "replay" / "fifo"), key=lambda f: f.path.name)  # write order
+    fifo = list_rollout_files(run / "replay" / "fifo")  # oldest first
     if len(fifo) < written:
         raise SystemExit(f"{run / 'replay'} holds {len(fifo)} rollouts, fewer than the {written} the checkpoint had "
                          "written: was the replay kept (and never evicted)?")
@@ -58,8 +60,7 @@ def prepare(run: Path, epoch: int, keep: str, out: Path) -> dict:
     for name in ("config.json", "spaces.json", "plan.json"):
         if (run / name).is_file():
             shutil.copy2(run / name, out / name)
-    shutil.copytree(ckpt, out / "checkpoints" / ckpt.name)
-    (out / "checkpoints" / "latest").write_text(ckpt.name + "\n")
+    shutil.copytree(ckpt, out / "checkpoints" / ckpt.name)  # `--resume` takes the newest checkpoint it lists
     for name in replay_subset(held, keep):
         shutil.copy2(run / "replay" / "fifo" / name, out / "replay" / "fifo" / name)
     return state

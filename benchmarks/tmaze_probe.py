@@ -37,9 +37,8 @@ UP, DOWN = 0, 1
 
 def replay_counts(run: Path, blocks: int = 1) -> dict:
     """The counts over the whole replay, and with `blocks` > 1 per consecutive block of rollouts in the order they
-    were written (file names start with their write time): what the replay held from each stage of the run."""
-    files = sorted(list_rollout_files(run / "replay" / "fifo"), key=lambda f: f.path.name)
-    per_rollout = [_junction_choice(load_rollout(f.path)) for f in files]
+    were written (`list_rollout_files` lists them oldest first): what the replay held from each stage of the run."""
+    per_rollout = [junction_choice(load_rollout(f.path)) for f in list_rollout_files(run / "replay" / "fifo")]
     result = _count(per_rollout)
     if blocks > 1:
         size = -(-len(per_rollout) // blocks)
@@ -47,7 +46,7 @@ def replay_counts(run: Path, blocks: int = 1) -> dict:
     return result
 
 
-def _junction_choice(r) -> str | None:
+def junction_choice(r) -> str | None:
     """"cue_X->Y" for a rollout that chose Y at the junction under cue X, "" for one that reached it without
     choosing, None for one that never reached it."""
     obs = r.obs["obs"]  # [T+1, 4]: cue_up, cue_down, in_corridor, at_junction
@@ -124,15 +123,10 @@ def greedy_path(agent: torch.nn.Module, length: int) -> dict:
     return out
 
 
-def chose_at_junction(rollout) -> bool:
-    at = np.nonzero(rollout.obs["obs"][:, 3] > 0.5)[0]
-    return bool(len(at)) and int(at[0]) < len(rollout.action) and int(rollout.action[int(at[0])]) in (UP, DOWN)
-
-
 def gradient_split(run: Path, agent: torch.nn.Module, batches: int, seed: int = 0) -> dict:
     cfg = ExperimentConfig.from_json((run / "config.json").read_text())
     agent.train()
-    rollouts = [r for f in list_rollout_files(run / "replay" / "fifo") if chose_at_junction(r := load_rollout(f.path))]
+    rollouts = [r for f in list_rollout_files(run / "replay" / "fifo") if junction_choice(r := load_rollout(f.path))]
     if not rollouts:
         return {"error": "no stored rollout chose at the junction"}
     encoder = [p for n, p in agent.named_parameters() if n.startswith(("traj_encoder", "tstep_encoder"))]
