@@ -8,10 +8,12 @@ Replay: rollouts, those that reached the junction, those that chose up/down ther
 Critic: two synthetic rollouts that walk the corridor optimally, one per cue; Q(junction, up / down) of the policy's
 discount (ensemble mean, unnormalised, in units of the run's reward scale) and the policy at the junction. A critic
 that remembers gives different Q for the two cues; one that does not gives the same numbers. PopArt's scale.
-Gradients (`--gradients`): on batches of whole stored rollouts that chose at the junction, the encoder's gradient
-norm from the critic loss at the junction step, from the critic loss at every other step (each as its share of the
-full critic loss, weighted as in training) and from the actor loss, and how consistent each is over the batches
-(norm of the mean gradient / mean norm: 1 is a fixed direction). The last line is JSON.
+Gradients (`--gradients`): on batches of whole stored rollouts (drawn uniformly, as the learner draws them), the
+encoder's gradient norm from the critic's TD loss and from its conservative term, each at the junction step and at
+every other step (each as its share of the full loss, weighted as in training), from the actor loss and from the
+whole training loss (`compute_loss`), how consistent each is over the batches (norm of the mean gradient / mean
+norm: 1 is a fixed direction; the corridor's steps are alike in every rollout, so its parts lean towards 1) and the
+cosine between the parts' mean gradients (-1: they pull against each other). The last line is JSON.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 import icrl
-from icrl.agent.learner import target_values
-from icrl.agent.losses import actor_loss, align_next, critic_loss, redq_members
+from icrl.agent.critic_kind import CriticReader
+from icrl.agent.learner import compute_loss, target_values
+from icrl.agent.losses import actor_loss, align_next, conservative_term, critic_loss, redq_members
 from icrl.config.experiment import ExperimentConfig
 from icrl.data.collate import collate_windows
 from icrl.data.storage import list_rollout_files, load_rollout
@@ -126,38 +130,55 @@ def greedy_path(agent: torch.nn.Module, length: int) -> dict:
 def gradient_split(run: Path, agent: torch.nn.Module, batches: int, seed: int = 0) -> dict:
     cfg = ExperimentConfig.from_json((run / "config.json").read_text())
     agent.train()
-    rollouts = [r for f in list_rollout_files(run / "replay" / "fifo") if junction_choice(r := load_rollout(f.path))]
-    if not rollouts:
+    # every stored rollout, drawn uniformly as the learner draws them: rollouts that chose only would select the
+    # approach steps' targets (those that reach the junction in time are paid there more often) and bias their TD error
+    rollouts = [load_rollout(f.path) for f in list_rollout_files(run / "replay" / "fifo")]
+    if not any(junction_choice(r) for r in rollouts):
         return {"error": "no stored rollout chose at the junction"}
     encoder = [p for n, p in agent.named_parameters() if n.startswith(("traj_encoder", "tstep_encoder"))]
     rng, G = np.random.default_rng(seed), agent.gammas.numel()
-    grads: dict[str, list[torch.Tensor]] = {"critic_junction": [], "critic_rest": [], "actor": []}
-    for _ in range(batches):
+    parts = ["critic_junction", "critic_rest", "conservative_junction", "conservative_rest", "actor", "total"]
+    grads: dict[str, list[torch.Tensor]] = {part: [] for part in parts}
+    for b in range(batches):
         picks = rng.integers(len(rollouts), size=cfg.optim.batch_size)
         batch = collate_windows([(rollouts[i], 0) for i in picks], cfg.model.training_window, agent.spec)
         for part, out in grads.items():
             agent.zero_grad(set_to_none=True)
+            if part == "total":  # the training loss itself (REDQ's members drawn per batch, as the learner does)
+                compute_loss(agent, batch, cfg.loss, torch.Generator().manual_seed(seed + b))[0].backward()
+                out.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                                      for p in encoder]))
+                continue
             s = agent(batch.inputs)  # [B, L, d]
             valid = batch.has_action & align_next(batch.mask)
             action = batch.action.unsqueeze(-2).expand(*batch.action.shape[:-1], G, batch.action.shape[-1])
-            if part == "actor":
+            junction = batch.inputs.obs["obs"][..., 3] > 0.5  # [B, L]
+            if part.startswith("conservative"):
+                sel = valid & (junction if part.endswith("junction") else ~junction)
+                q_all = CriticReader.of(agent, cfg.loss, s.device).normalized_per_action(agent.critic(s))
+                loss = conservative_term(q_all, action, sel, cfg.loss.conservative_temperature)
+                loss = cfg.loss.critic_weight * cfg.loss.conservative_coeff * loss * sel.sum() / valid.sum()
+            elif part == "actor":
                 loss, _ = actor_loss(agent.actor(s), action, batch.has_action & batch.mask, q_all=agent.critic(s),
                                      online_coeff=cfg.loss.online_coeff, offline_coeff=cfg.loss.offline_coeff)
             else:
                 members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset)
                 y = agent.popart.normalize(target_values(agent, s.detach(), batch, valid, cfg.loss, members))
-                junction = batch.inputs.obs["obs"][..., 3] > 0.5  # [B, L]
                 sel = valid & (junction if part == "critic_junction" else ~junction)
                 loss, _ = critic_loss(q_at_action(agent.critic(s), action), y, sel)
                 loss = cfg.loss.critic_weight * loss * sel.sum() / valid.sum()  # its share of the full loss
             loss.backward()
             out.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in encoder]))
-    result = {}
+    result: dict = {}
+    mean = {part: torch.stack(gs).mean(0) for part, gs in grads.items()}  # [params]: each part's mean direction
     for part, gs in grads.items():
         g = torch.stack(gs)  # [batches, params]
         norms = g.norm(dim=1)
         result[part] = {"grad_norm": round(float(norms.mean()), 5),
                         "consistency": round(float(g.mean(0).norm() / norms.mean().clamp_min(1e-30)), 4)}
+    # do the parts pull the encoder the same way or against each other (cosine of their mean gradients)
+    result["cosine"] = {f"{a}~{b}": round(float(F.cosine_similarity(mean[a], mean[b], dim=0)), 4)
+                        for i, a in enumerate(parts) for b in parts[i + 1:]}
     return result
 
 

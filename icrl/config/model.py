@@ -50,8 +50,10 @@ class ModelConfig:
     """Also give the timestep encoder the previous action times symlog(previous reward), one input per action
     dimension: which action paid, the statistic a meta-RL history is read for. From the two inputs alone the
     encoder learns that product late, under the time sinusoids (the bandit's critic reads the history 0.70 at 300
-    updates with it, 0.10 without; with the same initial weights and the inputs zeroed, 0.28). Off by default until
-    every family has been rerun with it (docs/results.md, "Handing the encoder the pairing instead")."""
+    updates with it, 0.10 without; with the same initial weights and the inputs zeroed, 0.28). Its weights are drawn
+    apart from the others', so every other weight starts as without it and a task whose rewards are 0 runs nearly
+    as without it. Off by default until every family has been rerun with it (docs/results.md, "Handing the encoder
+    the pairing instead")."""
     normalize_obs: bool = True
     """Normalise vector observations with running mean / variance (updated from every training batch), so
     tasks whose observations differ in scale by orders of magnitude need no hand-made scaling."""

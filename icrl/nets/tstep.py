@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from icrl.nets.squash import symlog
+from icrl.seeding import derive_seed
 from icrl.types import Timesteps
 
 GOAL_KEY = "goal"  # int instruction tokens; embedded only by an optional `goal_embedder` (docs/design.md §7)
@@ -213,10 +214,12 @@ class TimestepEncoder(nn.Module):
         self.register_buffer("time_freqs", 2 * math.pi / periods, persistent=False)  # [n_freq]
 
         d_time = 1 + 2 * n_time_freqs
-        d_action = action_dim * (2 if reward_action else 1)  # the previous action, and its product with the reward
-        d_in = self.vector_dim + hidden * len(self.image_keys) + goal_dim + d_action + 1 + d_time + 1
+        d_in = self.vector_dim + hidden * len(self.image_keys) + goal_dim + action_dim + 1 + d_time + 1
+        first = nn.Linear(d_in, hidden)
+        if reward_action:  # the product's A columns come last; the other weights keep the draw made without them
+            first = _with_own_columns(first, action_dim)
         self.mlp = nn.Sequential(
-            nn.Linear(d_in, hidden), nn.LayerNorm(hidden), nn.LeakyReLU(),
+            first, nn.LayerNorm(hidden), nn.LeakyReLU(),
             nn.Linear(hidden, d_out), nn.LayerNorm(d_out),
         )  # fmt: skip
 
@@ -257,6 +260,25 @@ class TimestepEncoder(nn.Module):
         and sum of squared deviations [1, vector_dim] (`masked_moments`), or None without normalisation.
         Fixed shapes whatever the mask holds; the data-parallel learner gathers one such row per rank."""
         return masked_moments(self.vector_obs(ts), mask) if self.obs_norm is not None else None
+
+
+def _with_own_columns(linear: nn.Linear, extra: int) -> nn.Linear:
+    """`linear` widened by `extra` input columns drawn from their own generator (seeded from torch's global seed,
+    the run's), at `nn.Linear`'s scale for `linear`'s fan-in, without drawing from the global generator.
+
+    Why: an input that a task leaves at 0 then changes nothing of the model's initial draw, so a run with it equals
+    the run without it there, and its effect elsewhere is the input's, not a new draw of every weight (the
+    `--reward-action-input` records of T-Maze 500 in docs/results.md were decided by that draw)."""
+    wide = torch.nn.utils.skip_init(nn.Linear, linear.in_features + extra, linear.out_features)  # no draw
+    generator = torch.Generator().manual_seed(derive_seed(torch.initial_seed() % 2**63, "timestep-extra-columns"))
+    bound = 1.0 / math.sqrt(linear.in_features)  # nn.Linear's own init bound (kaiming_uniform, a = sqrt(5))
+    with torch.no_grad():
+        wide.weight[:, : linear.in_features] = linear.weight
+        wide.weight[:, linear.in_features :] = torch.empty(linear.out_features, extra).uniform_(
+            -bound, bound, generator=generator
+        )
+        wide.bias.copy_(linear.bias)
+    return wide
 
 
 def masked_moments(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

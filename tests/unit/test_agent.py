@@ -141,6 +141,28 @@ def test_time_freqs_sets_the_timestep_encoders_time_inputs():
     assert width[4] - width[0] == 8  # a sine and a cosine per frequency
 
 
+def test_the_reward_action_input_leaves_every_other_initial_weight_as_drawn_without_it():
+    """The product's columns have their own generator: with the same seed, every weight but those A columns is
+    the draw made without the input (so a task whose rewards are 0 runs as without it), and the columns differ
+    between seeds (drawn from the run's seed, not a constant)."""
+    space = gym.spaces.Dict({"obs": gym.spaces.Box(-1.0, 1.0, (3,), np.float32)})
+    spec = ActionSpec.from_space(gym.spaces.Discrete(4))
+    plain = build_agent(space, spec).state_dict()
+    wide = build_agent(space, spec, model_kw={"reward_action_input": True}).state_dict()
+    assert plain.keys() == wide.keys()
+    name = "tstep_encoder.mlp.0.weight"
+    for key in plain:
+        if key != name:
+            assert torch.equal(plain[key], wide[key]), key
+    assert torch.equal(wide[name][:, :-4], plain[name])
+    columns = wide[name][:, -4:]
+    bound = 1 / plain[name].shape[1] ** 0.5  # nn.Linear's bound for the inputs without the product
+    assert columns.abs().max() <= bound and columns.std() > bound / 3  # drawn at that scale, not left at 0
+    torch.manual_seed(1)
+    other = Agent(space, spec, model_cfg("transformer", SEQ, reward_action_input=True), loss_cfg())
+    assert not torch.equal(other.tstep_encoder.mlp[0].weight[:, -4:], columns)
+
+
 # ------------------------------------------------------------------------------------------ gradient helpers
 def groups(agent: Agent) -> dict[str, list[torch.nn.Parameter]]:
     return {
