@@ -127,6 +127,32 @@ def greedy_path(agent: torch.nn.Module, length: int) -> dict:
     return out
 
 
+PARTS = ["critic_junction", "critic_rest", "conservative_junction", "conservative_rest", "actor", "total"]
+
+
+def _part_loss(part: str, agent: torch.nn.Module, batch, cfg: ExperimentConfig, generator: torch.Generator):
+    """One part of the training loss on `batch`, weighted as its share of the whole (`compute_loss`)."""
+    members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset, generator)
+    if part == "total":
+        return compute_loss(agent, batch, cfg.loss, members=members)[0]
+    s = agent(batch.inputs)  # [B, L, d]
+    valid = batch.has_action & align_next(batch.mask)
+    G = agent.gammas.numel()
+    action = batch.action.unsqueeze(-2).expand(*batch.action.shape[:-1], G, batch.action.shape[-1])
+    q_all = CriticReader.of(agent, cfg.loss, s.device).normalized_per_action(agent.critic(s))  # [B, L, C, G, A]
+    if part == "actor":
+        return actor_loss(agent.actor(s), action, batch.has_action & batch.mask, q_all=q_all,
+                          online_coeff=cfg.loss.online_coeff, offline_coeff=cfg.loss.offline_coeff)[0]
+    junction = batch.inputs.obs["obs"][..., 3] > 0.5  # [B, L]
+    sel = valid & (junction if part.endswith("junction") else ~junction)
+    share = cfg.loss.critic_weight * sel.sum() / valid.sum()  # its share of the full critic loss
+    if part.startswith("conservative"):
+        return share * cfg.loss.conservative_coeff * conservative_term(
+            q_all, action, sel, cfg.loss.conservative_temperature)
+    y = agent.popart.normalize(target_values(agent, s.detach(), batch, valid, cfg.loss, members))  # [B, L, G]
+    return share * critic_loss(q_at_action(agent.critic(s), action), y, sel)[0]
+
+
 def gradient_split(run: Path, agent: torch.nn.Module, batches: int, seed: int = 0) -> dict:
     cfg = ExperimentConfig.from_json((run / "config.json").read_text())
     agent.train()
@@ -136,49 +162,26 @@ def gradient_split(run: Path, agent: torch.nn.Module, batches: int, seed: int = 
     if not any(junction_choice(r) for r in rollouts):
         return {"error": "no stored rollout chose at the junction"}
     encoder = [p for n, p in agent.named_parameters() if n.startswith(("traj_encoder", "tstep_encoder"))]
-    rng, G = np.random.default_rng(seed), agent.gammas.numel()
-    parts = ["critic_junction", "critic_rest", "conservative_junction", "conservative_rest", "actor", "total"]
-    grads: dict[str, list[torch.Tensor]] = {part: [] for part in parts}
+    rng = np.random.default_rng(seed)
+    grads: dict[str, list[torch.Tensor]] = {part: [] for part in PARTS}
     for b in range(batches):
         picks = rng.integers(len(rollouts), size=cfg.optim.batch_size)
         batch = collate_windows([(rollouts[i], 0) for i in picks], cfg.model.training_window, agent.spec)
         for part, out in grads.items():
             agent.zero_grad(set_to_none=True)
-            if part == "total":  # the training loss itself (REDQ's members drawn per batch, as the learner does)
-                compute_loss(agent, batch, cfg.loss, torch.Generator().manual_seed(seed + b))[0].backward()
-                out.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
-                                      for p in encoder]))
-                continue
-            s = agent(batch.inputs)  # [B, L, d]
-            valid = batch.has_action & align_next(batch.mask)
-            action = batch.action.unsqueeze(-2).expand(*batch.action.shape[:-1], G, batch.action.shape[-1])
-            junction = batch.inputs.obs["obs"][..., 3] > 0.5  # [B, L]
-            if part.startswith("conservative"):
-                sel = valid & (junction if part.endswith("junction") else ~junction)
-                q_all = CriticReader.of(agent, cfg.loss, s.device).normalized_per_action(agent.critic(s))
-                loss = conservative_term(q_all, action, sel, cfg.loss.conservative_temperature)
-                loss = cfg.loss.critic_weight * cfg.loss.conservative_coeff * loss * sel.sum() / valid.sum()
-            elif part == "actor":
-                loss, _ = actor_loss(agent.actor(s), action, batch.has_action & batch.mask, q_all=agent.critic(s),
-                                     online_coeff=cfg.loss.online_coeff, offline_coeff=cfg.loss.offline_coeff)
-            else:
-                members = redq_members(agent.target_critic.num_critics, cfg.loss.redq_subset)
-                y = agent.popart.normalize(target_values(agent, s.detach(), batch, valid, cfg.loss, members))
-                sel = valid & (junction if part == "critic_junction" else ~junction)
-                loss, _ = critic_loss(q_at_action(agent.critic(s), action), y, sel)
-                loss = cfg.loss.critic_weight * loss * sel.sum() / valid.sum()  # its share of the full loss
-            loss.backward()
+            # REDQ's target members: the same draw for every part of one batch, as one update draws them once
+            _part_loss(part, agent, batch, cfg, torch.Generator().manual_seed(seed + b)).backward()
             out.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in encoder]))
+    stacked = {part: torch.stack(gs) for part, gs in grads.items()}  # [batches, params]
+    mean = {part: g.mean(0) for part, g in stacked.items()}  # [params]: each part's mean direction
     result: dict = {}
-    mean = {part: torch.stack(gs).mean(0) for part, gs in grads.items()}  # [params]: each part's mean direction
-    for part, gs in grads.items():
-        g = torch.stack(gs)  # [batches, params]
+    for part, g in stacked.items():
         norms = g.norm(dim=1)
         result[part] = {"grad_norm": round(float(norms.mean()), 5),
-                        "consistency": round(float(g.mean(0).norm() / norms.mean().clamp_min(1e-30)), 4)}
+                        "consistency": round(float(mean[part].norm() / norms.mean().clamp_min(1e-30)), 4)}
     # do the parts pull the encoder the same way or against each other (cosine of their mean gradients)
     result["cosine"] = {f"{a}~{b}": round(float(F.cosine_similarity(mean[a], mean[b], dim=0)), 4)
-                        for i, a in enumerate(parts) for b in parts[i + 1:]}
+                        for i, a in enumerate(PARTS) for b in PARTS[i + 1:]}
     return result
 
 

@@ -270,7 +270,7 @@ def _with_own_columns(linear: nn.Linear, extra: int) -> nn.Linear:
     the run without it there, and its effect elsewhere is the input's, not a new draw of every weight (the
     `--reward-action-input` records of T-Maze 500 in docs/results.md were decided by that draw)."""
     wide = torch.nn.utils.skip_init(nn.Linear, linear.in_features + extra, linear.out_features)  # no draw
-    generator = torch.Generator().manual_seed(derive_seed(torch.initial_seed() % 2**63, "timestep-extra-columns"))
+    generator = torch.Generator().manual_seed(derive_seed(torch.initial_seed(), "timestep-extra-columns"))
     bound = 1.0 / math.sqrt(linear.in_features)  # nn.Linear's own init bound (kaiming_uniform, a = sqrt(5))
     with torch.no_grad():
         wide.weight[:, : linear.in_features] = linear.weight
