@@ -60,7 +60,8 @@ class ExperimentConfig(ConfigGroups):
     def from_json(cls, text: str) -> ExperimentConfig:
         """The config a run's config.json holds. Fields are found by name, whichever group the file puts
         them in, so config.json files of older versions (one `train` group) still load, and fields added
-        since take their defaults."""
+        since take their defaults, or, for a field whose default changed after it was added, the value every run
+        written without it had (`ABSENT_MEANS`): an older run and its checkpoints load as they were trained."""
         try:
             raw = json.loads(text)
         except RecursionError as e:  # json's parser recurses once per level of nesting
@@ -69,7 +70,13 @@ class ExperimentConfig(ConfigGroups):
         if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
             raise ConfigError(f"expected a JSON object of config groups ({', '.join(GROUPS)})")
         fields = {k: tuple(v) if isinstance(v, list) else v for group in raw.values() for k, v in group.items()}
-        return cls().replace(**fields)  # JSON has no tuples: lists become tuples
+        return cls().replace(**{**ABSENT_MEANS, **fields})  # JSON has no tuples: lists become tuples
+
+
+ABSENT_MEANS: dict[str, Any] = {
+    "reward_action_input": False,  # added off; the default since 2026-12-07 (docs/method.md)
+}
+"""Fields whose default changed after config.json files were written without them -> the value those runs had."""
 
 
 GROUPS: dict[str, type] = {

@@ -46,14 +46,14 @@ class ModelConfig:
     bandit's: ~200 updates later than without) and hand a task whose lag is one of the periods its answer
     (RepeatPreviousEasy, lag 4); with 0, `--pos-emb rope` gives attention relative positions at every lag
     (docs/results.md, "The bandit: where the late start is")."""
-    reward_action_input: bool = False
+    reward_action_input: bool = True
     """Also give the timestep encoder the previous action times symlog(previous reward), one input per action
     dimension: which action paid, the statistic a meta-RL history is read for. From the two inputs alone the
     encoder learns that product late, under the time sinusoids (the bandit's critic reads the history 0.70 at 300
     updates with it, 0.10 without; with the same initial weights and the inputs zeroed, 0.28). Its weights are drawn
     apart from the others', so every other weight starts as without it and a task whose rewards are 0 runs nearly
-    as without it. Off by default until every family has been rerun with it (docs/results.md, "Handing the encoder
-    the pairing instead")."""
+    as without it. A departure from AMAGO's timestep (which carries the two apart); `--no-reward-action-input`
+    restores it (docs/method.md, "The previous action times the reward, as an input")."""
     normalize_obs: bool = True
     """Normalise vector observations with running mean / variance (updated from every training batch), so
     tasks whose observations differ in scale by orders of magnitude need no hand-made scaling."""

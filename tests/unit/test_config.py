@@ -6,6 +6,7 @@ import json
 import pytest
 
 from icrl.config import GROUPS, ConfigError, ExperimentConfig, apply_overrides, field_groups
+from icrl.config.experiment import ABSENT_MEANS
 
 
 def test_every_group_is_a_field_and_field_names_are_unique():
@@ -34,6 +35,17 @@ def test_config_json_round_trips_and_an_old_single_train_group_still_loads():
     assert ExperimentConfig.from_json(json.dumps(old)) == cfg
     with pytest.raises(ConfigError, match="no field bogus"):
         ExperimentConfig.from_json(json.dumps({"train": {"bogus": 1}}))
+
+
+def test_a_config_json_without_a_field_whose_default_changed_loads_with_the_value_it_was_trained_with():
+    """`reward_action_input` was added off and is on by default now: a run written before it existed had no such
+    input, so its config.json (and the checkpoints' shapes) load with it off; a file that names it keeps its value."""
+    assert ExperimentConfig().model.reward_action_input is True
+    raw = json.loads(ExperimentConfig().to_json())
+    del raw["model"]["reward_action_input"]
+    assert ExperimentConfig.from_json(json.dumps(raw)).model.reward_action_input is False
+    assert ExperimentConfig.from_json(ExperimentConfig().to_json()).model.reward_action_input is True
+    assert set(ABSENT_MEANS) <= set(field_groups())  # every entry names a real field
 
 
 def test_overrides_take_a_field_with_or_without_its_group():
