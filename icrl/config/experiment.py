@@ -76,7 +76,8 @@ class ExperimentConfig(ConfigGroups):
 ABSENT_MEANS: dict[str, Any] = {
     "reward_action_input": False,  # added off; the default since 2026-12-07 (docs/method.md)
 }
-"""Fields whose default changed after config.json files were written without them -> the value those runs had."""
+"""Fields whose default changed after config.json files were written without them -> the value those runs had.
+A hand-written config file (`--config FILE`) that leaves such a field out gets that value too; name it to choose."""
 
 
 GROUPS: dict[str, type] = {
