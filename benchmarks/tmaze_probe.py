@@ -139,7 +139,8 @@ def _part_loss(part: str, agent: torch.nn.Module, batch, cfg: ExperimentConfig, 
     valid = batch.has_action & align_next(batch.mask)
     G = agent.gammas.numel()
     action = batch.action.unsqueeze(-2).expand(*batch.action.shape[:-1], G, batch.action.shape[-1])
-    q_all = CriticReader.of(agent, cfg.loss, s.device).normalized_per_action(agent.critic(s))  # [B, L, C, G, A]
+    out_all = agent.critic(s)  # [B, L, C, G, A]: one critic pass serves each part
+    q_all = CriticReader.of(agent, cfg.loss, s.device).normalized_per_action(out_all)  # [B, L, C, G, A]
     if part == "actor":
         return actor_loss(agent.actor(s), action, batch.has_action & batch.mask, q_all=q_all,
                           online_coeff=cfg.loss.online_coeff, offline_coeff=cfg.loss.offline_coeff)[0]
@@ -150,7 +151,7 @@ def _part_loss(part: str, agent: torch.nn.Module, batch, cfg: ExperimentConfig, 
         return share * cfg.loss.conservative_coeff * conservative_term(
             q_all, action, sel, cfg.loss.conservative_temperature)
     y = agent.popart.normalize(target_values(agent, s.detach(), batch, valid, cfg.loss, members))  # [B, L, G]
-    return share * critic_loss(q_at_action(agent.critic(s), action), y, sel)[0]
+    return share * critic_loss(q_at_action(out_all, action), y, sel)[0]
 
 
 def gradient_split(run: Path, agent: torch.nn.Module, batches: int, seed: int = 0) -> dict:
