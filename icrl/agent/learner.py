@@ -92,7 +92,7 @@ def compute_loss(
         exp_beta=cfg.exp_beta,
         exp_clip=cfg.exp_clip,
         num_value_samples=cfg.num_value_samples,
-        entropy_coeff=cfg.entropy_coeff,
+        entropy_coeff=cfg.entropy_for(discrete),
         online_reduce=cfg.online_reduce,
     )
     metrics.update(actor_metrics)

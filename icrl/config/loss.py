@@ -18,6 +18,10 @@ TIMESTEPS_PER_N_STEP = 64
 TWOHOT_FIELDS = ("critic_bins", "critic_min_value", "critic_max_value", "critic_symlog_bins", "critic_hl_gauss_sigma")
 """The fields that shape a `twohot` critic (`LossConfig.critic_kind`); a regression critic refuses them."""
 
+CATEGORICAL_ENTROPY_COEFF = 0.03
+"""The actor's entropy bonus where `entropy_coeff` is unset and the actions are Discrete (docs/results.md, "An
+entropy bonus: a flat critic leaves the policy spread")."""
+
 DEFAULT_GAMMAS: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
 """The official AMAGO's discounts: short horizons learn fast and shape the encoder, 0.999 is the policy's."""
 
@@ -54,9 +58,13 @@ class LossConfig:
     state for the online term -mean_k Q(s, a_k) and the advantage's baseline V(s) = mean_k Q(s, a_k); discrete
     actions sum exactly. 1, the official AMAGO's default: these critic rows are the continuous update's largest
     cost."""
-    entropy_coeff: float = bounded(0.0, ge=0.0)
-    """Entropy bonus of the actor, on PopArt-normalised values. Not in the paper's loss (0, the default, gives
-    it exactly); exploration comes from `ExploreConfig`."""
+    entropy_coeff: float | None = bounded(None, ge=0.0)
+    """Entropy bonus c of the actor, on PopArt-normalised values: the online term then aims at softmax(Q / c), so
+    value differences well below c (a critic that has seen no reward yet) leave a categorical policy spread instead
+    of letting Adam's normalised steps collapse it onto noise (docs/method.md, "Departures from AMAGO's learning
+    rule"). Unset: CATEGORICAL_ENTROPY_COEFF for Discrete actions, 0 for continuous and multi-binary ones, whose
+    one-sample bonus kept Pendulum's Gaussian wide (`entropy_for`; a run resolves it from its action space,
+    `icrl.config.resolve`). 0 is the paper's loss."""
     conservative_coeff: float = bounded(0.1, ge=0.0)
     """Discrete per-action critics: weight of a conservative term (CQL(H), Kumar et al. 2020) added to every member's
     and discount's critic loss, logsumexp_a Q(s_t, a) - Q(s_t, a_t) on PopArt-normalised values. It lowers the values
@@ -121,6 +129,13 @@ class LossConfig:
     def td_steps(self) -> int:
         """`n_step`, or 1 where it is unset (a run resolves it first, from its context)."""
         return 1 if self.n_step is None else self.n_step
+
+    def entropy_for(self, discrete: bool) -> float:
+        """`entropy_coeff`, or where it is unset the default for the policy's kind (a run resolves it first, from
+        its action space; a config built by hand gets the same value here)."""
+        if self.entropy_coeff is not None:
+            return self.entropy_coeff
+        return CATEGORICAL_ENTROPY_COEFF if discrete else 0.0
 
     @property
     def popart_floor(self) -> float | None:

@@ -12,11 +12,15 @@ default. The derived values follow, in this order:
    budget, EXPLORE_DEFAULTS, and a `window` shape's `window_eps` from its horizon;
 3. the context (`max_seq_len`): the rollout the task's recommended episode context makes, else DEFAULT_CONTEXT;
 4. the loss's long-context rule (`n_step`, `popart_max_ratio`), from the context and the exploration's shape;
-5. the learner's warm-up (`warmup_updates`) and whether it compiles its loss (`compile`), from the planned updates.
+5. the learner's warm-up (`warmup_updates`) and whether it compiles its loss (`compile`), from the planned updates;
+6. the actor's entropy bonus (`entropy_coeff`), from the kind of the action space (`discrete`), which is known only
+   once the envs exist: the run builder resolves once with the task's recommendations, before anything is built,
+   and again with `discrete` when the envs are there, before config.json is written (`LossConfig.entropy_for`).
 
-A resumed run (`recorded`: its config.json) keeps its exploration schedule and warm-up wherever the user left them
-unset (`kept_schedule`), rather than deriving them again from a budget that may have grown: ε anneals over the
-run's steps, as it did.
+A resumed run (`recorded`: its config.json) keeps its exploration schedule, warm-up and entropy bonus wherever the
+user left them unset (`kept_on_resume`), rather than deriving them again from a budget that may have grown, or from
+a library default that may have changed since: ε anneals over the run's steps, and the loss is the one it trained
+with.
 
 The measurements behind each default: docs/results.md, "Where the defaults come from".
 """
@@ -59,15 +63,18 @@ class TaskDefaults:
 
 
 def resolve(cfg: ExperimentConfig, task: TaskDefaults | None = None, recorded: ExperimentConfig | None = None,
-            *, on_cuda: bool = False) -> ExperimentConfig:
+            *, on_cuda: bool = False, discrete: bool | None = None) -> ExperimentConfig:
     """`cfg` with every unset field a run needs resolved (this module's docstring lists them): the user's value,
-    else (resuming) what the run `recorded` of its schedule, else `task`'s recommendation, else the library's
-    default, then the values derived from them. Idempotent. Without `task`: the library's defaults (a config
-    built by hand, a test). `on_cuda`: the run's device is a CUDA device (the caller knows the machine; a config
-    never asks it), where captured updates raise the compile threshold."""
+    else (resuming) what the run `recorded`, else `task`'s recommendation, else the library's default, then the
+    values derived from them. Idempotent. Without `task`: the library's defaults (a config built by hand, a test).
+    `on_cuda`: the run's device is a CUDA device (the caller knows the machine; a config never asks it), where
+    captured updates raise the compile threshold. `discrete`: whether the env's actions are Discrete (None: not
+    known yet, and `entropy_coeff` stays unset unless resuming)."""
     task = task if task is not None else TaskDefaults()
     if recorded is not None:
-        cfg = cfg.replace(**kept_schedule(cfg, recorded))
+        cfg = cfg.replace(**kept_on_resume(cfg, recorded))
+    if discrete is not None and cfg.loss.entropy_coeff is None:
+        cfg = cfg.replace(entropy_coeff=cfg.loss.entropy_for(discrete))
     cfg = _budget(cfg, task.budget)
     steps_per_env = cfg.schedule.env_steps // max(cfg.env.parallel_envs, 1)
     cfg = dataclasses.replace(cfg, explore=_exploration(cfg.explore, task.exploration, steps_per_env))
@@ -77,13 +84,16 @@ def resolve(cfg: ExperimentConfig, task: TaskDefaults | None = None, recorded: E
     return cfg.replace(compile=_compiles(cfg, on_cuda), warmup_updates=_warmup(cfg))
 
 
-def kept_schedule(cfg: ExperimentConfig, recorded: ExperimentConfig) -> dict[str, Any]:
-    """The fields a resumed run keeps from its config.json (`recorded`), by name: the exploration schedule and the
-    warm-up, which derive from the budget, wherever `cfg` leaves them unset."""
+def kept_on_resume(cfg: ExperimentConfig, recorded: ExperimentConfig) -> dict[str, Any]:
+    """The fields a resumed run keeps from its config.json (`recorded`), by name, wherever `cfg` leaves them unset:
+    the exploration schedule and the warm-up, which derive from the budget, and the entropy bonus, which derives
+    from the action space (not known before the envs exist, and the run dir is checked before that)."""
     kept = {f.name: getattr(recorded.explore, f.name) for f in dataclasses.fields(cfg.explore)
             if getattr(cfg.explore, f.name) is None and getattr(recorded.explore, f.name) is not None}
     if cfg.optim.warmup_updates is None and recorded.optim.warmup_updates is not None:
         kept["warmup_updates"] = recorded.optim.warmup_updates
+    if cfg.loss.entropy_coeff is None and recorded.loss.entropy_coeff is not None:
+        kept["entropy_coeff"] = recorded.loss.entropy_coeff
     return kept
 
 

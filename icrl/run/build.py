@@ -22,7 +22,7 @@ from icrl.agent.learner import Learner
 from icrl.agent.model import Agent, build_agent
 from icrl.config import ConfigError, ExperimentConfig, ReplayConfig
 from icrl.config.errors import flag, setting
-from icrl.config.resolve import kept_schedule, resolve
+from icrl.config.resolve import kept_on_resume, resolve
 from icrl.config.validation import field_errors
 from icrl.data import DiskReplay, ReplayLoader, make_loader
 from icrl.data.offline import prepare_offline
@@ -86,7 +86,7 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     out = resolve(cfg, task_defaults(cfg.env.env, cfg.env.kwargs, factory), recorded, on_cuda=on_cuda)
     s = out.schedule
     if recorded is not None and recorded.schedule.total_env_steps not in (None, s.total_env_steps):
-        kept = kept_schedule(cfg, recorded)  # what stays the run's under the new budget
+        kept = kept_on_resume(cfg, recorded)  # what stays the run's under the new budget
         if kept:
             say(f"icrl: --resume: {recorded.schedule.total_env_steps:,} -> {s.env_steps:,} env steps; the exploration "
                 f"schedule and the warm-up stay the run's (eps_anneal_steps {kept.get('eps_anneal_steps', 'as set')}, "
@@ -199,6 +199,7 @@ def _build(cfg: ExperimentConfig, replicas: Replicas, factories: Sequence[Any] |
     assert probe is not None
     spaces = venv_spaces_record(probe, e.env, e.kwargs, rebuild)
     spec = ActionSpec.from_space(probe.single_action_space)
+    cfg = resolve(cfg, discrete=spec.kind == "discrete")  # the entropy bonus reads the action space, known now
     relabeler = make_relabeler(cfg.replay, probe)  # before the run dir exists: a wrong --relabel leaves nothing
     lock = opened(take_run_dir(cfg, main))
     eval_seed = derive_seed(cfg.run.seed, "eval-envs")

@@ -223,7 +223,7 @@ def test_one_resolution_takes_the_flag_then_the_task_then_the_library_default():
 def test_a_resumed_run_keeps_its_schedule_under_a_new_budget_and_says_so(tmp_path, capsys):
     """Resolving with the run's record (`recorded`) keeps its ε anneal and warm-up where the flags leave them unset,
     while a flag still wins; `with_task_defaults` reads the record on --resume and says what stayed."""
-    from icrl.config.resolve import kept_schedule
+    from icrl.config.resolve import kept_on_resume
     from icrl.run.build import with_task_defaults
 
     first = resolve(ExperimentConfig().replace(total_env_steps=10_000))
@@ -233,7 +233,7 @@ def test_a_resumed_run_keeps_its_schedule_under_a_new_budget_and_says_so(tmp_pat
         first.explore.eps_anneal_steps, first.optim.warmup_updates)
     assert resolve(grown).explore.eps_anneal_steps != first.explore.eps_anneal_steps  # derived again without it
     assert resolve(grown.replace(eps_anneal_steps=7), recorded=first).explore.eps_anneal_steps == 7  # a flag wins
-    assert "eps_anneal_steps" not in kept_schedule(grown.replace(eps_anneal_steps=7), first)
+    assert "eps_anneal_steps" not in kept_on_resume(grown.replace(eps_anneal_steps=7), first)
 
     (tmp_path / "config.json").write_text(first.replace(run_dir=str(tmp_path)).to_json())
     resumed = with_task_defaults(grown.replace(resume=True, run_dir=str(tmp_path)))

@@ -262,6 +262,29 @@ def test_actor_loss_discrete_values():
     torch.testing.assert_close(m["advantage"], adv.mean())
 
 
+def test_entropy_bonus_subtracts_c_times_the_policy_entropy_and_makes_softmax_q_over_c_the_optimum():
+    """The bonus c adds -c · H(π) to each valid step's loss; with the online term alone the loss per state is
+    -Σ_a π(a) Q(a) - c · H(π), least at π = softmax(Q / c): value differences well below c leave π spread."""
+    B, L, C, G, A = 1, 2, 1, 1, 4
+    logits = torch.randn(B, L, G, A)
+    q_all = torch.randn(B, L, C, G, A)
+    action = F.one_hot(torch.tensor([[1, 3]]), A).float()
+    valid = torch.tensor([[True, False]])
+    plain, _ = actor_loss(Categorical(logits), action, valid, q_all=q_all, offline_coeff=0.1)
+    with_bonus, m = actor_loss(Categorical(logits), action, valid, q_all=q_all, offline_coeff=0.1, entropy_coeff=0.5)
+    entropy = Categorical(logits).entropy()[0, 0].mean()  # the valid step only
+    torch.testing.assert_close(with_bonus, plain - 0.5 * entropy)
+    torch.testing.assert_close(m["entropy"], entropy)
+
+    c, q = 0.03, torch.tensor([0.0, 0.01, 0.02, -0.01]).view(1, 1, 1, 1, A)  # a flat critic: differences < c
+    optimum = (q[0, 0, 0] / c).log_softmax(-1).clone().requires_grad_(True)  # [G, A]
+    loss, _ = actor_loss(Categorical(optimum.view(1, 1, G, A)), action[:, :1], valid[:, :1], q_all=q,
+                         offline_coeff=0.0, entropy_coeff=c)
+    (grad,) = torch.autograd.grad(loss, optimum)
+    assert grad.abs().max() < 1e-6  # the optimum: no step away from it
+    assert Categorical(optimum).entropy().item() > 0.75 * math.log(A)  # and it is spread
+
+
 def test_online_reduce_min_takes_the_ensembles_minimum_of_each_members_expectation():
     """The official AMAGO's online term: -min_c E_{a~π} Q_c(s, a); the advantage's V(s) stays the ensemble mean."""
     B, L, C, G, A = 1, 2, 3, 2, 3

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from icrl.agent.learner import Learner
-from icrl.config import ConfigError, EnvConfig, ExperimentConfig, ModelConfig, TaskDefaults, resolve
+from icrl.config import ConfigError, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TaskDefaults, resolve
 from icrl.config.model import DEFAULT_CONTEXT
 from icrl.config.presets import preset_config
 from icrl.config.training import DEFAULT_ENV_STEPS
@@ -179,6 +179,42 @@ def test_long_contexts_get_the_popart_floor_and_n_step_returns_where_exploration
     assert (unresolved.td_steps, unresolved.popart_floor) == (1, None)
     with pytest.raises(ConfigError, match="n_step 64 must be below max_seq_len 64"):
         ExperimentConfig().replace(n_step=64, max_seq_len=64).validate()
+
+
+def test_the_entropy_bonus_defaults_by_the_kind_of_action_space_and_is_recorded_as_a_number():
+    """Unset, `entropy_coeff` resolves from the action space once the envs exist: CATEGORICAL_ENTROPY_COEFF for
+    Discrete actions, 0 for continuous and multi-binary ones; a set value, or (resuming) the run's recorded one,
+    is kept; a config built by hand reads the same rule (`entropy_for`)."""
+    from icrl.config.loss import CATEGORICAL_ENTROPY_COEFF
+
+    assert ExperimentConfig().loss.entropy_coeff is None and resolve(ExperimentConfig()).loss.entropy_coeff is None
+    assert resolve(ExperimentConfig(), discrete=True).loss.entropy_coeff == CATEGORICAL_ENTROPY_COEFF > 0
+    assert resolve(ExperimentConfig(), discrete=False).loss.entropy_coeff == 0.0
+    assert resolve(ExperimentConfig().replace(entropy_coeff=0.0), discrete=True).loss.entropy_coeff == 0.0  # AMAGO's
+    once = resolve(ExperimentConfig(), discrete=True)
+    assert resolve(once, discrete=False) == once  # idempotent: a resolved value is a set value
+    trained_without = resolve(ExperimentConfig().replace(entropy_coeff=0.0), discrete=True)  # e.g. an older run
+    assert resolve(ExperimentConfig(), recorded=trained_without, discrete=True).loss.entropy_coeff == 0.0  # resumed
+    assert (LossConfig().entropy_for(True), LossConfig().entropy_for(False)) == (CATEGORICAL_ENTROPY_COEFF, 0.0)
+    assert LossConfig(entropy_coeff=0.1).entropy_for(False) == 0.1
+    assert json.loads(once.to_json())["loss"]["entropy_coeff"] == CATEGORICAL_ENTROPY_COEFF
+
+
+@pytest.mark.parametrize("env, expected", [("tmaze", 0.03), ("Pendulum-v1", 0.0)])
+def test_a_run_records_the_entropy_bonus_its_action_space_gets(tmp_path, env, expected):
+    """The run builder resolves the bonus once the envs exist, so config.json (and the learner) hold the number."""
+    from icrl.run.build import build_run
+    from icrl.run.sources import OwnEnvs
+
+    cfg = ExperimentConfig(env=EnvConfig(env=env)).replace(run_dir=str(tmp_path / "run"), total_env_steps=64,
+                                                            device="cpu", seed=0)
+    run = build_run(cfg, kind=OwnEnvs)
+    try:
+        assert run.cfg.loss.entropy_coeff == expected == run.learner.cfg.loss.entropy_coeff
+    finally:
+        run.close()
+        if run.lock is not None:
+            run.lock.release()
 
 
 def test_the_learner_is_freed_by_reference_counting(tmp_path):
