@@ -87,7 +87,7 @@ def with_task_defaults(cfg: ExperimentConfig, factory: Any = None) -> Experiment
     s = out.schedule
     if recorded is not None and recorded.schedule.total_env_steps not in (None, s.total_env_steps):
         kept = kept_on_resume(cfg, recorded)  # what stays the run's under the new budget
-        if kept:
+        if kept.keys() - {"entropy_coeff"}:  # the schedule's fields: the bonus never derives from the budget
             say(f"icrl: --resume: {recorded.schedule.total_env_steps:,} -> {s.env_steps:,} env steps; the exploration "
                 f"schedule and the warm-up stay the run's (eps_anneal_steps {kept.get('eps_anneal_steps', 'as set')}, "
                 f"warmup_updates {kept.get('warmup_updates', 'as set')}), not derived again from the new budget")
