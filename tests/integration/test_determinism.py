@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from icrl import train
-from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig
+from icrl.config import EXPLORE_DEFAULTS, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, resolve
+from icrl.config.loss import CATEGORICAL_ENTROPY_COEFF
 from icrl.data import list_rollout_files, load_rollout
 from icrl.run.build import with_task_defaults
 from icrl.run.reporting import read_metrics
@@ -90,8 +91,10 @@ def test_different_seed_different_data(runs):
 def test_run_dir_contents(runs):
     run = runs["a"]
     cfg = ExperimentConfig.from_json((run / "config.json").read_text())
-    # config.json records what ran: the config with its exploration resolved (task recommendation, defaults)
-    assert cfg == with_task_defaults(tiny_config(run, 3))
+    # config.json records what ran: the config with its exploration resolved (task recommendation, defaults) and,
+    # once the envs exist, the entropy bonus of its Discrete actions
+    assert cfg == resolve(with_task_defaults(tiny_config(run, 3)), discrete=True)
+    assert cfg.loss.entropy_coeff == CATEGORICAL_ENTROPY_COEFF
     assert all(getattr(cfg.explore, f) is not None for f in EXPLORE_DEFAULTS
                if f not in ("shape_horizon", "window_eps"))
     assert (run / "agent.safetensors").stat().st_size > 0
