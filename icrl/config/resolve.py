@@ -73,15 +73,16 @@ def resolve(cfg: ExperimentConfig, task: TaskDefaults | None = None, recorded: E
     task = task if task is not None else TaskDefaults()
     if recorded is not None:
         cfg = cfg.replace(**kept_on_resume(cfg, recorded))
-    if discrete is not None and cfg.loss.entropy_coeff is None:
-        cfg = cfg.replace(entropy_coeff=cfg.loss.entropy_for(discrete))
     cfg = _budget(cfg, task.budget)
     steps_per_env = cfg.schedule.env_steps // max(cfg.env.parallel_envs, 1)
     cfg = dataclasses.replace(cfg, explore=_exploration(cfg.explore, task.exploration, steps_per_env))
     if cfg.model.max_seq_len is None:
         cfg = cfg.replace(max_seq_len=_rollout_context(task.context, cfg.env))
     cfg = dataclasses.replace(cfg, loss=_loss(cfg.loss, cfg.model.context, cfg.explore.eps_shape))
-    return cfg.replace(compile=_compiles(cfg, on_cuda), warmup_updates=_warmup(cfg))
+    cfg = cfg.replace(compile=_compiles(cfg, on_cuda), warmup_updates=_warmup(cfg))
+    if discrete is not None and cfg.loss.entropy_coeff is None:
+        cfg = cfg.replace(entropy_coeff=cfg.loss.entropy_for(discrete))
+    return cfg
 
 
 def kept_on_resume(cfg: ExperimentConfig, recorded: ExperimentConfig) -> dict[str, Any]:
